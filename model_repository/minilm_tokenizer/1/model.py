@@ -1,0 +1,97 @@
+"""Triton Python-backend model: text in, ``input_ids``/``attention_mask`` out.
+
+Settings (config ``parameters``):
+  tokenizer_file     tokenizer.json in the version directory (Hugging Face ``tokenizers`` format)
+  max_length         longer texts are truncated to this many tokens (documented behaviour)
+  padding_targets    comma-separated lengths; each request is padded to the smallest target that
+                     holds its longest text, so that same-shape requests meet in the dynamic batcher
+                     (TensorRT profiles). Empty: pad to the request's own longest text (ragged policy).
+Bad input (empty text, bytes that are not UTF-8, wrong rank) gets an INVALID_ARG error naming the
+problem and the position of the text in the request.
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from tokenizers import Tokenizer
+
+
+def _error(message):
+    code = getattr(pb_utils.TritonError, "INVALID_ARG", None)
+    if code is None:
+        return pb_utils.TritonError(message)
+    return pb_utils.TritonError(message, code)
+
+
+class RequestError(ValueError):
+    pass
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        version_dir = Path(args["model_repository"]) / args["model_version"]
+        self.max_length = int(params.get("max_length", "512"))
+        targets = params.get("padding_targets", "").strip()
+        self.targets = sorted(int(t) for t in targets.split(",") if t.strip()) if targets else []
+        self.tokenizer = Tokenizer.from_file(str(version_dir / params.get("tokenizer_file", "tokenizer.json")))
+        self.tokenizer.enable_truncation(max_length=self.max_length)
+        self.tokenizer.no_padding()
+        self.pad_id = int(params.get("pad_id", "0"))
+        self.input_name = config["input"][0]["name"]
+        self.ids_name, self.mask_name = (o["name"] for o in config["output"][:2])
+
+    def _texts(self, request):
+        array = pb_utils.get_input_tensor_by_name(request, self.input_name).as_numpy()
+        if array.ndim == 0:
+            raise RequestError(f"{self.input_name} must have a batch dimension, got a scalar")
+        if array.size == 0:
+            raise RequestError(f"{self.input_name} is empty: send at least one text")
+        if array.ndim > 1 and any(d != 1 for d in array.shape[1:]):
+            raise RequestError(
+                f"{self.input_name} must have shape [batch, 1] (one text per row), got {list(array.shape)}"
+            )
+        texts = []
+        for i, item in enumerate(array.reshape(-1)):
+            raw = item if isinstance(item, bytes) else str(item).encode()
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise RequestError(
+                    f"{self.input_name}[{i}] is not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})"
+                ) from None
+            if not text.strip():
+                raise RequestError(f"{self.input_name}[{i}] is empty: send at least one non-whitespace character")
+            texts.append(text)
+        return texts
+
+    def _pad_length(self, longest):
+        for target in self.targets:
+            if target >= longest:
+                return target
+        return longest
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            try:
+                texts = self._texts(request)
+            except RequestError as e:
+                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=_error(str(e))))
+                continue
+            encodings = self.tokenizer.encode_batch(texts)
+            length = self._pad_length(max(len(e.ids) for e in encodings))
+            ids = np.full((len(texts), length), self.pad_id, dtype=np.int64)
+            mask = np.zeros((len(texts), length), dtype=np.int64)
+            for row, enc in enumerate(encodings):
+                ids[row, : len(enc.ids)] = enc.ids
+                mask[row, : len(enc.ids)] = 1
+            responses.append(
+                pb_utils.InferenceResponse(
+                    output_tensors=[pb_utils.Tensor(self.ids_name, ids), pb_utils.Tensor(self.mask_name, mask)]
+                )
+            )
+        return responses

@@ -1,0 +1,60 @@
+"""Shared fixtures: the exported example model, a model repository and a real tritonserver.
+
+The export is cached in the project's build/artifacts (the same cache `make demo` uses), so a
+second run costs nothing. Each test session writes its own repository in a temporary folder and
+starts its own server on free loopback ports.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+MANIFEST = ROOT / "build" / "models.yaml"
+ARTIFACTS = ROOT / "build" / "artifacts"
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Fast tests first: a broken unit shows up before the slow ones start.
+    def rank(item: pytest.Item) -> int:
+        return 2 if item.get_closest_marker("docker") else 1 if item.get_closest_marker("slow") else 0
+
+    items.sort(key=rank)
+
+
+@pytest.fixture(scope="session")
+def exported_minilm() -> Path:
+    """build/artifacts/minilm with model.onnx + tokenizer.json (exported once, then reused)."""
+    from tritonbundle.build.stage import BuildOptions, export_all
+
+    artifacts = export_all(BuildOptions(manifest=MANIFEST, artifacts=ARTIFACTS))
+    assert artifacts["minilm"].onnx_path is not None
+    return ARTIFACTS / "minilm"
+
+
+@pytest.fixture(scope="session")
+def repository(exported_minilm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model repository written by the build stage (CPU target) into a temporary folder."""
+    from tritonbundle.build.stage import BuildOptions, build
+
+    repo = tmp_path_factory.mktemp("repo") / "model_repository"
+    build(BuildOptions(manifest=MANIFEST, artifacts=ARTIFACTS, repository=repo, export=False))
+    return repo
+
+
+@pytest.fixture(scope="session")
+def server(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A real tritonserver (the nvidia-pytriton wheel's) serving ``repository`` on free ports."""
+    from tritonbundle.server import ServerOptions, TritonServer
+
+    log = tmp_path_factory.mktemp("server") / "tritonserver.log"
+    srv = TritonServer(ServerOptions(repository, http_port=0, grpc_port=0, metrics_port=0, log_path=log))
+    srv.start(ready_timeout_s=180)
+    yield srv
+    srv.stop()

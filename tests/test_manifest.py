@@ -1,0 +1,104 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tritonbundle import manifest
+from tritonbundle.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _minimal(**model: Any) -> dict[str, Any]:
+    m: dict[str, Any] = {
+        "name": "enc",
+        "source": {"onnx": "enc.onnx"},
+        "inputs": [{"name": "input_ids", "dtype": "INT64", "shape": ["batch", "sequence"]}],
+        "outputs": [{"name": "out", "dtype": "FP32", "shape": ["batch", 4]}],
+    }
+    m.update(model)
+    return {"version": 1, "models": [m]}
+
+
+def _load(data: dict[str, Any], tmp_path: Path) -> manifest.Manifest:
+    path = tmp_path / "models.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return manifest.load(path)
+
+
+def test_shipped_manifest_is_valid() -> None:
+    m = manifest.load(ROOT / "build" / "models.yaml")
+    spec = m.model("minilm")
+    assert spec.task == "text-embedding"
+    assert spec.max_batch_size == 32
+    assert spec.batch_buckets == (1, 8, 32)
+    assert [t.dims for t in spec.inputs] == [(-1,), (-1,)]
+    assert spec.traffic is not None and spec.traffic.exists()
+
+
+def test_unknown_key_is_named_with_the_allowed_keys(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as e:
+        _load(_minimal(precison="fp16"), tmp_path)
+    assert "models[0]: unknown key 'precison'" in str(e.value)
+    assert "precision" in str(e.value)
+
+
+def test_bad_enum_value_lists_allowed_values(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"models\[0\]\.precision: 'fp8' is not allowed; allowed values: fp32, fp16, bf16, int8"):
+        _load(_minimal(precision="fp8"), tmp_path)
+
+
+def test_bad_dimension_name_is_explained(tmp_path: Path) -> None:
+    data = _minimal()
+    data["models"][0]["inputs"][0]["shape"] = ["batch", "seq"]
+    with pytest.raises(ConfigError, match=r"inputs\[0\]\.shape\[1\]: 'seq' is not a dimension"):
+        _load(data, tmp_path)
+
+
+def test_batch_only_first(tmp_path: Path) -> None:
+    data = _minimal()
+    data["models"][0]["inputs"][0]["shape"] = ["sequence", "batch"]
+    with pytest.raises(ConfigError, match="'batch' may only be the first dimension"):
+        _load(data, tmp_path)
+
+
+def test_source_needs_exactly_one_of_recipe_or_onnx(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="exactly one of 'recipe'"):
+        _load(_minimal(source={"recipe": "minilm", "onnx": "x.onnx"}), tmp_path)
+
+
+def test_int8_tensorrt_needs_calibration(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="calibration: precision int8 needs calibration data"):
+        _load(_minimal(precision="int8", runtime="tensorrt", target="gpu"), tmp_path)
+
+
+def test_tensorrt_needs_gpu_target(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="tensorrt needs target gpu"):
+        _load(_minimal(runtime="tensorrt"), tmp_path)
+
+
+def test_malformed_yaml_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "models.yaml"
+    path.write_text("version: 1\nmodels: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        manifest.load(path)
+
+
+def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as e:
+        _load(_minimal(precision="fp8", runtime="tvm"), tmp_path)
+    assert "precision" in str(e.value) and "runtime" in str(e.value)
+
+
+def test_image_model_with_batch_only(tmp_path: Path) -> None:
+    data = _minimal(
+        inputs=[{"name": "pixels", "dtype": "FP32", "shape": ["batch", 3, 224, 224]}],
+        outputs=[{"name": "logits", "dtype": "FP32", "shape": ["batch", 1000]}],
+    )
+    spec = _load(data, tmp_path).models[0]
+    assert not spec.has_sequence
+    assert spec.inputs[0].dims == (3, 224, 224)
+    assert spec.max_sequence_length == 0

@@ -1,0 +1,3 @@
+from tritonbundle.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,160 @@
+"""Write the model repository: per model its ``config.pbtxt`` and version files.
+
+A text-embedding model becomes three Triton models::
+
+    <name>_tokenizer   Python backend: TEXT (BYTES) -> token ids + attention mask
+    <name>_encoder     the network, in the runtime the manifest names
+    <name>             ensemble: TEXT in, the encoder's outputs out
+
+Everything is written to a staging folder next to the repository first; only when every model has
+been written and every config reads back as a valid ``ModelConfig`` are the model folders swapped
+in (one ``rename`` each). A failed build therefore leaves the previous repository as it was.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tritonbundle import runtimes
+from tritonbundle.build.planner import ModelPlan
+from tritonbundle.errors import BuildError, ConfigError
+from tritonbundle.log import LOG
+from tritonbundle.manifest import ModelSpec
+from tritonbundle.modelconfig import (
+    DynamicBatching,
+    EnsembleStep,
+    InstanceGroup,
+    ModelConfig,
+    TensorSpec,
+    read_config,
+    write_config,
+)
+from tritonbundle.runtimes.base import BuildContext, link_or_copy, python_model
+
+TEXT_INPUT = "TEXT"
+
+
+def tokenizer_config(spec: ModelSpec, plan: ModelPlan) -> ModelConfig:
+    ids, mask = spec.inputs
+    return ModelConfig(
+        name=spec.tokenizer_name,
+        backend="python",
+        max_batch_size=spec.max_batch_size,
+        inputs=(TensorSpec(TEXT_INPUT, "STRING", (1,)),),
+        outputs=(TensorSpec(ids.name, ids.dtype, (-1,)), TensorSpec(mask.name, mask.dtype, (-1,))),
+        # Tokenizing is cheap; batching lets one encode_batch call serve every queued request.
+        dynamic_batching=DynamicBatching(max_queue_delay_us=0),
+        instance_groups=(InstanceGroup(count=1, kind="KIND_CPU"),),
+        parameters={
+            "tokenizer_file": "tokenizer.json",
+            "max_length": str(spec.tokenizer_max_length),
+            "padding_targets": ",".join(map(str, plan.padding_targets)),
+            "pad_id": "0",
+        },
+    )
+
+
+def ensemble_config(spec: ModelSpec) -> ModelConfig:
+    ids, mask = spec.inputs
+    return ModelConfig(
+        name=spec.name,
+        platform="ensemble",
+        max_batch_size=spec.max_batch_size,
+        inputs=(TensorSpec(TEXT_INPUT, "STRING", (1,)),),
+        outputs=tuple(TensorSpec(t.name, t.dtype, t.dims) for t in spec.outputs),
+        ensemble_steps=(
+            EnsembleStep(
+                spec.tokenizer_name,
+                input_map={TEXT_INPUT: TEXT_INPUT},
+                output_map={ids.name: "_token_ids", mask.name: "_attention_mask"},
+            ),
+            EnsembleStep(
+                spec.encoder_name,
+                input_map={ids.name: "_token_ids", mask.name: "_attention_mask"},
+                output_map={t.name: t.name for t in spec.outputs},
+            ),
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class ModelArtifacts:
+    onnx_path: Path | None
+    tokenizer_path: Path | None
+
+
+def _stage_model(
+    spec: ModelSpec, plan: ModelPlan, artifacts: ModelArtifacts, staging: Path, work_dir: Path, *,
+    version: int, force: bool,
+) -> list[str]:
+    """Write every Triton model that ``spec`` becomes into ``staging``; return their names."""
+    runtime = runtimes.get(spec.runtime)
+    ctx = BuildContext(spec=spec, plan=plan, onnx_path=artifacts.onnx_path, work_dir=work_dir, version=version, force=force)
+    encoder_dir = staging / spec.encoder_name
+    runtime.write_files(ctx, encoder_dir / str(version))
+    write_config(runtime.config(ctx), encoder_dir)
+    names = [spec.encoder_name]
+    if spec.task == "text-embedding":
+        if artifacts.tokenizer_path is None:
+            raise BuildError(f"model {spec.name}: a text-embedding model needs a tokenizer.json (run export first)")
+        tok_dir = staging / spec.tokenizer_name
+        python_model("tokenizer", tok_dir / str(version))
+        link_or_copy(artifacts.tokenizer_path, tok_dir / str(version) / "tokenizer.json")
+        write_config(tokenizer_config(spec, plan), tok_dir)
+        ens_dir = staging / spec.name
+        (ens_dir / str(version)).mkdir(parents=True, exist_ok=True)
+        (ens_dir / str(version) / ".gitkeep").touch()
+        write_config(ensemble_config(spec), ens_dir)
+        names += [spec.tokenizer_name, spec.name]
+    return names
+
+
+def _check_staged(staging: Path, names: Sequence[str]) -> None:
+    for name in names:
+        config = read_config(staging / name / "config.pbtxt")  # raises ConfigError naming the file
+        if config.name != name:
+            raise ConfigError(f"{staging / name}: config names the model {config.name!r}")
+
+
+def write_repository(
+    models: Sequence[tuple[ModelSpec, ModelPlan, ModelArtifacts]],
+    repository: Path,
+    *,
+    work_root: Path,
+    version: int = 1,
+    force: bool = False,
+    before_swap: Callable[[Path, list[str]], None] | None = None,
+) -> list[str]:
+    """Stage every model, check it, then swap the model folders into ``repository``.
+
+    ``before_swap(staging_dir, names)`` runs after staging (accuracy gates, say); if it raises,
+    nothing in ``repository`` changes.
+    """
+    repository = Path(repository)
+    repository.mkdir(parents=True, exist_ok=True)
+    staging = repository.parent / f".{repository.name}.staging-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    names: list[str] = []
+    try:
+        for spec, plan, artifacts in models:
+            names += _stage_model(spec, plan, artifacts, staging, work_root / spec.name, version=version, force=force)
+        _check_staged(staging, names)
+        if before_swap is not None:
+            before_swap(staging, names)
+        trash = repository.parent / f".{repository.name}.old-{os.getpid()}"
+        trash.mkdir(exist_ok=True)
+        for name in names:
+            target = repository / name
+            if target.exists():
+                target.rename(trash / name)
+            (staging / name).rename(target)
+        shutil.rmtree(trash, ignore_errors=True)
+        LOG.info("    wrote %s: %s", repository, ", ".join(sorted(names)))
+        return names
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

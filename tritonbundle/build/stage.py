@@ -1,0 +1,125 @@
+"""The build stage, end to end: ``tritonbundle export | plan | repo | build``.
+
+    manifest + traffic sample -> plan (pure) -> ONNX (export + parity) -> graph check
+        -> engines/model files + config.pbtxt (staged) -> accuracy gates -> swap into the repository
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tritonbundle import manifest as manifest_mod
+from tritonbundle import traffic as traffic_mod
+from tritonbundle.build import onnx_check, planner
+from tritonbundle.build.repository import ModelArtifacts, write_repository
+from tritonbundle.errors import ConfigError
+from tritonbundle.log import LOG, step
+from tritonbundle.manifest import Manifest, ModelSpec
+
+DEFAULT_MANIFEST = Path("build/models.yaml")
+DEFAULT_ARTIFACTS = Path("build/artifacts")
+DEFAULT_REPOSITORY = Path("model_repository")
+
+
+@dataclass
+class BuildOptions:
+    manifest: Path = DEFAULT_MANIFEST
+    repository: Path = DEFAULT_REPOSITORY
+    artifacts: Path = DEFAULT_ARTIFACTS
+    traffic: Path | None = None
+    models: tuple[str, ...] = ()
+    overrides: dict[str, object] = field(default_factory=dict)
+    force: bool = False
+    export: bool = True
+
+
+def load_manifest(options: BuildOptions) -> Manifest:
+    m = manifest_mod.load(options.manifest)
+    m = manifest_mod.override(m, **options.overrides)
+    if options.models:
+        unknown = sorted(set(options.models) - {s.name for s in m.models})
+        if unknown:
+            raise ConfigError(f"{options.manifest}: no model named {', '.join(unknown)}")
+        import dataclasses
+
+        m = dataclasses.replace(m, models=tuple(s for s in m.models if s.name in options.models))
+    return m
+
+
+def traffic_for(spec: ModelSpec, options: BuildOptions) -> traffic_mod.TrafficSample | None:
+    path = options.traffic or spec.traffic
+    if not spec.has_sequence:
+        return None
+    if path is None:
+        raise ConfigError(
+            f"model {spec.name}: no traffic sample: set 'traffic' in {options.manifest} or pass --traffic"
+        )
+    return traffic_mod.load(path)
+
+
+def plan_all(options: BuildOptions) -> list[tuple[ModelSpec, planner.ModelPlan]]:
+    m = load_manifest(options)
+    out = []
+    for spec in m.models:
+        plan = planner.plan_model(spec, traffic_for(spec, options))
+        out.append((spec, plan))
+        work = options.artifacts / spec.name
+        work.mkdir(parents=True, exist_ok=True)
+        (work / "plan.json").write_text(json.dumps(plan.to_json(), indent=2))
+    return out
+
+
+def export_all(options: BuildOptions) -> dict[str, ModelArtifacts]:
+    from tritonbundle.export.onnx_export import export
+
+    m = load_manifest(options)
+    out = {}
+    for spec in m.models:
+        step(f"export {spec.name}")
+        result = export(spec, options.artifacts / spec.name, force=options.force)
+        onnx_check.check_graph(spec, result.onnx_path)
+        out[spec.name] = ModelArtifacts(result.onnx_path, result.tokenizer_path)
+    return out
+
+
+def existing_artifacts(spec: ModelSpec, options: BuildOptions) -> ModelArtifacts:
+    work = options.artifacts / spec.name
+    onnx_path = spec.onnx_path or work / "model.onnx"
+    if not onnx_path.exists():
+        raise ConfigError(
+            f"model {spec.name}: {onnx_path} does not exist; run `tritonbundle export` first (or `tritonbundle build`)"
+        )
+    tokenizer = work / "tokenizer.json"
+    if spec.task == "text-embedding" and not tokenizer.exists():
+        if spec.tokenizer_file is not None:
+            tokenizer = spec.tokenizer_file
+        else:
+            raise ConfigError(f"model {spec.name}: {tokenizer} does not exist; run `tritonbundle export` first")
+    return ModelArtifacts(onnx_path, tokenizer if spec.task == "text-embedding" else None)
+
+
+def build(options: BuildOptions) -> list[str]:
+    """Export (unless told not to), plan, write and swap in the repository. Returns model names."""
+    m = load_manifest(options)
+    # Check everything that can be checked before any heavy work: manifest, traffic, plans.
+    step(f"plan {len(m.models)} model(s) from {options.manifest}")
+    plans = dict((spec.name, plan) for spec, plan in plan_all(options))
+    for spec in m.models:
+        p = plans[spec.name]
+        if p.sequence_buckets:
+            LOG.info(
+                "    %s: %s policy, sequence buckets %s, %d profiles",
+                spec.name, p.policy, [b.max for b in p.sequence_buckets], len(p.profiles),
+            )
+    if options.export:
+        artifacts = export_all(options)
+    else:
+        artifacts = {}
+        for spec in m.models:
+            artifacts[spec.name] = existing_artifacts(spec, options)
+            onnx_check.check_graph(spec, artifacts[spec.name].onnx_path or Path("-"))
+    step(f"write {options.repository}")
+    entries = [(spec, plans[spec.name], artifacts[spec.name]) for spec in m.models]
+    return write_repository(entries, options.repository, work_root=options.artifacts, force=options.force)

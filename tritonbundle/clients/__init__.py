@@ -1,0 +1,33 @@
+"""Python clients for the bundle's models, on top of ``tritonclient``.
+
+* :class:`HttpClient`, :class:`GrpcClient`: blocking; :func:`connect` picks one by protocol name.
+* :class:`AsyncHttpClient`, :class:`AsyncGrpcClient`: asyncio.
+
+All are context managers, check the model at connect, take keyword-only ``timeout_s`` deadlines,
+retry only safe failures, and raise the project's error types (``tritonbundle.errors``).
+"""
+
+from tritonbundle.clients.core import ModelInfo, RetryPolicy
+from tritonbundle.clients.sync import GrpcClient, HttpClient, connect
+from tritonbundle.errors import (
+    ClientError,
+    DeadlineExceededError,
+    InvalidInputError,
+    MetadataMismatchError,
+    ModelNotFoundError,
+    ServerUnavailableError,
+)
+
+__all__ = [
+    "ClientError", "DeadlineExceededError", "GrpcClient", "HttpClient", "InvalidInputError",
+    "MetadataMismatchError", "ModelInfo", "ModelNotFoundError", "RetryPolicy", "ServerUnavailableError", "connect",
+]
+
+
+def __getattr__(name: str) -> object:
+    # The asyncio clients import aiohttp / grpc.aio lazily.
+    if name in ("AsyncHttpClient", "AsyncGrpcClient", "aconnect"):
+        from tritonbundle.clients import aio
+
+        return getattr(aio, name)
+    raise AttributeError(name)

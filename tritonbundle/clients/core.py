@@ -1,0 +1,265 @@
+"""What the HTTP, gRPC and asyncio clients share: retry policy, error mapping, model checks,
+request splitting and padding. Nothing here does I/O."""
+
+from __future__ import annotations
+
+import random
+import socket
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tritonbundle.errors import (
+    ClientError,
+    DeadlineExceededError,
+    InvalidInputError,
+    MetadataMismatchError,
+    ModelNotFoundError,
+    ServerUnavailableError,
+)
+
+PROTOCOLS = ("http", "grpc")
+RESTRICTED_HEADER = "tritonbundle-key"
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with full jitter, only for errors that are safe to retry.
+
+    Safe: the connection was refused or dropped before the server took the request, HTTP 503,
+    gRPC UNAVAILABLE (overload, or the server is restarting). Never retried: invalid input, unknown
+    model, deadline exceeded, internal errors. Attempts stop early when the call's deadline would
+    pass before the next one could start.
+    """
+
+    max_attempts: int = 4
+    initial_backoff_s: float = 0.05
+    max_backoff_s: float = 2.0
+    multiplier: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError("max_attempts must be >= 1")
+        if self.initial_backoff_s < 0 or self.max_backoff_s < 0:
+            raise ValueError("backoff times must be >= 0")
+
+    def delays(self, rng: random.Random | None = None) -> Iterator[float]:
+        """Sleep before attempt 2, 3, ...: uniform in [0, min(max, initial * multiplier^k)]."""
+        rng = rng or random.Random()
+        for k in range(self.max_attempts - 1):
+            yield rng.uniform(0, min(self.max_backoff_s, self.initial_backoff_s * self.multiplier**k))
+
+
+NO_RETRY = RetryPolicy(max_attempts=1)
+
+
+def classify(error: BaseException, *, model: str, protocol: str) -> ClientError:
+    """Map a tritonclient/transport exception to the project's error types."""
+    from tritonclient.utils import InferenceServerException
+
+    if isinstance(error, ClientError):
+        return error
+    if isinstance(error, InferenceServerException):
+        status = str(error.status() or "")
+        reason = error.message() or str(error)
+        code = status.removeprefix("StatusCode.")
+        message = f"model {model!r} over {protocol}: {reason}"
+        if code in ("400", "INVALID_ARGUMENT"):
+            if "unknown model" in reason.lower() or "not found" in reason.lower():
+                return ModelNotFoundError(message, model=model, protocol=protocol, status=code)
+            return InvalidInputError(message, model=model, protocol=protocol, status=code)
+        if code in ("404", "NOT_FOUND"):
+            return ModelNotFoundError(message, model=model, protocol=protocol, status=code)
+        if code in ("503", "UNAVAILABLE"):
+            return ServerUnavailableError(message, model=model, protocol=protocol, status=code)
+        if code in ("504", "408", "DEADLINE_EXCEEDED") or "deadline exceeded" in reason.lower():
+            return DeadlineExceededError(message, model=model, protocol=protocol, status=code)
+        if code in ("429", "RESOURCE_EXHAUSTED"):
+            return ServerUnavailableError(message, model=model, protocol=protocol, status=code)
+        return ClientError(message, model=model, protocol=protocol, status=code or None)
+    if isinstance(error, (ConnectionRefusedError, ConnectionResetError, BrokenPipeError)):
+        return ServerUnavailableError(
+            f"model {model!r} over {protocol}: cannot reach the server ({error})", model=model, protocol=protocol,
+            status="UNAVAILABLE",
+        )
+    if isinstance(error, (TimeoutError, socket.timeout)) or type(error).__name__ in ("Timeout", "TimeoutError"):
+        return DeadlineExceededError(
+            f"model {model!r} over {protocol}: no response within the deadline", model=model, protocol=protocol,
+            status="DEADLINE_EXCEEDED",
+        )
+    if isinstance(error, OSError):
+        return ServerUnavailableError(
+            f"model {model!r} over {protocol}: connection failed ({error})", model=model, protocol=protocol,
+            status="UNAVAILABLE",
+        )
+    return ClientError(f"model {model!r} over {protocol}: {type(error).__name__}: {error}", model=model, protocol=protocol)
+
+
+def retryable(error: ClientError) -> bool:
+    return isinstance(error, ServerUnavailableError)
+
+
+def with_attempts(error: ClientError, attempts: int) -> ClientError:
+    """The final error of a retried call: says how many attempts were made."""
+    if attempts > 1:
+        error.args = (f"{error.args[0]} (after {attempts} attempts)",)
+    error.attempts = attempts
+    return error
+
+
+# -- model description ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    datatype: str  # protocol name: BYTES, INT64, FP32...
+    shape: tuple[int, ...]  # as the metadata reports it (batch included as -1 when batched)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    version: str
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+    max_batch_size: int
+    parameters: dict[str, str] = field(default_factory=dict)
+
+    def input(self, name: str) -> TensorInfo:
+        for t in self.inputs:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    @property
+    def padding_targets(self) -> tuple[int, ...]:
+        """Lengths the build stage's plan pads to (config parameter ``padding_targets``)."""
+        raw = self.parameters.get("padding_targets", "")
+        return tuple(sorted(int(x) for x in raw.split(",") if x.strip()))
+
+    @property
+    def max_sequence_length(self) -> int:
+        return int(self.parameters.get("max_sequence_length", "0") or 0)
+
+
+def model_info(metadata: dict[str, Any], config: dict[str, Any]) -> ModelInfo:
+    """Build :class:`ModelInfo` from the JSON-shaped metadata and config (HTTP form, or gRPC via
+    ``as_json=True``)."""
+    cfg = config.get("config", config)
+
+    def tensors(items: Sequence[dict[str, Any]]) -> tuple[TensorInfo, ...]:
+        return tuple(TensorInfo(t["name"], t["datatype"], tuple(int(d) for d in t.get("shape", ()))) for t in items)
+
+    params = {}
+    for key, value in (cfg.get("parameters") or {}).items():
+        params[key] = value.get("string_value", "") if isinstance(value, dict) else str(value)
+    versions = metadata.get("versions") or [""]
+    return ModelInfo(
+        name=metadata["name"],
+        version=str(versions[-1]),
+        inputs=tensors(metadata.get("inputs", ())),
+        outputs=tensors(metadata.get("outputs", ())),
+        max_batch_size=int(cfg.get("max_batch_size", 0) or 0),
+        parameters=params,
+    )
+
+
+def check_inputs(info: ModelInfo, expected: dict[str, str], *, protocol: str, url: str) -> None:
+    """Raise :class:`MetadataMismatchError` naming both sides if the served inputs differ."""
+    served = {t.name: t.datatype for t in info.inputs}
+    missing = [n for n in expected if n not in served]
+    if missing:
+        raise MetadataMismatchError(
+            f"model {info.name!r} at {url} over {protocol} has inputs {_fmt(served)}, "
+            f"but the client expects {_fmt(expected)}",
+            model=info.name, protocol=protocol,
+        )
+    wrong = {n: (served[n], d) for n, d in expected.items() if served[n] != d}
+    if wrong:
+        details = ", ".join(f"{n}: server {s}, client {c}" for n, (s, c) in wrong.items())
+        raise MetadataMismatchError(
+            f"model {info.name!r} at {url} over {protocol}: input data types differ ({details})",
+            model=info.name, protocol=protocol,
+        )
+
+
+def check_output(info: ModelInfo, output: str | None, *, protocol: str, url: str) -> str:
+    names = [t.name for t in info.outputs]
+    if output is None:
+        if not names:
+            raise MetadataMismatchError(f"model {info.name!r} has no outputs", model=info.name, protocol=protocol)
+        return names[0]
+    if output not in names:
+        raise MetadataMismatchError(
+            f"model {info.name!r} at {url} over {protocol} has outputs {names}, but the client expects {output!r}",
+            model=info.name, protocol=protocol,
+        )
+    return output
+
+
+def _fmt(tensors: dict[str, str]) -> str:
+    return "[" + ", ".join(f"{n} ({d})" for n, d in tensors.items()) + "]"
+
+
+# -- request building --------------------------------------------------------------------------------
+def chunks(n: int, max_batch_size: int) -> list[slice]:
+    """Row slices of at most ``max_batch_size`` (all rows when the model has no batch limit)."""
+    if n == 0:
+        return []
+    size = max_batch_size if max_batch_size > 0 else n
+    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def text_array(texts: Sequence[str | bytes]) -> np.ndarray:
+    """A [N, 1] BYTES array; str is UTF-8 encoded, bytes are sent as given (the server checks them)."""
+    if isinstance(texts, (str, bytes)):
+        raise TypeError("texts must be a sequence of strings, not a single string")
+    rows = [t.encode("utf-8") if isinstance(t, str) else bytes(t) for t in texts]
+    out = np.empty((len(rows), 1), dtype=object)
+    for i, row in enumerate(rows):
+        out[i, 0] = row
+    return out
+
+
+def pad_tokens(
+    ids: Sequence[Sequence[int]] | np.ndarray, mask: Sequence[Sequence[int]] | np.ndarray | None,
+    targets: Sequence[int], *, max_length: int = 0, pad_id: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Pad token rows to the smallest padding target that holds the longest row.
+
+    With no targets (the ragged policy) rows are padded to the longest row only. Rows longer than
+    ``max_length`` (when set) are refused here, before a request is sent.
+    """
+    rows = [np.asarray(r, dtype=np.int64).reshape(-1) for r in ids]
+    if mask is None:
+        masks = [np.ones_like(r) for r in rows]
+    else:
+        masks = [np.asarray(m, dtype=np.int64).reshape(-1) for m in mask]
+        if len(masks) != len(rows) or any(len(a) != len(b) for a, b in zip(rows, masks)):
+            raise InvalidInputError("token ids and attention mask must have the same shape, row by row")
+    if not rows:
+        raise InvalidInputError("no token rows: send at least one")
+
+    def used(row: np.ndarray, row_mask: np.ndarray) -> int:
+        nonzero = np.flatnonzero(row_mask)
+        return int(nonzero[-1]) + 1 if nonzero.size else 0
+
+    longest = max(1, max(used(r, m) for r, m in zip(rows, masks)))
+    if max_length and longest > max_length:
+        raise InvalidInputError(f"a row has {longest} tokens; the model takes at most {max_length}")
+    length = next((t for t in sorted(targets) if t >= longest), longest)
+    out_ids = np.full((len(rows), length), pad_id, dtype=np.int64)
+    out_mask = np.zeros((len(rows), length), dtype=np.int64)
+    for i, (r, m) in enumerate(zip(rows, masks)):
+        n = min(len(r), length)
+        out_ids[i, :n] = r[:n]
+        out_mask[i, :n] = m[:n]
+    return out_ids, out_mask
+
+
+def server_timeout_us(timeout_s: float | None) -> int | None:
+    """Triton's server-side request timeout (microseconds) for a client deadline."""
+    if timeout_s is None:
+        return None
+    return max(1, int(timeout_s * 1_000_000))

@@ -1,0 +1,420 @@
+"""Blocking clients: :class:`HttpClient` (binary tensors over HTTP/REST) and :class:`GrpcClient`.
+
+Both sit on ``tritonclient`` and behave the same::
+
+    from tritonbundle.clients import HttpClient
+
+    with HttpClient("127.0.0.1:8000", model="minilm", timeout_s=5) as client:
+        vectors = client.embed(["a sentence", "another one"])   # float32 [2, 384]
+
+On connect the client checks that the server is live and ready and that the model's inputs and
+outputs are what it will send and read. Each call has a deadline (``timeout_s``) that bounds the
+transport and is passed to Triton as the request's server-side timeout; calls are retried with
+jittered exponential backoff only when that is safe (see :class:`RetryPolicy`). Inputs larger than
+the model's ``max_batch_size`` are split and the results put back together in order.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+
+from tritonbundle.clients import core
+from tritonbundle.clients.core import ModelInfo, RetryPolicy
+from tritonbundle.errors import ClientError, DeadlineExceededError, InvalidInputError, ServerUnavailableError
+
+T = TypeVar("T")
+
+
+class _BaseClient:
+    protocol = ""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        model: str = "minilm",
+        token_model: str | None = None,
+        text_input: str = "TEXT",
+        token_inputs: tuple[str, str] = ("input_ids", "attention_mask"),
+        output: str | None = None,
+        timeout_s: float = 30.0,
+        connect_timeout_s: float = 10.0,
+        retry: RetryPolicy | None = None,
+        pool_size: int = 4,
+        check_model: bool = True,
+        headers: Mapping[str, str] | None = None,
+        api_key: str | None = None,
+        shared_memory: bool = False,
+        shared_memory_min_bytes: int = 1 << 20,
+        verbose: bool = False,
+    ) -> None:
+        if timeout_s <= 0 or connect_timeout_s <= 0:
+            raise ValueError("timeout_s and connect_timeout_s must be > 0")
+        if pool_size < 1:
+            raise ValueError("pool_size must be >= 1")
+        self.url = url.removeprefix("http://").removeprefix("https://")
+        self.model = model
+        self.token_model = token_model or f"{model}_encoder"
+        self.text_input = text_input
+        self.token_inputs = token_inputs
+        self.output = output
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.retry = retry or RetryPolicy()
+        self.pool_size = pool_size
+        self.check_model = check_model
+        self.headers = dict(headers or {})
+        self.api_key = api_key
+        self.shared_memory = shared_memory
+        self.shared_memory_min_bytes = shared_memory_min_bytes
+        self.verbose = verbose
+        self._infos: dict[str, ModelInfo] = {}
+        self._rng = random.Random()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # -- transport hooks (per protocol) ---------------------------------------------------------
+    def _open(self) -> None:
+        raise NotImplementedError
+
+    def _close(self) -> None:
+        raise NotImplementedError
+
+    def _is_live(self) -> bool:
+        raise NotImplementedError
+
+    def _is_ready(self) -> bool:
+        raise NotImplementedError
+
+    def _describe(self, model: str) -> ModelInfo:
+        raise NotImplementedError
+
+    def _index(self) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def _infer(
+        self, model: str, arrays: Mapping[str, np.ndarray], outputs: Sequence[str], timeout_s: float
+    ) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def connect(self) -> _BaseClient:
+        """Open connections, wait (up to ``connect_timeout_s``) for a live, ready server, and check
+        the model; raise :class:`MetadataMismatchError` when it is not what this client expects."""
+        self._open()
+        deadline = time.monotonic() + self.connect_timeout_s
+
+        def probe() -> bool:
+            if not (self._is_live() and self._is_ready()):
+                raise ServerUnavailableError(
+                    f"server at {self.url} over {self.protocol} is not ready", model=self.model,
+                    protocol=self.protocol, status="UNAVAILABLE",
+                )
+            return True
+
+        self._call(self.model, probe, deadline=deadline, retry=_until_deadline(self.retry))
+        if self.check_model:
+            self.model_info(self.model)
+        return self
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._close()
+
+    def __enter__(self: T) -> T:
+        return self.connect()  # type: ignore[attr-defined, no-any-return]
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- public API -------------------------------------------------------------------------------
+    def health(self) -> dict[str, bool]:
+        try:
+            return {"live": self._is_live(), "ready": self._is_ready()}
+        except Exception as e:  # noqa: BLE001
+            err = core.classify(e, model=self.model, protocol=self.protocol)
+            if isinstance(err, ServerUnavailableError):
+                return {"live": False, "ready": False}
+            raise err from e
+
+    def models(self) -> list[dict[str, Any]]:
+        """Every model in the repository: name, version, state, max batch size, batching settings."""
+        rows = []
+        for entry in self._call("(repository)", self._index, deadline=time.monotonic() + self.timeout_s):
+            row = {"name": entry.get("name"), "version": entry.get("version"), "state": entry.get("state"),
+                   "reason": entry.get("reason", "")}
+            if entry.get("state") == "READY":
+                try:
+                    cfg = self._config_json(entry["name"])
+                    row["max_batch_size"] = int(cfg.get("max_batch_size", 0) or 0)
+                    row["batching"] = _batching_summary(cfg)
+                    row["platform"] = cfg.get("platform") or cfg.get("backend")
+                except ClientError:
+                    pass
+            rows.append(row)
+        return rows
+
+    def model_info(self, model: str) -> ModelInfo:
+        with self._lock:
+            if model in self._infos:
+                return self._infos[model]
+        info = self._call(model, lambda: self._describe(model), deadline=time.monotonic() + self.timeout_s)
+        if model == self.model and self.check_model:
+            core.check_inputs(info, {self.text_input: "BYTES"}, protocol=self.protocol, url=self.url)
+            self.output = core.check_output(info, self.output, protocol=self.protocol, url=self.url)
+        with self._lock:
+            self._infos[model] = info
+        return info
+
+    def embed(self, texts: Sequence[str | bytes], *, timeout_s: float | None = None) -> np.ndarray:
+        """Embed texts through the server-side ensemble (tokenizer + encoder). Returns [N, dim]."""
+        array = core.text_array(texts)
+        if array.shape[0] == 0:
+            raise InvalidInputError("no texts: send at least one", model=self.model, protocol=self.protocol)
+        info = self.model_info(self.model)
+        output = core.check_output(info, self.output, protocol=self.protocol, url=self.url)
+        return self._batched(self.model, {self.text_input: array}, output, info.max_batch_size, timeout_s)
+
+    def embed_tokens(
+        self, ids: Sequence[Sequence[int]] | np.ndarray, mask: Sequence[Sequence[int]] | np.ndarray | None = None,
+        *, timeout_s: float | None = None,
+    ) -> np.ndarray:
+        """Embed pre-tokenized rows with the encoder model directly.
+
+        Rows are padded to the repository's padding targets (the build stage's plan, read from the
+        model config) so that requests meet in the dynamic batcher.
+        """
+        info = self.model_info(self.token_model)
+        core.check_inputs(info, dict.fromkeys(self.token_inputs, "INT64"), protocol=self.protocol, url=self.url)
+        output = core.check_output(info, None if self.output is None else self.output, protocol=self.protocol, url=self.url)
+        padded_ids, padded_mask = core.pad_tokens(ids, mask, info.padding_targets, max_length=info.max_sequence_length)
+        arrays = {self.token_inputs[0]: padded_ids, self.token_inputs[1]: padded_mask}
+        return self._batched(self.token_model, arrays, output, info.max_batch_size, timeout_s)
+
+    def infer(
+        self, inputs: Mapping[str, np.ndarray], *, model: str | None = None, outputs: Sequence[str] | None = None,
+        timeout_s: float | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Any model, any tensors: one request (no splitting), with deadline and retries."""
+        model = model or self.model
+        info = self.model_info(model) if self.check_model else None
+        names = list(outputs) if outputs else [t.name for t in info.outputs] if info else []
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        return self._call(
+            model, lambda: self._infer(model, inputs, names, self._remaining(deadline)), deadline=deadline
+        )
+
+    # -- internals ------------------------------------------------------------------------------
+    def _batched(
+        self, model: str, arrays: Mapping[str, np.ndarray], output: str, max_batch_size: int, timeout_s: float | None
+    ) -> np.ndarray:
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        n = next(iter(arrays.values())).shape[0]
+        parts = []
+        for rows in core.chunks(n, max_batch_size):
+            part = {k: v[rows] for k, v in arrays.items()}
+            result = self._call(model, lambda part=part: self._infer(model, part, [output], self._remaining(deadline)),
+                                deadline=deadline)
+            parts.append(result[output])
+        return np.concatenate(parts, axis=0)
+
+    def _remaining(self, deadline: float) -> float:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise DeadlineExceededError(
+                f"model {self.model!r} over {self.protocol}: deadline exceeded", model=self.model,
+                protocol=self.protocol, status="DEADLINE_EXCEEDED",
+            )
+        return left
+
+    def _call(self, model: str, fn: Callable[[], T], *, deadline: float, retry: RetryPolicy | None = None) -> T:
+        """Run ``fn`` with retries on safe errors, never past ``deadline``."""
+        policy = retry or self.retry
+        delays = itertools.chain(policy.delays(self._rng), [None])
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                return fn()
+            except Exception as e:  # noqa: BLE001 - classified below
+                err = core.classify(e, model=model, protocol=self.protocol)
+                delay = next(delays)
+                if not core.retryable(err) or delay is None or time.monotonic() + delay >= deadline:
+                    raise core.with_attempts(err, attempts) from e
+                time.sleep(delay)
+
+    def _config_json(self, model: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _restricted_headers(self) -> dict[str, str]:
+        headers = dict(self.headers)
+        if self.api_key:
+            headers[core.RESTRICTED_HEADER] = self.api_key
+        return headers
+
+
+def _until_deadline(policy: RetryPolicy) -> RetryPolicy:
+    """For waiting on a starting server: keep trying until the deadline, not a fixed count."""
+    return RetryPolicy(max_attempts=10_000, initial_backoff_s=max(policy.initial_backoff_s, 0.1), max_backoff_s=1.0)
+
+
+def _batching_summary(cfg: Mapping[str, Any]) -> str:
+    if cfg.get("platform") == "ensemble":
+        return "ensemble"
+    db = cfg.get("dynamic_batching")
+    if db is None:
+        return "off"
+    preferred = db.get("preferred_batch_size") or []
+    delay = db.get("max_queue_delay_microseconds", 0)
+    return f"dynamic (preferred {list(map(int, preferred)) or '-'}, max delay {delay} us)"
+
+
+class HttpClient(_BaseClient):
+    """HTTP/REST client; tensors travel as binary data, not JSON."""
+
+    protocol = "http"
+
+    def _open(self) -> None:
+        import tritonclient.http as httpclient
+
+        self._client = httpclient.InferenceServerClient(
+            self.url, concurrency=self.pool_size, connection_timeout=self.connect_timeout_s,
+            network_timeout=self.timeout_s + 5.0, verbose=self.verbose,
+        )
+
+    def _close(self) -> None:
+        client = getattr(self, "_client", None)
+        if client is not None:
+            client.close()
+
+    def _is_live(self) -> bool:
+        return bool(self._client.is_server_live(headers=self.headers))
+
+    def _is_ready(self) -> bool:
+        return bool(self._client.is_server_ready(headers=self.headers))
+
+    def _config_json(self, model: str) -> dict[str, Any]:
+        return self._call(model, lambda: self._client.get_model_config(model, headers=self.headers),
+                          deadline=time.monotonic() + self.timeout_s)
+
+    def _describe(self, model: str) -> ModelInfo:
+        metadata = self._client.get_model_metadata(model, headers=self.headers)
+        config = self._client.get_model_config(model, headers=self.headers)
+        return core.model_info(metadata, config)
+
+    def _index(self) -> list[dict[str, Any]]:
+        return list(self._client.get_model_repository_index(headers=self._restricted_headers()))
+
+    def _infer(
+        self, model: str, arrays: Mapping[str, np.ndarray], outputs: Sequence[str], timeout_s: float
+    ) -> dict[str, np.ndarray]:
+        import tritonclient.http as httpclient
+        from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+        from tritonbundle.clients.shm import SharedMemoryInputs
+
+        inputs = []
+        for name, array in arrays.items():
+            inp = httpclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+            inputs.append(inp)
+        requested = [httpclient.InferRequestedOutput(name, binary_data=True) for name in outputs]
+        with SharedMemoryInputs.maybe(self, inputs, arrays) as shm:
+            if shm is None:
+                for inp, array in zip(inputs, arrays.values()):
+                    inp.set_data_from_numpy(array, binary_data=True)
+            pending = self._client.async_infer(
+                model, inputs, outputs=requested, timeout=core.server_timeout_us(timeout_s), headers=self.headers,
+            )
+            try:
+                result = pending.get_result(block=True, timeout=timeout_s)
+            except InferenceServerException as e:
+                if "failed to obtain inference response" in (e.message() or ""):
+                    raise DeadlineExceededError(
+                        f"model {model!r} over http: no response within {timeout_s:.3g} s", model=model,
+                        protocol="http", status="DEADLINE_EXCEEDED",
+                    ) from e
+                raise
+            return {name: result.as_numpy(name) for name in outputs}
+
+
+class GrpcClient(_BaseClient):
+    """gRPC client; ``pool_size`` channels are used round-robin (gRPC multiplexes each one)."""
+
+    protocol = "grpc"
+
+    def _open(self) -> None:
+        import tritonclient.grpc as grpcclient
+
+        self._clients = [
+            grpcclient.InferenceServerClient(self.url, verbose=self.verbose) for _ in range(self.pool_size)
+        ]
+        self._next = itertools.cycle(self._clients)
+        self._client = self._clients[0]
+
+    def _close(self) -> None:
+        for client in getattr(self, "_clients", []):
+            client.close()
+
+    def _is_live(self) -> bool:
+        return bool(self._client.is_server_live(headers=self.headers, client_timeout=self.connect_timeout_s))
+
+    def _is_ready(self) -> bool:
+        return bool(self._client.is_server_ready(headers=self.headers, client_timeout=self.connect_timeout_s))
+
+    def _config_json(self, model: str) -> dict[str, Any]:
+        return self._call(
+            model, lambda: self._client.get_model_config(model, headers=self.headers, as_json=True)["config"],
+            deadline=time.monotonic() + self.timeout_s,
+        )
+
+    def _describe(self, model: str) -> ModelInfo:
+        metadata = self._client.get_model_metadata(model, headers=self.headers, as_json=True, client_timeout=self.timeout_s)
+        config = self._client.get_model_config(model, headers=self.headers, as_json=True, client_timeout=self.timeout_s)
+        return core.model_info(metadata, config)
+
+    def _index(self) -> list[dict[str, Any]]:
+        index = self._client.get_model_repository_index(headers=self._restricted_headers(), as_json=True)
+        return list(index.get("models", []))
+
+    def _infer(
+        self, model: str, arrays: Mapping[str, np.ndarray], outputs: Sequence[str], timeout_s: float
+    ) -> dict[str, np.ndarray]:
+        import tritonclient.grpc as grpcclient
+        from tritonclient.utils import np_to_triton_dtype
+
+        from tritonbundle.clients.shm import SharedMemoryInputs
+
+        inputs = [grpcclient.InferInput(n, list(a.shape), np_to_triton_dtype(a.dtype)) for n, a in arrays.items()]
+        requested = [grpcclient.InferRequestedOutput(name) for name in outputs]
+        with SharedMemoryInputs.maybe(self, inputs, arrays) as shm:
+            if shm is None:
+                for inp, array in zip(inputs, arrays.values()):
+                    inp.set_data_from_numpy(array)
+            with self._lock:
+                client = next(self._next)
+            result = client.infer(
+                model, inputs, outputs=requested, client_timeout=timeout_s,
+                timeout=core.server_timeout_us(timeout_s), headers=self.headers,
+            )
+        return {name: result.as_numpy(name) for name in outputs}
+
+
+def connect(url: str, *, protocol: str = "http", **options: Any) -> _BaseClient:
+    """A connected client for ``protocol`` ("http" or "grpc"); use it as a context manager."""
+    if protocol not in core.PROTOCOLS:
+        raise ValueError(f"protocol must be one of {core.PROTOCOLS}, not {protocol!r}")
+    cls = HttpClient if protocol == "http" else GrpcClient
+    client = cls(url, **options)
+    try:
+        return client.connect()
+    except BaseException:
+        client.close()
+        raise

@@ -1,0 +1,78 @@
+"""The project's exception types.
+
+A :class:`TritonBundleError` is a user error (bad manifest, unreachable server, rejected request):
+the CLI prints its one-line message without a traceback and exits non-zero. Anything else is a bug
+and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class TritonBundleError(Exception):
+    """Base class of every error the user can act on."""
+
+    exit_code = 1
+
+
+class ConfigError(TritonBundleError):
+    """A manifest, traffic sample, plan or model config is invalid."""
+
+    exit_code = 2
+
+
+class ExportError(TritonBundleError):
+    """Exporting a model to ONNX failed, or the export does not match the source model."""
+
+
+class BuildError(TritonBundleError):
+    """The build stage failed (engine build, accuracy gate, repository swap)."""
+
+
+class CommandError(TritonBundleError):
+    """An external command (trtexec, docker, helm) failed; the message quotes the command."""
+
+
+class ServerError(TritonBundleError):
+    """The Triton server could not be started, did not become ready, or died."""
+
+
+class ClientError(TritonBundleError):
+    """A request to a Triton server failed.
+
+    Every message names the model, the protocol and the server's reason.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        model: str | None = None,
+        protocol: str | None = None,
+        status: str | None = None,
+        attempts: int = 1,
+    ) -> None:
+        super().__init__(message)
+        self.model = model
+        self.protocol = protocol
+        self.status = status
+        self.attempts = attempts
+
+
+class InvalidInputError(ClientError):
+    """The server refused the request's content (HTTP 400 / gRPC INVALID_ARGUMENT). Never retried."""
+
+
+class ModelNotFoundError(ClientError):
+    """The model or version does not exist on the server (HTTP 400/404, gRPC NOT_FOUND)."""
+
+
+class ServerUnavailableError(ClientError):
+    """The server could not be reached or refused for load (connection refused, HTTP 503, UNAVAILABLE)."""
+
+
+class DeadlineExceededError(ClientError):
+    """The call did not finish within its deadline (client side or Triton's server-side timeout)."""
+
+
+class MetadataMismatchError(ClientError):
+    """The served model does not match what the client expects (checked at connect)."""

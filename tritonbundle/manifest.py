@@ -1,0 +1,375 @@
+"""The models manifest (``build/models.yaml``): what to build, from what, for which runtime.
+
+The YAML is validated against :data:`SCHEMA` (JSON Schema); every error names the key by its path
+(``models[0].precision``) and, where the schema has them, the allowed values. The result is a tree
+of frozen dataclasses the rest of the build stage reads.
+
+Shapes are written with the batch dimension included, using names for dynamic dimensions::
+
+    inputs:
+      - {name: input_ids, dtype: INT64, shape: [batch, sequence]}
+    outputs:
+      - {name: embedding, dtype: FP32, shape: [batch, 384]}
+
+``batch`` (first position only) is the dynamic batch dimension; ``sequence`` is a dynamic dimension
+whose buckets are planned from the traffic sample; integers are static.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tritonbundle.errors import ConfigError
+from tritonbundle.modelconfig import normalize_dtype
+
+RUNTIMES = ("onnxruntime", "tensorrt", "pytorch")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+TARGETS = ("cpu", "gpu")
+TASKS = ("text-embedding", "tensor")
+RECIPES = ("minilm", "bert-base-random")
+DIM_NAMES = ("batch", "sequence")
+
+_TENSOR = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "dtype", "shape"],
+    "properties": {
+        "name": {"type": "string", "minLength": 1},
+        "dtype": {"type": "string"},
+        "shape": {
+            "type": "array",
+            "minItems": 1,
+            "items": {"anyOf": [{"type": "integer", "minimum": 1}, {"enum": list(DIM_NAMES)}]},
+        },
+    },
+}
+_BUCKETS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 1}, "uniqueItems": True}
+_TUNABLES: dict[str, Any] = {
+    "target": {"enum": list(TARGETS), "description": "cpu: the wheel's tritonserver (Python backend only); gpu: NGC tritonserver"},
+    "runtime": {"enum": list(RUNTIMES)},
+    "precision": {"enum": list(PRECISIONS)},
+    "batch_buckets": _BUCKETS,
+    "sequence_buckets": {"type": "integer", "minimum": 1, "maximum": 16},
+    "opt_percentile": {"type": "number", "exclusiveMinimum": 0, "maximum": 100},
+    "max_queue_delay_us": {"type": "integer", "minimum": 0},
+    "max_queue_size": {"type": "integer", "minimum": 0},
+    "queue_timeout_us": {"type": "integer", "minimum": 0},
+    "instances": {"type": "integer", "minimum": 1},
+    "workspace_mib": {"type": "integer", "minimum": 16},
+    "builder_optimization_level": {"type": "integer", "minimum": 0, "maximum": 5},
+    "hardware_compatibility": {"enum": ["none", "ampere+", "same-compute-capability"]},
+    "version_compatible": {"type": "boolean"},
+    "cuda_graphs": {"type": "boolean"},
+}
+SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "tritonbundle models manifest",
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["version", "models"],
+    "properties": {
+        "version": {"const": 1},
+        "traffic": {"type": "string", "description": "traffic sample (JSON Lines), relative to the manifest"},
+        "defaults": {"type": "object", "additionalProperties": False, "properties": _TUNABLES},
+        "models": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["name", "source", "inputs", "outputs"],
+                "properties": {
+                    "name": {"type": "string", "pattern": "^[A-Za-z][A-Za-z0-9_-]*$"},
+                    "task": {"enum": list(TASKS)},
+                    "source": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {
+                            "recipe": {"enum": list(RECIPES)},
+                            "onnx": {"type": "string", "minLength": 1},
+                        },
+                        "oneOf": [{"required": ["recipe"]}, {"required": ["onnx"]}],
+                    },
+                    "tokenizer": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {
+                            "file": {"type": "string", "minLength": 1},
+                            "max_length": {"type": "integer", "minimum": 1},
+                        },
+                    },
+                    "inputs": {"type": "array", "minItems": 1, "items": _TENSOR},
+                    "outputs": {"type": "array", "minItems": 1, "items": _TENSOR},
+                    "max_sequence_length": {"type": "integer", "minimum": 1},
+                    "traffic": {"type": "string"},
+                    "calibration": {
+                        "type": "string",
+                        "description": "INT8 calibration data: a .npz of input arrays, or a traffic sample",
+                    },
+                    "tolerance": {"type": "number", "exclusiveMinimum": 0},
+                    **_TUNABLES,
+                },
+            },
+        },
+    },
+}
+
+_DEFAULTS: dict[str, Any] = {
+    "target": "cpu",
+    "runtime": "onnxruntime",
+    "precision": "fp32",
+    "batch_buckets": [1, 8, 32],
+    "sequence_buckets": 4,
+    "opt_percentile": 95.0,
+    "max_queue_delay_us": 2000,
+    "max_queue_size": 0,
+    "queue_timeout_us": 0,
+    "instances": 1,
+    "workspace_mib": 4096,
+    "builder_optimization_level": 3,
+    "hardware_compatibility": "none",
+    "version_compatible": False,
+    "cuda_graphs": True,
+}
+
+
+@dataclass(frozen=True)
+class TensorDecl:
+    name: str
+    dtype: str
+    #: Full shape, batch included: ints are static, "batch" and "sequence" are dynamic.
+    shape: tuple[int | str, ...]
+
+    @property
+    def batched(self) -> bool:
+        return bool(self.shape) and self.shape[0] == "batch"
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        """Triton dims: without the batch dimension, -1 for dynamic ones."""
+        rest = self.shape[1:] if self.batched else self.shape
+        return tuple(-1 if isinstance(d, str) else d for d in rest)
+
+    @property
+    def sequence_axes(self) -> tuple[int, ...]:
+        """Axes (batch included) that are planned sequence dimensions."""
+        return tuple(i for i, d in enumerate(self.shape) if d == "sequence")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    task: str
+    recipe: str | None
+    onnx_path: Path | None
+    inputs: tuple[TensorDecl, ...]
+    outputs: tuple[TensorDecl, ...]
+    target: str
+    runtime: str
+    precision: str
+    batch_buckets: tuple[int, ...]
+    sequence_buckets: int
+    opt_percentile: float
+    max_queue_delay_us: int
+    max_queue_size: int
+    queue_timeout_us: int
+    instances: int
+    max_sequence_length: int
+    tokenizer_file: Path | None
+    tokenizer_max_length: int
+    traffic: Path | None
+    calibration: Path | None
+    workspace_mib: int
+    builder_optimization_level: int
+    hardware_compatibility: str
+    version_compatible: bool
+    cuda_graphs: bool
+    tolerance: float | None = None
+
+    @property
+    def batched(self) -> bool:
+        return all(t.batched for t in self.inputs)
+
+    @property
+    def max_batch_size(self) -> int:
+        return max(self.batch_buckets) if self.batched else 0
+
+    @property
+    def has_sequence(self) -> bool:
+        return any(t.sequence_axes for t in self.inputs)
+
+    @property
+    def encoder_name(self) -> str:
+        """The name of the model that runs the network (the ensemble keeps the plain name)."""
+        return f"{self.name}_encoder" if self.task == "text-embedding" else self.name
+
+    @property
+    def tokenizer_name(self) -> str:
+        return f"{self.name}_tokenizer"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    path: Path
+    models: tuple[ModelSpec, ...]
+    traffic: Path | None = None
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    def model(self, name: str) -> ModelSpec:
+        for m in self.models:
+            if m.name == name:
+                return m
+        raise ConfigError(f"{self.path}: no model named {name!r} (models: {', '.join(m.name for m in self.models)})")
+
+
+def _path_of(error_path: Sequence[Any]) -> str:
+    out = ""
+    for part in error_path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def _describe(error: Any) -> str:
+    """One line for a jsonschema error: the key path and what is allowed there."""
+    where = _path_of(error.absolute_path)
+    schema = error.schema if isinstance(error.schema, dict) else {}
+    if error.validator == "additionalProperties":
+        allowed = sorted(schema.get("properties", {}))
+        extra = sorted(set(error.instance) - set(allowed)) if isinstance(error.instance, dict) else []
+        return f"{where}: unknown key {', '.join(map(repr, extra))}; allowed keys: {', '.join(allowed)}"
+    if error.validator == "enum":
+        return f"{where}: {error.instance!r} is not allowed; allowed values: {', '.join(map(str, schema['enum']))}"
+    if error.validator == "oneOf" and "source" in where:
+        return f"{where}: give exactly one of 'recipe' ({', '.join(RECIPES)}) or 'onnx' (a path)"
+    if error.validator == "anyOf" and "shape" in where:
+        return f"{where}: {error.instance!r} is not a dimension; use a positive integer, 'batch' or 'sequence'"
+    if error.validator == "required":
+        return f"{where}: {error.message}"
+    return f"{where}: {error.message}"
+
+
+def validate(data: Any, *, source: str) -> None:
+    """Check ``data`` against the schema; raise one :class:`ConfigError` listing every problem."""
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(SCHEMA)
+    errors = sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path)))
+    if errors:
+        lines = "\n".join(f"  - {_describe(e)}" for e in errors)
+        raise ConfigError(f"{source}: the manifest is invalid:\n{lines}")
+
+
+def _tensor(raw: Mapping[str, Any], *, where: str) -> TensorDecl:
+    shape = tuple(raw["shape"])
+    if "batch" in shape[1:]:
+        raise ConfigError(f"{where}.shape: 'batch' may only be the first dimension, got {list(shape)}")
+    return TensorDecl(raw["name"], normalize_dtype(raw["dtype"], where=f"{where}.dtype"), shape)
+
+
+def load(path: Path | str) -> Manifest:
+    """Read and validate a manifest; relative paths in it are relative to the manifest's folder."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError as e:
+        raise ConfigError(f"manifest {path} does not exist") from e
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    return from_dict(data, path=path)
+
+
+def from_dict(data: Any, *, path: Path) -> Manifest:
+    validate(data, source=str(path))
+    base = path.parent
+    defaults = {**_DEFAULTS, **data.get("defaults", {})}
+    manifest_traffic = base / data["traffic"] if data.get("traffic") else None
+    models = []
+    seen: set[str] = set()
+    for index, raw in enumerate(data["models"]):
+        where = f"models[{index}]"
+        if raw["name"] in seen:
+            raise ConfigError(f"{path}: {where}.name: {raw['name']!r} is used by two models")
+        seen.add(raw["name"])
+        def get(key: str, raw: dict[str, Any] = raw) -> Any:
+            return raw.get(key, defaults.get(key))
+
+        inputs = tuple(_tensor(t, where=f"{where}.inputs[{i}]") for i, t in enumerate(raw["inputs"]))
+        outputs = tuple(_tensor(t, where=f"{where}.outputs[{i}]") for i, t in enumerate(raw["outputs"]))
+        batched = {t.batched for t in inputs + outputs}
+        if len(batched) > 1:
+            raise ConfigError(
+                f"{path}: {where}: either every input and output starts with 'batch' or none does"
+            )
+        task = raw.get("task", "tensor")
+        tokenizer = raw.get("tokenizer", {})
+        if task == "text-embedding":
+            names = {t.name for t in inputs}
+            if len(inputs) != 2 or not all(t.sequence_axes for t in inputs):
+                raise ConfigError(
+                    f"{path}: {where}.inputs: a text-embedding model takes exactly two [batch, sequence] "
+                    f"inputs (token ids, attention mask), got {sorted(names)}"
+                )
+            if not tokenizer.get("file") and raw["source"].get("recipe") is None:
+                raise ConfigError(f"{path}: {where}.tokenizer.file: a text-embedding model from ONNX needs a tokenizer.json")
+        sequence = any(t.sequence_axes for t in inputs)
+        max_seq = int(raw.get("max_sequence_length", 512 if sequence else 0))
+        runtime, target, precision = get("runtime"), get("target"), get("precision")
+        if precision == "int8" and runtime == "tensorrt" and not raw.get("calibration"):
+            raise ConfigError(
+                f"{path}: {where}.calibration: precision int8 needs calibration data (a .npz of inputs or a traffic sample)"
+            )
+        if runtime == "tensorrt" and target != "gpu":
+            raise ConfigError(f"{path}: {where}.runtime: tensorrt needs target gpu (the CPU server has no TensorRT backend)")
+        if runtime == "pytorch" and raw["source"].get("recipe") is None:
+            raise ConfigError(f"{path}: {where}.runtime: the pytorch runtime needs a source recipe, not an ONNX file")
+        models.append(
+            ModelSpec(
+                name=raw["name"],
+                task=task,
+                recipe=raw["source"].get("recipe"),
+                onnx_path=(base / raw["source"]["onnx"]) if raw["source"].get("onnx") else None,
+                inputs=inputs,
+                outputs=outputs,
+                target=target,
+                runtime=runtime,
+                precision=precision,
+                batch_buckets=tuple(sorted(get("batch_buckets"))),
+                sequence_buckets=int(get("sequence_buckets")),
+                opt_percentile=float(get("opt_percentile")),
+                max_queue_delay_us=int(get("max_queue_delay_us")),
+                max_queue_size=int(get("max_queue_size")),
+                queue_timeout_us=int(get("queue_timeout_us")),
+                instances=int(get("instances")),
+                max_sequence_length=max_seq,
+                tokenizer_file=(base / tokenizer["file"]) if tokenizer.get("file") else None,
+                tokenizer_max_length=int(tokenizer.get("max_length", max_seq or 512)),
+                traffic=(base / raw["traffic"]) if raw.get("traffic") else manifest_traffic,
+                calibration=(base / raw["calibration"]) if raw.get("calibration") else None,
+                workspace_mib=int(get("workspace_mib")),
+                builder_optimization_level=int(get("builder_optimization_level")),
+                hardware_compatibility=str(get("hardware_compatibility")),
+                version_compatible=bool(get("version_compatible")),
+                cuda_graphs=bool(get("cuda_graphs")),
+                tolerance=raw.get("tolerance"),
+            )
+        )
+    return Manifest(path=path, models=tuple(models), traffic=manifest_traffic, raw=data)
+
+
+def override(manifest: Manifest, **changes: Any) -> Manifest:
+    """A copy with fields of every model replaced (``--target gpu`` on the command line, say)."""
+    import dataclasses
+
+    changes = {k: v for k, v in changes.items() if v is not None}
+    if not changes:
+        return manifest
+    models = tuple(dataclasses.replace(m, **changes) for m in manifest.models)
+    for m in models:
+        if m.runtime == "tensorrt" and m.target != "gpu":
+            raise ConfigError(f"model {m.name}: runtime tensorrt needs target gpu")
+    return dataclasses.replace(manifest, models=models)

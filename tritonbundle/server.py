@@ -1,0 +1,356 @@
+"""Start, supervise and stop a real ``tritonserver``.
+
+Two installations are supported:
+
+* the Triton 2.51 binary inside the ``nvidia-pytriton`` wheel (Python backend only; runs on CPU),
+  prepared as ../shared/ENVIRONMENT.md describes: the wheel's bundled libraries on
+  ``LD_LIBRARY_PATH``, the Python backend stub of this interpreter's version next to the backend, and
+  this environment's ``bin/`` first on ``PATH`` so Python models import this environment's packages;
+* any other install (the NGC image's ``/opt/tritonserver``), named by ``$TRITONSERVER`` or
+  ``--tritonserver``.
+
+The server binds to 127.0.0.1 unless told otherwise, writes its log to a file, and is stopped with
+SIGTERM (Triton then drains in-flight requests for up to ``exit_timeout_s``) and SIGKILL after that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tritonbundle.errors import ServerError
+from tritonbundle.log import LOG
+
+RESTRICTED_HEADER = "tritonbundle-key"
+#: Restricted API groups: everything that changes or reveals the server's state beyond inference.
+RESTRICTED_APIS = ("model-repository", "shared-memory", "trace", "logging")
+
+
+@dataclass(frozen=True)
+class Installation:
+    """Where a tritonserver binary, its backends and the environment it needs are."""
+
+    binary: Path
+    backend_dir: Path
+    env: dict[str, str]
+    description: str
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free right now on ``host``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _pytriton_root() -> Path:
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        raise ServerError(
+            "no tritonserver found: install the CPU server with `pip install nvidia-pytriton==0.7.0` "
+            "(make demo does), or point $TRITONSERVER at a tritonserver binary"
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "tritonbundle"
+
+
+def wheel_installation() -> Installation:
+    """Prepare the ``tritonserver`` inside the nvidia-pytriton wheel for this interpreter.
+
+    The Python backend's stub must match the interpreter's minor version; the wheel ships one per
+    version, and the backend looks for it in its own directory. Rather than writing into
+    site-packages, a private backend directory is assembled in the user's cache.
+    """
+    root = _pytriton_root()
+    server_dir = root / "tritonserver"
+    binary = server_dir / "bin" / "tritonserver"
+    libs = root.parent / "nvidia_pytriton.libs"
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = server_dir / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not binary.exists() or not stub.exists():
+        raise ServerError(f"the nvidia-pytriton wheel at {root} has no tritonserver or no stub for Python {version}")
+    backends = _cache_dir() / f"backends-py{version}-{_file_tag(binary)}"
+    python_backend = backends / "python"
+    if not (python_backend / "triton_python_backend_stub").exists():
+        tmp = backends.with_name(backends.name + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        (tmp / "python").mkdir(parents=True)
+        for item in (server_dir / "backends" / "python").iterdir():
+            if item.is_file():
+                shutil.copy2(item, tmp / "python" / item.name)
+        shutil.copy2(stub, tmp / "python" / "triton_python_backend_stub")
+        with contextlib.suppress(OSError):
+            tmp.rename(backends)  # another process may have won the race: fine
+        shutil.rmtree(tmp, ignore_errors=True)
+    env = {
+        "LD_LIBRARY_PATH": os.pathsep.join(p for p in (str(libs), os.environ.get("LD_LIBRARY_PATH", "")) if p),
+        # Python models run in the stub's embedded interpreter, which finds its prefix through
+        # PATH: this environment's bin/ first makes them import this environment's packages.
+        "PATH": os.pathsep.join((str(Path(sys.executable).parent), os.environ.get("PATH", ""))),
+    }
+    return Installation(binary, backends, env, f"tritonserver 2.51 from nvidia-pytriton ({root})")
+
+
+def _file_tag(path: Path) -> str:
+    st = path.stat()
+    return f"{st.st_size:x}{int(st.st_mtime):x}"
+
+
+def find_installation(tritonserver: str | None = None) -> Installation:
+    """The installation named by the argument or ``$TRITONSERVER``, else the wheel's."""
+    explicit = tritonserver or os.environ.get("TRITONSERVER")
+    if explicit:
+        binary = Path(explicit)
+        if not binary.exists():
+            raise ServerError(f"tritonserver binary {binary} does not exist")
+        backend_dir = Path(os.environ.get("TRITON_BACKEND_DIR", binary.parent.parent / "backends"))
+        return Installation(binary, backend_dir, {}, f"tritonserver at {binary}")
+    return wheel_installation()
+
+
+@dataclass
+class ServerOptions:
+    """What ``tritonserver`` is started with; ports of 0 are replaced by free ones."""
+
+    model_repository: Path
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    address: str = "127.0.0.1"
+    log_path: Path | None = None
+    model_control_mode: str = "none"
+    load_models: Sequence[str] = ()
+    exit_timeout_s: int = 30
+    #: When set, the repository, shared-memory, trace and logging APIs need this key.
+    restricted_api_key: str | None = None
+    log_verbose: int = 0
+    extra_args: Sequence[str] = ()
+    tritonserver: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.model_control_mode not in ("none", "poll", "explicit"):
+            raise ServerError(f"model control mode must be none, poll or explicit, not {self.model_control_mode!r}")
+
+
+@dataclass
+class TritonServer:
+    """A running ``tritonserver`` process; a context manager that stops it on exit.
+
+    >>> with TritonServer(ServerOptions(Path("model_repository"), http_port=0)).start() as server:
+    ...     server.http_url
+    """
+
+    options: ServerOptions
+    installation: Installation | None = None
+    process: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    _log_file: object | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        o = self.options
+        o.http_port = o.http_port or free_port()
+        o.grpc_port = o.grpc_port or free_port()
+        o.metrics_port = o.metrics_port or free_port()
+        if self.installation is None:
+            self.installation = find_installation(o.tritonserver)
+
+    # -- addresses ------------------------------------------------------------------------------
+    @property
+    def _host(self) -> str:
+        return "127.0.0.1" if self.options.address in ("0.0.0.0", "") else self.options.address
+
+    @property
+    def http_url(self) -> str:
+        return f"{self._host}:{self.options.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self._host}:{self.options.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self._host}:{self.options.metrics_port}/metrics"
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def command(self) -> list[str]:
+        o = self.options
+        assert self.installation is not None
+        argv = [
+            str(self.installation.binary),
+            f"--model-repository={Path(o.model_repository).resolve()}",
+            f"--backend-directory={self.installation.backend_dir}",
+            f"--http-address={o.address}", f"--http-port={o.http_port}",
+            f"--grpc-address={o.address}", f"--grpc-port={o.grpc_port}",
+            f"--metrics-address={o.address}", f"--metrics-port={o.metrics_port}",
+            f"--model-control-mode={o.model_control_mode}",
+            f"--exit-timeout-secs={o.exit_timeout_s}",
+            f"--log-verbose={o.log_verbose}",
+            "--strict-readiness=true",
+        ]
+        argv += [f"--load-model={m}" for m in o.load_models]
+        if o.restricted_api_key:
+            for api in RESTRICTED_APIS:
+                argv.append(f"--http-restricted-api={api}:{RESTRICTED_HEADER}={o.restricted_api_key}")
+                argv.append(f"--grpc-restricted-protocol={api}:{RESTRICTED_HEADER}={o.restricted_api_key}")
+        argv += list(o.extra_args)
+        return argv
+
+    def start(self, *, ready_timeout_s: float = 120.0, wait: bool = True) -> TritonServer:
+        if self.process is not None and self.process.poll() is None:
+            raise ServerError("server already running")
+        o = self.options
+        repo = Path(o.model_repository)
+        if not repo.is_dir():
+            raise ServerError(f"model repository {repo} does not exist (run `tritonbundle repo` first)")
+        assert self.installation is not None
+        env = {**os.environ, **self.installation.env}
+        log_path = o.log_path
+        if log_path is not None:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log_file = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
+            out: int | object = self._log_file
+        else:
+            out = subprocess.DEVNULL
+        LOG.debug("starting %s", " ".join(self.command()).replace(o.restricted_api_key or "\0", "***"))
+        self.process = subprocess.Popen(  # noqa: S603
+            self.command(), env=env, stdout=out, stderr=subprocess.STDOUT,  # type: ignore[arg-type]
+            start_new_session=True,
+        )
+        if wait:
+            self.wait_ready(timeout_s=ready_timeout_s)
+        return self
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:  # noqa: S310
+                return bool(r.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def wait_ready(self, *, timeout_s: float = 120.0) -> None:
+        """Wait until ``/v2/health/ready`` answers 200; raise with the log's tail if it never does."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise ServerError(
+                    f"tritonserver exited with code {self.process.returncode} before becoming ready\n{self.log_tail()}"
+                )
+            if self.is_ready():
+                return
+            time.sleep(0.25)
+        self.stop()
+        raise ServerError(f"tritonserver was not ready after {timeout_s:g} s\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 25) -> str:
+        path = self.options.log_path
+        if path is None or not Path(path).exists():
+            return "(no server log; pass --log-file to keep one)"
+        text = Path(path).read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+    def stop(self, *, timeout_s: float | None = None) -> int | None:
+        """SIGTERM, wait for Triton's own drain (``exit_timeout_s`` + margin), then SIGKILL."""
+        proc = self.process
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            wait_s = timeout_s if timeout_s is not None else self.options.exit_timeout_s + 10
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:
+                LOG.warning("tritonserver did not stop within %.0f s; killing it", wait_s)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        else:
+            # Reap the stub processes the server may have left behind.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        if self._log_file is not None:
+            self._log_file.close()  # type: ignore[attr-defined]
+            self._log_file = None
+        return proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL the server (for crash tests)."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def __enter__(self) -> TritonServer:
+        if self.process is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def serving(repository: Path, **options: object) -> Iterator[TritonServer]:
+    """Start a server on free loopback ports for the duration of a ``with`` block."""
+    opts = ServerOptions(Path(repository), **{"http_port": 0, "grpc_port": 0, "metrics_port": 0, **options})  # type: ignore[arg-type]
+    server = TritonServer(opts)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+def supervise(
+    server: TritonServer, *, restart: bool, max_restarts: int = 10, backoff_s: float = 1.0,
+    stop_event: threading.Event | None = None, ready_timeout_s: float = 120.0, already_started: bool = False,
+) -> int:
+    """Run the server until it exits or ``stop_event`` is set; restart it after a crash if asked.
+
+    Restarts use exponential backoff (capped at 30 s) and give up after ``max_restarts`` crashes in
+    a row that never reached READY.
+    """
+    stop_event = stop_event or threading.Event()
+    failures = 0
+    if not already_started:
+        server.start(ready_timeout_s=ready_timeout_s)
+    while True:
+        assert server.process is not None
+        while not stop_event.is_set() and server.process.poll() is None:
+            stop_event.wait(0.5)
+        if stop_event.is_set():
+            return server.stop() or 0
+        code = server.process.returncode
+        LOG.warning("tritonserver exited with code %s", code)
+        if not restart:
+            server.stop()
+            return code if code else 1
+        failures += 1
+        if failures > max_restarts:
+            raise ServerError(f"tritonserver crashed {failures} times in a row; giving up\n{server.log_tail()}")
+        delay = min(30.0, backoff_s * 2 ** (failures - 1))
+        LOG.info("restarting tritonserver in %.1f s (restart %d of at most %d)", delay, failures, max_restarts)
+        server.stop()
+        if stop_event.wait(delay):
+            return 0
+        try:
+            server.start(ready_timeout_s=ready_timeout_s)
+            failures = 0
+            LOG.info("tritonserver is ready again")
+        except ServerError as e:
+            LOG.warning("restart failed: %s", str(e).splitlines()[0])
