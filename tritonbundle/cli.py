@@ -15,16 +15,21 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tritonbundle import __version__
 from tritonbundle.errors import TritonBundleError
 from tritonbundle.log import LOG, setup, step
 
+if TYPE_CHECKING:
+    from tritonbundle.build.stage import BuildOptions
+    from tritonbundle.clients.sync import _BaseClient
+
 Handler = Callable[[argparse.Namespace], int]
 
 
 # -- build stage ------------------------------------------------------------------------------------
-def _build_options(args: argparse.Namespace) -> object:
+def _build_options(args: argparse.Namespace) -> BuildOptions:
     from tritonbundle.build.stage import BuildOptions
 
     overrides = {
@@ -46,7 +51,7 @@ def _build_options(args: argparse.Namespace) -> object:
 def cmd_export(args: argparse.Namespace) -> int:
     from tritonbundle.build.stage import export_all
 
-    for name, artifacts in export_all(_build_options(args)).items():  # type: ignore[arg-type]
+    for name, artifacts in export_all(_build_options(args)).items():
         print(f"{name}: {artifacts.onnx_path}")
     return 0
 
@@ -70,8 +75,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from tritonbundle.build.stage import plan_all
 
     options = _build_options(args)
-    for spec, plan in plan_all(options):  # type: ignore[arg-type]
-        files = write_report(spec, plan, options, args.out / spec.name)  # type: ignore[arg-type]
+    for spec, plan in plan_all(options):
+        files = write_report(spec, plan, options, args.out / spec.name)
         print(files.table)
         print(f"report: {files.json} {files.png or ''}".rstrip())
     return 0
@@ -81,8 +86,8 @@ def cmd_repo(args: argparse.Namespace) -> int:
     from tritonbundle.build.stage import build
 
     options = _build_options(args)
-    options.export = False  # type: ignore[attr-defined]
-    names = build(options)  # type: ignore[arg-type]
+    options.export = False
+    names = build(options)
     print(f"{args.repository}: {', '.join(sorted(names))}")
     return 0
 
@@ -92,16 +97,24 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     options = _build_options(args)
     if args.check:
-        problems = check_repository(options)  # type: ignore[arg-type]
+        problems = check_repository(options)
         for line in problems:
             print(line)
         return 1 if problems else 0
-    names = build(options)  # type: ignore[arg-type]
+    names = build(options)
     print(f"{args.repository}: {', '.join(sorted(names))}")
     return 0
 
 
 # -- server -----------------------------------------------------------------------------------------
+def cmd_fingerprint(args: argparse.Namespace) -> int:
+    from tritonbundle.build.tensorrt_engine import current_platform
+
+    platform = current_platform()
+    print(platform.fingerprint if not args.json else json.dumps({**platform.__dict__, "fingerprint": platform.fingerprint}))
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from tritonbundle.server import ServerOptions, TritonServer, supervise
 
@@ -136,7 +149,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 # -- clients ----------------------------------------------------------------------------------------
-def _client(args: argparse.Namespace) -> object:
+def _client(args: argparse.Namespace) -> _BaseClient:
     from tritonbundle.clients import connect
 
     return connect(
@@ -153,7 +166,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
     texts = list(args.texts) or [line.rstrip("\n") for line in sys.stdin if line.strip()]
     if not texts:
         raise TritonBundleError("no texts: pass them as arguments or one per line on stdin")
-    with _client(args) as client:  # type: ignore[attr-defined]
+    with _client(args) as client:
         embeddings = client.embed(texts)
     out = [{"text": t, "embedding": [round(float(x), 6) for x in e]} for t, e in zip(texts, embeddings)]
     json.dump(out if not args.compact else [o["embedding"] for o in out], sys.stdout)
@@ -163,7 +176,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
 
 def cmd_health(args: argparse.Namespace) -> int:
     args.check_model = False
-    with _client(args) as client:  # type: ignore[attr-defined]
+    with _client(args) as client:
         health = client.health()
     print(json.dumps(health))
     return 0 if health["live"] and health["ready"] else 1
@@ -171,7 +184,7 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 def cmd_models(args: argparse.Namespace) -> int:
     args.check_model = False
-    with _client(args) as client:  # type: ignore[attr-defined]
+    with _client(args) as client:
         models = client.models()
     if args.json:
         print(json.dumps(models, indent=2))
@@ -239,6 +252,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true",
                    help="only check that the repository's engines fit this GPU and TensorRT; exit 1 if not")
     p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("fingerprint", help="print this node's GPU + TensorRT fingerprint (engine cache key)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_fingerprint)
 
     p = sub.add_parser("serve", help="run tritonserver on a model repository until Ctrl-C/SIGTERM")
     p.add_argument("--repository", type=Path, default=Path("model_repository"))

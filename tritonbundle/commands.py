@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-REGISTER: list[Callable[[argparse._SubParsersAction], None]] = []  # type: ignore[type-arg]
+REGISTER: list[Callable[[argparse._SubParsersAction], None]] = []
 
 
-def _demo(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _demo(sub: argparse._SubParsersAction) -> None:
     from pathlib import Path
 
     p = sub.add_parser("demo", help="export, write the repository, serve, embed sentences over HTTP and gRPC, stop")

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 LOG = logging.getLogger("tritonbundle")
 
 
-class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+class _StderrHandler(logging.StreamHandler):
     """Writes to whatever ``sys.stderr`` is now (pytest and rich swap it), not the one at setup."""
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> object:
         return sys.stderr
 

@@ -65,6 +65,7 @@ _TUNABLES: dict[str, Any] = {
     "hardware_compatibility": {"enum": ["none", "ampere+", "same-compute-capability"]},
     "version_compatible": {"type": "boolean"},
     "cuda_graphs": {"type": "boolean"},
+    "multi_arch": {"type": "boolean", "description": "name plans per compute capability (cc_model_filenames)"},
 }
 SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -128,13 +129,14 @@ _DEFAULTS: dict[str, Any] = {
     "opt_percentile": 95.0,
     "max_queue_delay_us": 2000,
     "max_queue_size": 0,
-    "queue_timeout_us": 0,
+    "queue_timeout_us": 30_000_000,
     "instances": 1,
     "workspace_mib": 4096,
     "builder_optimization_level": 3,
     "hardware_compatibility": "none",
     "version_compatible": False,
     "cuda_graphs": True,
+    "multi_arch": False,
 }
 
 
@@ -189,6 +191,7 @@ class ModelSpec:
     hardware_compatibility: str
     version_compatible: bool
     cuda_graphs: bool
+    multi_arch: bool = False
     tolerance: float | None = None
 
     @property
@@ -355,6 +358,7 @@ def from_dict(data: Any, *, path: Path) -> Manifest:
                 hardware_compatibility=str(get("hardware_compatibility")),
                 version_compatible=bool(get("version_compatible")),
                 cuda_graphs=bool(get("cuda_graphs")),
+                multi_arch=bool(get("multi_arch")),
                 tolerance=raw.get("tolerance"),
             )
         )

@@ -25,7 +25,7 @@ def _check_tensor(model: str, kind: str, decl: TensorDecl, value_info: object, p
     dtype = _ONNX_DTYPES.get(ttype.elem_type, f"onnx type {ttype.elem_type}")
     where = f"model {model}: {kind} {decl.name!r}"
     if dtype != decl.dtype:
-        raise ConfigError(f"{where}: the manifest says {decl.dtype}, the ONNX graph {path.name} has {dtype}; fix the manifest's dtype")
+        raise ConfigError(f"{where}: the manifest says {decl.dtype}, the ONNX graph {path} has {dtype}; fix the manifest's dtype")
     dims = list(ttype.shape.dim)
     if len(dims) != len(decl.shape):
         raise ConfigError(
@@ -58,7 +58,7 @@ def check_graph(spec: ModelSpec, onnx_path: Path, *, probe: bool = True) -> None
         for decl in decls:
             if decl.name not in available:
                 raise ConfigError(
-                    f"model {spec.name}: the ONNX graph {onnx_path.name} has no {kind} named {decl.name!r}; "
+                    f"model {spec.name}: the ONNX graph {onnx_path} has no {kind} named {decl.name!r}; "
                     f"its {kind}s are: {', '.join(sorted(available)) or '(none)'}"
                 )
             _check_tensor(spec.name, kind, decl, available[decl.name], onnx_path)

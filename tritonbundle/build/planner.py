@@ -137,7 +137,8 @@ def batch_buckets(sizes: Sequence[int]) -> tuple[BatchBucket, ...]:
     sizes = sorted(set(int(s) for s in sizes))
     if not sizes or sizes[0] < 1:
         raise ConfigError("batch buckets must be integers >= 1")
-    out, low = [], 0
+    out: list[BatchBucket] = []
+    low = 0
     for size in sizes:
         out.append(BatchBucket(min=low + 1, opt=size, max=size))
         low = size
@@ -159,7 +160,7 @@ def _shape(decl_shape: Sequence[int | str], batch: int, seq: int) -> tuple[int, 
 
 
 def profiles(spec: ModelSpec, batches: Sequence[BatchBucket], seqs: Sequence[SequenceBucket | None]) -> tuple[Profile, ...]:
-    out = []
+    out: list[Profile] = []
     for b in batches:
         for s in seqs:
             lo, mid, hi = (s.min, s.opt, s.max) if s else (1, 1, 1)

@@ -89,11 +89,14 @@ class ModelArtifacts:
 
 def _stage_model(
     spec: ModelSpec, plan: ModelPlan, artifacts: ModelArtifacts, staging: Path, work_dir: Path, *,
-    version: int, force: bool,
+    version: int, force: bool, previous: Path | None,
 ) -> list[str]:
     """Write every Triton model that ``spec`` becomes into ``staging``; return their names."""
     runtime = runtimes.get(spec.runtime)
-    ctx = BuildContext(spec=spec, plan=plan, onnx_path=artifacts.onnx_path, work_dir=work_dir, version=version, force=force)
+    ctx = BuildContext(
+        spec=spec, plan=plan, onnx_path=artifacts.onnx_path, work_dir=work_dir, version=version, force=force,
+        previous_dir=previous,
+    )
     encoder_dir = staging / spec.encoder_name
     runtime.write_files(ctx, encoder_dir / str(version))
     write_config(runtime.config(ctx), encoder_dir)
@@ -142,7 +145,11 @@ def write_repository(
     names: list[str] = []
     try:
         for spec, plan, artifacts in models:
-            names += _stage_model(spec, plan, artifacts, staging, work_root / spec.name, version=version, force=force)
+            previous = repository / spec.encoder_name / str(version)
+            names += _stage_model(
+                spec, plan, artifacts, staging, work_root / spec.name, version=version, force=force,
+                previous=previous if previous.is_dir() else None,
+            )
         _check_staged(staging, names)
         if before_swap is not None:
             before_swap(staging, names)

@@ -78,8 +78,12 @@ def export_all(options: BuildOptions) -> dict[str, ModelArtifacts]:
     out = {}
     for spec in m.models:
         step(f"export {spec.name}")
+        # Check the user's file (so errors name it) before copying or exporting anything.
+        if spec.onnx_path is not None:
+            onnx_check.check_graph(spec, spec.onnx_path)
         result = export(spec, options.artifacts / spec.name, force=options.force)
-        onnx_check.check_graph(spec, result.onnx_path)
+        if spec.onnx_path is None:
+            onnx_check.check_graph(spec, result.onnx_path)
         out[spec.name] = ModelArtifacts(result.onnx_path, result.tokenizer_path)
     return out
 
@@ -123,3 +127,38 @@ def build(options: BuildOptions) -> list[str]:
     step(f"write {options.repository}")
     entries = [(spec, plans[spec.name], artifacts[spec.name]) for spec in m.models]
     return write_repository(entries, options.repository, work_root=options.artifacts, force=options.force)
+
+
+def check_repository(options: BuildOptions) -> list[str]:
+    """Why the repository's TensorRT plans do not fit this GPU and TensorRT (empty: they all fit).
+
+    For init containers: ``tritonbundle build --check || tritonbundle build``. Models of other
+    runtimes have nothing GPU-specific to check.
+    """
+    from tritonbundle.build import tensorrt_engine as te
+    from tritonbundle.runtimes import tensorrt as trt_runtime
+    from tritonbundle.runtimes.base import BuildContext
+
+    m = load_manifest(options)
+    specs = [s for s in m.models if s.runtime == "tensorrt"]
+    if not specs:
+        return []
+    platform = te.current_platform()
+    problems = []
+    for spec in specs:
+        plan = planner.plan_model(spec, traffic_for(spec, options))
+        version_dir = options.repository / spec.encoder_name / "1"
+        plan_path = version_dir / trt_runtime.plan_name(platform.compute_capability, multi_arch=spec.multi_arch)
+        if not plan_path.exists():
+            problems.append(f"{spec.name}: no plan for {platform.fingerprint} ({plan_path} is missing)")
+            continue
+        metadata = te.EngineMetadata.read(plan_path.with_name(plan_path.name + ".json"))
+        onnx_path = spec.onnx_path or options.artifacts / spec.name / "model.onnx"
+        ctx = BuildContext(spec=spec, plan=plan, onnx_path=onnx_path, work_dir=options.artifacts / spec.name)
+        reasons = te.mismatches(
+            metadata, platform=platform,
+            onnx_sha256=te.sha256_file(onnx_path) or (metadata.onnx_sha256 if metadata else ""),
+            options=trt_runtime.engine_options(ctx), calibration_sha256=te.sha256_file(spec.calibration),
+        )
+        problems += [f"{spec.name}: {plan_path.name}: {reason}" for reason in reasons]
+    return problems

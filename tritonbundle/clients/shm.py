@@ -22,7 +22,7 @@ def _payload(array: np.ndarray) -> np.ndarray:
     if array.dtype == object:
         from tritonclient.utils import serialize_byte_tensor
 
-        return serialize_byte_tensor(array)  # type: ignore[no-any-return]
+        return serialize_byte_tensor(array)
     return np.ascontiguousarray(array)
 
 

@@ -130,7 +130,7 @@ class _BaseClient:
             self._close()
 
     def __enter__(self: T) -> T:
-        return self.connect()  # type: ignore[attr-defined, no-any-return]
+        return self.connect()  # type: ignore[attr-defined]
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -221,8 +221,10 @@ class _BaseClient:
         parts = []
         for rows in core.chunks(n, max_batch_size):
             part = {k: v[rows] for k, v in arrays.items()}
-            result = self._call(model, lambda part=part: self._infer(model, part, [output], self._remaining(deadline)),
-                                deadline=deadline)
+            def request(part: Mapping[str, np.ndarray] = part) -> dict[str, np.ndarray]:
+                return self._infer(model, part, [output], self._remaining(deadline))
+
+            result = self._call(model, request, deadline=deadline)
             parts.append(result[output])
         return np.concatenate(parts, axis=0)
 

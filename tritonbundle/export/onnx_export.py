@@ -108,6 +108,35 @@ def _declare_static_output_dims(spec: ModelSpec, path: Path) -> None:
     onnx.save(model, str(path))
 
 
+def _torch_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
+
+
+def _parity(record: dict[str, object]) -> tuple[ParityResult, ...]:
+    return tuple(ParityResult(**p) for p in record.get("parity", []))  # type: ignore[attr-defined]
+
+
+def _copy_tokenizer(spec: ModelSpec, out_dir: Path) -> Path | None:
+    """Copy the model's tokenizer.json next to the export (kept if the source is not installed here)."""
+    target = out_dir / "tokenizer.json"
+    if spec.task != "text-embedding" and spec.tokenizer_file is None:
+        return None
+    try:
+        source = spec.tokenizer_file or (recipes.tokenizer_file(spec.recipe) if spec.recipe else None)
+    except ExportError:
+        if target.exists():
+            return target
+        raise
+    if source is None:
+        return None
+    if not source.exists():
+        raise ExportError(f"model {spec.name}: tokenizer file {source} does not exist")
+    shutil.copy2(source, target)
+    return target
+
+
 def _fingerprint(spec: ModelSpec) -> dict[str, str]:
     import importlib.metadata as md
 
@@ -130,13 +159,7 @@ def export(spec: ModelSpec, out_dir: Path, *, force: bool = False) -> ExportResu
     out_dir.mkdir(parents=True, exist_ok=True)
     onnx_path = out_dir / "model.onnx"
     record_path = out_dir / "export.json"
-    tokenizer_src = spec.tokenizer_file or (recipes.tokenizer_file(spec.recipe) if spec.recipe else None)
-    tokenizer_path = None
-    if tokenizer_src is not None:
-        if not tokenizer_src.exists():
-            raise ExportError(f"model {spec.name}: tokenizer file {tokenizer_src} does not exist")
-        tokenizer_path = out_dir / "tokenizer.json"
-        shutil.copy2(tokenizer_src, tokenizer_path)
+    tokenizer_path = _copy_tokenizer(spec, out_dir)
 
     if spec.onnx_path is not None:
         if not spec.onnx_path.exists():
@@ -145,13 +168,17 @@ def export(spec: ModelSpec, out_dir: Path, *, force: bool = False) -> ExportResu
             shutil.copy2(spec.onnx_path, onnx_path)
         return ExportResult(onnx_path, tokenizer_path, sha256(onnx_path), (), exported=False)
 
-    fingerprint = _fingerprint(spec)
-    if not force and onnx_path.exists() and record_path.exists():
-        record = json.loads(record_path.read_text())
-        if record.get("fingerprint") == fingerprint and record.get("sha256") == sha256(onnx_path):
+    record = json.loads(record_path.read_text()) if record_path.exists() else {}
+    up_to_date = onnx_path.exists() and record.get("sha256") == sha256(onnx_path)
+    if not force and up_to_date:
+        if not _torch_available():
+            # The TensorRT image has no torch: take the export made (and checked) where torch was.
+            LOG.info("    %s: torch is not installed here; using the existing export (parity checked when it was made)", onnx_path)
+            return ExportResult(onnx_path, tokenizer_path, record["sha256"], _parity(record), exported=False)
+        if record.get("fingerprint") == _fingerprint(spec):
             LOG.info("    %s is up to date (export.json matches); skipping export", onnx_path)
-            parity = tuple(ParityResult(**p) for p in record.get("parity", []))
-            return ExportResult(onnx_path, tokenizer_path, record["sha256"], parity, exported=False)
+            return ExportResult(onnx_path, tokenizer_path, record["sha256"], _parity(record), exported=False)
+    fingerprint = _fingerprint(spec)
 
     assert spec.recipe is not None
     import onnx

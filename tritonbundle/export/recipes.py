@@ -94,7 +94,9 @@ def build_module(recipe: str) -> tuple[torch.nn.Module, int]:
         bert = BertModel.from_pretrained(str(minilm_dir()), attn_implementation="eager")
     elif recipe == "bert-base-random":
         torch.manual_seed(0)
-        bert = BertModel(BertConfig(attn_implementation="eager"))
+        config = BertConfig()  # BERT-base: 12 layers, hidden 768, 12 heads, vocab 30522
+        config._attn_implementation = "eager"
+        bert = BertModel(config)
     else:
         raise ExportError(f"unknown recipe {recipe!r}; known: {', '.join(RECIPES)}")
     return _pooled(bert), int(bert.config.vocab_size)

@@ -30,6 +30,8 @@ class BuildContext:
     version: int = 1
     #: Skip engine work whose metadata still matches (TensorRT); force rebuilds everything.
     force: bool = False
+    #: The version folder of this model in the repository being replaced (engines to reuse).
+    previous_dir: Path | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
 
@@ -70,6 +72,8 @@ def dynamic_batching(ctx: BuildContext) -> DynamicBatching | None:
     if not spec.batched:
         return None
     # Always allow per-request timeouts: a client's deadline then bounds its time in the queue too.
+    # Triton applies a request's timeout only when it is shorter than the default (core
+    # PolicyQueue::Enqueue), so the default must be set: a request older than it is rejected.
     queue = QueuePolicy(
         max_queue_size=spec.max_queue_size, default_timeout_us=spec.queue_timeout_us, allow_timeout_override=True
     )
