@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import socket
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -263,3 +264,132 @@ def server_timeout_us(timeout_s: float | None) -> int | None:
     if timeout_s is None:
         return None
     return max(1, int(timeout_s * 1_000_000))
+
+
+class ClientBase:
+    """Settings and request preparation shared by the blocking and the asyncio clients."""
+
+    protocol = ""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        model: str = "minilm",
+        token_model: str | None = None,
+        text_input: str = "TEXT",
+        token_inputs: tuple[str, str] = ("input_ids", "attention_mask"),
+        output: str | None = None,
+        timeout_s: float = 30.0,
+        connect_timeout_s: float = 10.0,
+        retry: RetryPolicy | None = None,
+        pool_size: int = 4,
+        check_model: bool = True,
+        headers: dict[str, str] | None = None,
+        api_key: str | None = None,
+        shared_memory: bool = False,
+        shared_memory_min_bytes: int = 1 << 20,
+        verbose: bool = False,
+    ) -> None:
+        if timeout_s <= 0 or connect_timeout_s <= 0:
+            raise ValueError("timeout_s and connect_timeout_s must be > 0")
+        if pool_size < 1:
+            raise ValueError("pool_size must be >= 1")
+        self.url = url.removeprefix("http://").removeprefix("https://")
+        self.model = model
+        self.token_model = token_model or f"{model}_encoder"
+        self.text_input = text_input
+        self.token_inputs = token_inputs
+        self.output = output
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.retry = retry or RetryPolicy()
+        self.pool_size = pool_size
+        self.check_model = check_model
+        self.headers = dict(headers or {})
+        self.api_key = api_key
+        self.shared_memory = shared_memory
+        self.shared_memory_min_bytes = shared_memory_min_bytes
+        self.verbose = verbose
+        self._infos: dict[str, ModelInfo] = {}
+        self._rng = random.Random()
+
+    def _not_ready(self) -> ServerUnavailableError:
+        return ServerUnavailableError(
+            f"server at {self.url} over {self.protocol} is not ready", model=self.model, protocol=self.protocol,
+            status="UNAVAILABLE",
+        )
+
+    def _unknown_model(self, available: Sequence[str] | None) -> MetadataMismatchError:
+        there = f"; models there: {', '.join(available)}" if available else ""
+        return MetadataMismatchError(
+            f"the client expects model {self.model!r}, but the server at {self.url} over {self.protocol} "
+            f"does not serve it{there}", model=self.model, protocol=self.protocol,
+        )
+
+    def _remember(self, model: str, info: ModelInfo) -> ModelInfo:
+        """Check the main model's text input and output once, then cache its description."""
+        if model == self.model and self.check_model:
+            check_inputs(info, {self.text_input: "BYTES"}, protocol=self.protocol, url=self.url)
+            self.output = check_output(info, self.output, protocol=self.protocol, url=self.url)
+        self._infos[model] = info
+        return info
+
+    def _embed_request(self, info: ModelInfo, texts: Sequence[str | bytes]) -> tuple[dict[str, np.ndarray], str]:
+        array = text_array(texts)
+        if array.shape[0] == 0:
+            raise InvalidInputError("no texts: send at least one", model=self.model, protocol=self.protocol)
+        output = check_output(info, self.output, protocol=self.protocol, url=self.url)
+        return {self.text_input: array}, output
+
+    def _token_request(
+        self, info: ModelInfo, ids: Sequence[Sequence[int]] | np.ndarray, mask: Sequence[Sequence[int]] | np.ndarray | None
+    ) -> tuple[dict[str, np.ndarray], str]:
+        """Pad token rows to the plan's padding targets (read from the model config)."""
+        check_inputs(info, dict.fromkeys(self.token_inputs, "INT64"), protocol=self.protocol, url=self.url)
+        output = check_output(info, self.output, protocol=self.protocol, url=self.url)
+        padded_ids, padded_mask = pad_tokens(ids, mask, info.padding_targets, max_length=info.max_sequence_length)
+        return {self.token_inputs[0]: padded_ids, self.token_inputs[1]: padded_mask}, output
+
+    def _output_names(self, info: ModelInfo | None, outputs: Sequence[str] | None) -> list[str]:
+        return list(outputs) if outputs else [t.name for t in info.outputs] if info else []
+
+    def _remaining(self, deadline: float) -> float:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise DeadlineExceededError(
+                f"model {self.model!r} over {self.protocol}: deadline exceeded", model=self.model,
+                protocol=self.protocol, status="DEADLINE_EXCEEDED",
+            )
+        return left
+
+    def _deadline_error(self, model: str, timeout_s: float) -> DeadlineExceededError:
+        return DeadlineExceededError(
+            f"model {model!r} over {self.protocol}: no response within {timeout_s:.3g} s", model=model,
+            protocol=self.protocol, status="DEADLINE_EXCEEDED",
+        )
+
+    def _retry_or_raise(
+        self, error: BaseException, model: str, attempts: int, delay: float | None, deadline: float
+    ) -> ClientError | None:
+        """Classify ``error``; return it when the call must stop here (the caller raises it)."""
+        err = classify(error, model=model, protocol=self.protocol)
+        if not retryable(err) or delay is None or time.monotonic() + delay >= deadline:
+            return with_attempts(err, attempts)
+        return None
+
+
+def until_deadline(policy: RetryPolicy) -> RetryPolicy:
+    """For waiting on a starting server: keep trying until the deadline, not a fixed count."""
+    return RetryPolicy(max_attempts=10_000, initial_backoff_s=max(policy.initial_backoff_s, 0.1), max_backoff_s=1.0)
+
+
+def batching_summary(cfg: dict[str, Any]) -> str:
+    if cfg.get("platform") == "ensemble":
+        return "ensemble"
+    db = cfg.get("dynamic_batching")
+    if db is None:
+        return "off"
+    preferred = db.get("preferred_batch_size") or []
+    delay = db.get("max_queue_delay_microseconds", 0)
+    return f"dynamic (preferred {list(map(int, preferred)) or '-'}, max delay {delay} us)"

@@ -18,12 +18,16 @@ import numpy as np
 PREFIX = "tritonbundle"
 
 
-def _payload(array: np.ndarray) -> np.ndarray:
+def _payload(array: np.ndarray) -> tuple[np.ndarray, int]:
+    """The array to copy into the region and its size in bytes (BYTES tensors are serialized
+    into a 0-d object array holding the wire bytes, which tritonclient copies as is)."""
     if array.dtype == object:
         from tritonclient.utils import serialize_byte_tensor
 
-        return serialize_byte_tensor(array)
-    return np.ascontiguousarray(array)
+        serialized = serialize_byte_tensor(array)
+        return serialized, len(serialized.item())
+    contiguous = np.ascontiguousarray(array)
+    return contiguous, contiguous.nbytes
 
 
 class SharedMemoryInputs:
@@ -35,7 +39,7 @@ class SharedMemoryInputs:
         """Use shared memory when the client asks for it and the request is big enough; yield the
         region's name (or None, and the caller sends the tensors in the request body)."""
         payloads = [_payload(a) for a in arrays.values()]
-        total = sum(p.nbytes for p in payloads)
+        total = sum(size for _, size in payloads)
         if not client.shared_memory or total < client.shared_memory_min_bytes:
             yield None
             return
@@ -47,10 +51,10 @@ class SharedMemoryInputs:
         headers = client._restricted_headers()
         try:
             offset = 0
-            for inp, payload in zip(inputs, payloads):
+            for inp, (payload, size) in zip(inputs, payloads):
                 shm.set_shared_memory_region(handle, [payload], offset=offset)
-                inp.set_shared_memory(name, payload.nbytes, offset=offset)
-                offset += payload.nbytes
+                inp.set_shared_memory(name, size, offset=offset)
+                offset += size
             client._client.register_system_shared_memory(name, "/" + name, total, headers=headers)
             registered = True
             yield name

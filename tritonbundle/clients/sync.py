@@ -17,7 +17,6 @@ the model's ``max_batch_size`` are split and the results put back together in or
 from __future__ import annotations
 
 import itertools
-import random
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -27,56 +26,14 @@ import numpy as np
 
 from tritonbundle.clients import core
 from tritonbundle.clients.core import ModelInfo, RetryPolicy
-from tritonbundle.errors import ClientError, DeadlineExceededError, InvalidInputError, ServerUnavailableError
+from tritonbundle.errors import ClientError, ModelNotFoundError, ServerUnavailableError
 
 T = TypeVar("T")
 
 
-class _BaseClient:
-    protocol = ""
-
-    def __init__(
-        self,
-        url: str,
-        *,
-        model: str = "minilm",
-        token_model: str | None = None,
-        text_input: str = "TEXT",
-        token_inputs: tuple[str, str] = ("input_ids", "attention_mask"),
-        output: str | None = None,
-        timeout_s: float = 30.0,
-        connect_timeout_s: float = 10.0,
-        retry: RetryPolicy | None = None,
-        pool_size: int = 4,
-        check_model: bool = True,
-        headers: Mapping[str, str] | None = None,
-        api_key: str | None = None,
-        shared_memory: bool = False,
-        shared_memory_min_bytes: int = 1 << 20,
-        verbose: bool = False,
-    ) -> None:
-        if timeout_s <= 0 or connect_timeout_s <= 0:
-            raise ValueError("timeout_s and connect_timeout_s must be > 0")
-        if pool_size < 1:
-            raise ValueError("pool_size must be >= 1")
-        self.url = url.removeprefix("http://").removeprefix("https://")
-        self.model = model
-        self.token_model = token_model or f"{model}_encoder"
-        self.text_input = text_input
-        self.token_inputs = token_inputs
-        self.output = output
-        self.timeout_s = timeout_s
-        self.connect_timeout_s = connect_timeout_s
-        self.retry = retry or RetryPolicy()
-        self.pool_size = pool_size
-        self.check_model = check_model
-        self.headers = dict(headers or {})
-        self.api_key = api_key
-        self.shared_memory = shared_memory
-        self.shared_memory_min_bytes = shared_memory_min_bytes
-        self.verbose = verbose
-        self._infos: dict[str, ModelInfo] = {}
-        self._rng = random.Random()
+class _BaseClient(core.ClientBase):
+    def __init__(self, url: str, **options: Any) -> None:
+        super().__init__(url, **options)
         self._lock = threading.Lock()
         self._closed = False
 
@@ -113,16 +70,22 @@ class _BaseClient:
 
         def probe() -> bool:
             if not (self._is_live() and self._is_ready()):
-                raise ServerUnavailableError(
-                    f"server at {self.url} over {self.protocol} is not ready", model=self.model,
-                    protocol=self.protocol, status="UNAVAILABLE",
-                )
+                raise self._not_ready()
             return True
 
-        self._call(self.model, probe, deadline=deadline, retry=_until_deadline(self.retry))
+        self._call(self.model, probe, deadline=deadline, retry=core.until_deadline(self.retry))
         if self.check_model:
-            self.model_info(self.model)
+            try:
+                self.model_info(self.model)
+            except ModelNotFoundError as e:
+                raise self._unknown_model(self._safe_model_names()) from e
         return self
+
+    def _safe_model_names(self) -> list[str] | None:
+        try:
+            return sorted(str(m["name"]) for m in self._index())
+        except Exception:  # noqa: BLE001 - the index API may be restricted
+            return None
 
     def close(self) -> None:
         if not self._closed:
@@ -155,7 +118,7 @@ class _BaseClient:
                 try:
                     cfg = self._config_json(entry["name"])
                     row["max_batch_size"] = int(cfg.get("max_batch_size", 0) or 0)
-                    row["batching"] = _batching_summary(cfg)
+                    row["batching"] = core.batching_summary(cfg)
                     row["platform"] = cfg.get("platform") or cfg.get("backend")
                 except ClientError:
                     pass
@@ -167,21 +130,14 @@ class _BaseClient:
             if model in self._infos:
                 return self._infos[model]
         info = self._call(model, lambda: self._describe(model), deadline=time.monotonic() + self.timeout_s)
-        if model == self.model and self.check_model:
-            core.check_inputs(info, {self.text_input: "BYTES"}, protocol=self.protocol, url=self.url)
-            self.output = core.check_output(info, self.output, protocol=self.protocol, url=self.url)
         with self._lock:
-            self._infos[model] = info
-        return info
+            return self._remember(model, info)
 
     def embed(self, texts: Sequence[str | bytes], *, timeout_s: float | None = None) -> np.ndarray:
         """Embed texts through the server-side ensemble (tokenizer + encoder). Returns [N, dim]."""
-        array = core.text_array(texts)
-        if array.shape[0] == 0:
-            raise InvalidInputError("no texts: send at least one", model=self.model, protocol=self.protocol)
         info = self.model_info(self.model)
-        output = core.check_output(info, self.output, protocol=self.protocol, url=self.url)
-        return self._batched(self.model, {self.text_input: array}, output, info.max_batch_size, timeout_s)
+        arrays, output = self._embed_request(info, texts)
+        return self._batched(self.model, arrays, output, info.max_batch_size, timeout_s)
 
     def embed_tokens(
         self, ids: Sequence[Sequence[int]] | np.ndarray, mask: Sequence[Sequence[int]] | np.ndarray | None = None,
@@ -193,10 +149,7 @@ class _BaseClient:
         model config) so that requests meet in the dynamic batcher.
         """
         info = self.model_info(self.token_model)
-        core.check_inputs(info, dict.fromkeys(self.token_inputs, "INT64"), protocol=self.protocol, url=self.url)
-        output = core.check_output(info, None if self.output is None else self.output, protocol=self.protocol, url=self.url)
-        padded_ids, padded_mask = core.pad_tokens(ids, mask, info.padding_targets, max_length=info.max_sequence_length)
-        arrays = {self.token_inputs[0]: padded_ids, self.token_inputs[1]: padded_mask}
+        arrays, output = self._token_request(info, ids, mask)
         return self._batched(self.token_model, arrays, output, info.max_batch_size, timeout_s)
 
     def infer(
@@ -205,8 +158,7 @@ class _BaseClient:
     ) -> dict[str, np.ndarray]:
         """Any model, any tensors: one request (no splitting), with deadline and retries."""
         model = model or self.model
-        info = self.model_info(model) if self.check_model else None
-        names = list(outputs) if outputs else [t.name for t in info.outputs] if info else []
+        names = self._output_names(self.model_info(model) if self.check_model else None, outputs)
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         return self._call(
             model, lambda: self._infer(model, inputs, names, self._remaining(deadline)), deadline=deadline
@@ -228,30 +180,20 @@ class _BaseClient:
             parts.append(result[output])
         return np.concatenate(parts, axis=0)
 
-    def _remaining(self, deadline: float) -> float:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise DeadlineExceededError(
-                f"model {self.model!r} over {self.protocol}: deadline exceeded", model=self.model,
-                protocol=self.protocol, status="DEADLINE_EXCEEDED",
-            )
-        return left
-
     def _call(self, model: str, fn: Callable[[], T], *, deadline: float, retry: RetryPolicy | None = None) -> T:
         """Run ``fn`` with retries on safe errors, never past ``deadline``."""
-        policy = retry or self.retry
-        delays = itertools.chain(policy.delays(self._rng), [None])
+        delays = itertools.chain((retry or self.retry).delays(self._rng), [None])
         attempts = 0
         while True:
             attempts += 1
             try:
                 return fn()
             except Exception as e:  # noqa: BLE001 - classified below
-                err = core.classify(e, model=model, protocol=self.protocol)
                 delay = next(delays)
-                if not core.retryable(err) or delay is None or time.monotonic() + delay >= deadline:
-                    raise core.with_attempts(err, attempts) from e
-                time.sleep(delay)
+                final = self._retry_or_raise(e, model, attempts, delay, deadline)
+                if final is not None:
+                    raise final from e
+                time.sleep(delay or 0.0)
 
     def _config_json(self, model: str) -> dict[str, Any]:
         raise NotImplementedError
@@ -261,22 +203,6 @@ class _BaseClient:
         if self.api_key:
             headers[core.RESTRICTED_HEADER] = self.api_key
         return headers
-
-
-def _until_deadline(policy: RetryPolicy) -> RetryPolicy:
-    """For waiting on a starting server: keep trying until the deadline, not a fixed count."""
-    return RetryPolicy(max_attempts=10_000, initial_backoff_s=max(policy.initial_backoff_s, 0.1), max_backoff_s=1.0)
-
-
-def _batching_summary(cfg: Mapping[str, Any]) -> str:
-    if cfg.get("platform") == "ensemble":
-        return "ensemble"
-    db = cfg.get("dynamic_batching")
-    if db is None:
-        return "off"
-    preferred = db.get("preferred_batch_size") or []
-    delay = db.get("max_queue_delay_microseconds", 0)
-    return f"dynamic (preferred {list(map(int, preferred)) or '-'}, max delay {delay} us)"
 
 
 class HttpClient(_BaseClient):
@@ -339,10 +265,7 @@ class HttpClient(_BaseClient):
                 result = pending.get_result(block=True, timeout=timeout_s)
             except InferenceServerException as e:
                 if "failed to obtain inference response" in (e.message() or ""):
-                    raise DeadlineExceededError(
-                        f"model {model!r} over http: no response within {timeout_s:.3g} s", model=model,
-                        protocol="http", status="DEADLINE_EXCEEDED",
-                    ) from e
+                    raise self._deadline_error(model, timeout_s) from e
                 raise
             return {name: result.as_numpy(name) for name in outputs}
 

@@ -1,0 +1,269 @@
+"""asyncio clients: :class:`AsyncHttpClient` (aiohttp) and :class:`AsyncGrpcClient` (grpc.aio).
+
+They behave like the blocking clients (same checks, deadlines, retries, splitting and errors);
+chunks of a large input are sent concurrently::
+
+    async with AsyncGrpcClient("127.0.0.1:8001") as client:
+        vectors = await client.embed(texts, timeout_s=2.0)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+
+from tritonbundle.clients import core
+from tritonbundle.clients.core import ModelInfo, RetryPolicy
+from tritonbundle.errors import ModelNotFoundError, ServerUnavailableError
+
+T = TypeVar("T")
+
+
+class _AsyncBaseClient(core.ClientBase):
+    def __init__(self, url: str, **options: Any) -> None:
+        options.setdefault("pool_size", 8)
+        super().__init__(url, **options)
+
+    # -- transport hooks ------------------------------------------------------------------------
+    async def _open(self) -> None:
+        raise NotImplementedError
+
+    async def _close(self) -> None:
+        raise NotImplementedError
+
+    async def _is_live(self) -> bool:
+        raise NotImplementedError
+
+    async def _is_ready(self) -> bool:
+        raise NotImplementedError
+
+    async def _describe(self, model: str) -> ModelInfo:
+        raise NotImplementedError
+
+    async def _config_json(self, model: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def _infer(
+        self, model: str, arrays: Mapping[str, np.ndarray], outputs: Sequence[str], timeout_s: float
+    ) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def connect(self) -> _AsyncBaseClient:
+        await self._open()
+        deadline = time.monotonic() + self.connect_timeout_s
+
+        async def probe() -> bool:
+            if not (await self._is_live() and await self._is_ready()):
+                raise self._not_ready()
+            return True
+
+        await self._call(self.model, probe, deadline=deadline, retry=core.until_deadline(self.retry))
+        if self.check_model:
+            try:
+                await self.model_info(self.model)
+            except ModelNotFoundError as e:
+                raise self._unknown_model(None) from e
+        return self
+
+    async def close(self) -> None:
+        await self._close()
+
+    async def __aenter__(self: T) -> T:
+        return await self.connect()  # type: ignore[attr-defined]
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- public API -----------------------------------------------------------------------------
+    async def health(self) -> dict[str, bool]:
+        try:
+            return {"live": await self._is_live(), "ready": await self._is_ready()}
+        except Exception as e:  # noqa: BLE001
+            err = core.classify(e, model=self.model, protocol=self.protocol)
+            if isinstance(err, ServerUnavailableError):
+                return {"live": False, "ready": False}
+            raise err from e
+
+    async def model_info(self, model: str) -> ModelInfo:
+        if model in self._infos:
+            return self._infos[model]
+        info = await self._call(model, lambda: self._describe(model), deadline=time.monotonic() + self.timeout_s)
+        return self._remember(model, info)
+
+    async def batching(self, model: str) -> str:
+        return core.batching_summary(await self._config_json(model))
+
+    async def embed(self, texts: Sequence[str | bytes], *, timeout_s: float | None = None) -> np.ndarray:
+        info = await self.model_info(self.model)
+        arrays, output = self._embed_request(info, texts)
+        return await self._batched(self.model, arrays, output, info.max_batch_size, timeout_s)
+
+    async def embed_tokens(
+        self, ids: Sequence[Sequence[int]] | np.ndarray, mask: Sequence[Sequence[int]] | np.ndarray | None = None,
+        *, timeout_s: float | None = None,
+    ) -> np.ndarray:
+        info = await self.model_info(self.token_model)
+        arrays, output = self._token_request(info, ids, mask)
+        return await self._batched(self.token_model, arrays, output, info.max_batch_size, timeout_s)
+
+    async def infer(
+        self, inputs: Mapping[str, np.ndarray], *, model: str | None = None, outputs: Sequence[str] | None = None,
+        timeout_s: float | None = None,
+    ) -> dict[str, np.ndarray]:
+        model = model or self.model
+        names = self._output_names(await self.model_info(model) if self.check_model else None, outputs)
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        return await self._call(model, lambda: self._infer(model, inputs, names, self._remaining(deadline)),
+                                deadline=deadline)
+
+    # -- internals ------------------------------------------------------------------------------
+    async def _batched(
+        self, model: str, arrays: Mapping[str, np.ndarray], output: str, max_batch_size: int, timeout_s: float | None
+    ) -> np.ndarray:
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        n = next(iter(arrays.values())).shape[0]
+
+        async def one(rows: slice) -> np.ndarray:
+            part = {k: v[rows] for k, v in arrays.items()}
+            result = await self._call(
+                model, lambda: self._infer(model, part, [output], self._remaining(deadline)), deadline=deadline
+            )
+            return result[output]
+
+        parts = await asyncio.gather(*(one(rows) for rows in core.chunks(n, max_batch_size)))
+        return np.concatenate(parts, axis=0)
+
+    async def _call(
+        self, model: str, fn: Callable[[], Awaitable[T]], *, deadline: float, retry: RetryPolicy | None = None
+    ) -> T:
+        delays = itertools.chain((retry or self.retry).delays(self._rng), [None])
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                return await fn()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001
+                delay = next(delays)
+                final = self._retry_or_raise(e, model, attempts, delay, deadline)
+                if final is not None:
+                    raise final from e
+                await asyncio.sleep(delay or 0.0)
+
+
+class AsyncHttpClient(_AsyncBaseClient):
+    protocol = "http"
+
+    async def _open(self) -> None:
+        import tritonclient.http.aio as aiohttpclient
+
+        self._client = aiohttpclient.InferenceServerClient(
+            self.url, conn_limit=self.pool_size, conn_timeout=self.connect_timeout_s
+        )
+
+    async def _close(self) -> None:
+        client = getattr(self, "_client", None)
+        if client is not None:
+            await client.close()
+
+    async def _is_live(self) -> bool:
+        return bool(await self._client.is_server_live(headers=self.headers))
+
+    async def _is_ready(self) -> bool:
+        return bool(await self._client.is_server_ready(headers=self.headers))
+
+    async def _config_json(self, model: str) -> dict[str, Any]:
+        return dict(await self._client.get_model_config(model, headers=self.headers))
+
+    async def _describe(self, model: str) -> ModelInfo:
+        metadata = await self._client.get_model_metadata(model, headers=self.headers)
+        config = await self._client.get_model_config(model, headers=self.headers)
+        return core.model_info(metadata, config)
+
+    async def _infer(
+        self, model: str, arrays: Mapping[str, np.ndarray], outputs: Sequence[str], timeout_s: float
+    ) -> dict[str, np.ndarray]:
+        import tritonclient.http.aio as aiohttpclient
+        from tritonclient.utils import np_to_triton_dtype
+
+        inputs = []
+        for name, array in arrays.items():
+            inp = aiohttpclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+            inp.set_data_from_numpy(array, binary_data=True)
+            inputs.append(inp)
+        requested = [aiohttpclient.InferRequestedOutput(name, binary_data=True) for name in outputs]
+        try:
+            result = await asyncio.wait_for(
+                self._client.infer(model, inputs, outputs=requested, timeout=core.server_timeout_us(timeout_s),
+                                   headers=self.headers),
+                timeout=timeout_s,
+            )
+        except asyncio.TimeoutError as e:
+            raise self._deadline_error(model, timeout_s) from e
+        return {name: result.as_numpy(name) for name in outputs}
+
+
+class AsyncGrpcClient(_AsyncBaseClient):
+    protocol = "grpc"
+
+    async def _open(self) -> None:
+        import tritonclient.grpc.aio as aiogrpcclient
+
+        self._client = aiogrpcclient.InferenceServerClient(self.url)
+
+    async def _close(self) -> None:
+        client = getattr(self, "_client", None)
+        if client is not None:
+            await client.close()
+
+    async def _is_live(self) -> bool:
+        return bool(await self._client.is_server_live(headers=self.headers))
+
+    async def _is_ready(self) -> bool:
+        return bool(await self._client.is_server_ready(headers=self.headers))
+
+    async def _config_json(self, model: str) -> dict[str, Any]:
+        return dict((await self._client.get_model_config(model, headers=self.headers, as_json=True))["config"])
+
+    async def _describe(self, model: str) -> ModelInfo:
+        metadata = await self._client.get_model_metadata(model, headers=self.headers, as_json=True)
+        config = await self._client.get_model_config(model, headers=self.headers, as_json=True)
+        return core.model_info(metadata, config)
+
+    async def _infer(
+        self, model: str, arrays: Mapping[str, np.ndarray], outputs: Sequence[str], timeout_s: float
+    ) -> dict[str, np.ndarray]:
+        import tritonclient.grpc.aio as aiogrpcclient
+        from tritonclient.utils import np_to_triton_dtype
+
+        inputs = []
+        for name, array in arrays.items():
+            inp = aiogrpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+            inp.set_data_from_numpy(array)
+            inputs.append(inp)
+        requested = [aiogrpcclient.InferRequestedOutput(name) for name in outputs]
+        result = await self._client.infer(
+            model, inputs, outputs=requested, client_timeout=timeout_s, timeout=core.server_timeout_us(timeout_s),
+            headers=self.headers,
+        )
+        return {name: result.as_numpy(name) for name in outputs}
+
+
+async def aconnect(url: str, *, protocol: str = "http", **options: Any) -> _AsyncBaseClient:
+    """A connected asyncio client for ``protocol`` ("http" or "grpc")."""
+    if protocol not in core.PROTOCOLS:
+        raise ValueError(f"protocol must be one of {core.PROTOCOLS}, not {protocol!r}")
+    cls = AsyncHttpClient if protocol == "http" else AsyncGrpcClient
+    client = cls(url, **options)
+    try:
+        return await client.connect()
+    except BaseException:
+        await client.close()
+        raise
