@@ -18,6 +18,9 @@ MANIFEST = ROOT / "build" / "models.yaml"
 ARTIFACTS = ROOT / "build" / "artifacts"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Tests import Locust's classes in-process; its gevent monkey-patching would change threading and
+# sockets for every other test, so it is skipped here (real runs start Locust in its own process).
+os.environ["LOCUST_SKIP_MONKEY_PATCH"] = "1"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -26,3 +26,73 @@ def _demo(sub: argparse._SubParsersAction) -> None:
 
 
 REGISTER.append(_demo)
+
+
+def _loadtest(sub: argparse._SubParsersAction) -> None:
+    from pathlib import Path
+
+    p = sub.add_parser("loadtest", help="run a bounded Locust load test (HTTP and gRPC) and write a report with SLO gates")
+    p.add_argument("--protocol", choices=("http", "grpc", "both"), default="both")
+    p.add_argument("--http-url", default="127.0.0.1:8000")
+    p.add_argument("--grpc-url", default="127.0.0.1:8001")
+    p.add_argument("--metrics-url", help="Triton's metrics endpoint, scraped for the server-side view "
+                   "(e.g. http://127.0.0.1:8002/metrics)")
+    p.add_argument("--model", default="minilm")
+    p.add_argument("--input", choices=("text", "tokens", "both"), default="text",
+                   help="text through the ensemble, tokens to the encoder, or both")
+    p.add_argument("--traffic", type=Path, default=None,
+                   help="traffic sample the requests are drawn from (default build/traffic/chat.jsonl when present)")
+    p.add_argument("--synthetic", choices=("chat", "bimodal", "uniform", "fixed"), default="chat",
+                   help="synthetic traffic when no sample is given")
+    p.add_argument("--mode", choices=("closed", "open"), default="closed",
+                   help="closed: USERS send back-to-back; open: Poisson arrivals at RATE requests/s")
+    p.add_argument("--users", type=int, default=8)
+    p.add_argument("--rate", type=float, default=20.0, help="open model: requests per second")
+    p.add_argument("--spawn-rate", type=float, default=100.0)
+    p.add_argument("--duration-s", type=float, default=20.0)
+    p.add_argument("--shape", choices=("constant", "step", "spike", "soak"), default="constant")
+    p.add_argument("--timeout-s", type=float, default=10.0, help="deadline per request")
+    p.add_argument("--retries", type=int, default=1, help="attempts per request (1: report raw failures)")
+    p.add_argument("--slo-p95-ms", type=float)
+    p.add_argument("--slo-p99-ms", type=float)
+    p.add_argument("--max-failure-ratio", type=float, default=0.0)
+    p.add_argument("--sweep", help="comma-separated levels (users, or requests/s with --mode open); "
+                   "reports the highest throughput that meets the SLO")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=Path("reports/loadtest"), help="report folder")
+
+    def run(args: argparse.Namespace) -> int:
+        from tritonbundle.loadtests import runner
+        from tritonbundle.loadtests.settings import LoadSettings, Slo
+
+        traffic = args.traffic
+        if traffic is None and Path("build/traffic/chat.jsonl").exists():
+            traffic = Path("build/traffic/chat.jsonl")
+        settings = LoadSettings(
+            http_url=args.http_url if args.protocol in ("http", "both") else None,
+            grpc_url=args.grpc_url if args.protocol in ("grpc", "both") else None,
+            metrics_url=args.metrics_url, model=args.model, input=args.input,
+            traffic=str(traffic) if traffic else None, synthetic=args.synthetic, seed=args.seed, mode=args.mode,
+            users=args.users, rate=args.rate, spawn_rate=args.spawn_rate, duration_s=args.duration_s,
+            shape=args.shape, timeout_s=args.timeout_s, retries=args.retries, report_dir=str(args.out),
+            slo=Slo(p95_ms=args.slo_p95_ms, p99_ms=args.slo_p99_ms, max_failure_ratio=args.max_failure_ratio),
+        )
+        if args.sweep:
+            levels = [float(x) for x in args.sweep.split(",") if x.strip()]
+            code, results, best = runner.sweep(settings, levels)
+            for r in results:
+                print(f"level {r['level']:g}: {r['total']['throughput_rps']:.1f} req/s, p99 {r['total']['p99_ms']} ms, "
+                      f"SLO {'met' if r['gates']['passed'] else 'missed'}")
+            print(f"best: level {best['level']:g} at {best['total']['throughput_rps']:.1f} req/s" if best
+                  else "no level met the SLO")
+            print(f"report: {args.out}/sweep.json {args.out}/sweep.png")
+            return code
+        result = runner.run(settings)
+        print(runner.describe(result.summary))
+        print(f"report: {result.report_dir}")
+        return 0 if result.summary["gates"]["passed"] else 1
+
+    p.set_defaults(func=run)
+
+
+REGISTER.append(_loadtest)

@@ -1,0 +1,162 @@
+"""Load tests: shapes and gates as units, Locust users in-process (global event hooks reset after
+each test), and bounded headless runs against the real CPU server."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tritonbundle.errors import ConfigError
+from tritonbundle.loadtests.report import best_level, evaluate_gates
+from tritonbundle.loadtests.settings import LoadSettings, Slo, shape_users
+
+
+@pytest.fixture
+def fresh_locust_events() -> Iterator[Any]:
+    """Snapshot Locust's global event hooks and restore them, so listeners added by one test
+    (ours are added when the locustfile is imported) never leak into the next."""
+    import locust
+
+    saved = {name: list(hook._handlers) for name, hook in vars(locust.events).items() if hasattr(hook, "_handlers")}
+    yield locust.events
+    for name, handlers in saved.items():
+        getattr(locust.events, name)._handlers = handlers
+
+
+def test_step_shape_climbs_in_four_steps_and_ends() -> None:
+    users = [shape_users("step", 8, 40, t) for t in (0, 9, 10, 25, 39)]
+    assert users == [2, 2, 4, 6, 8]
+    assert shape_users("step", 8, 40, 40) is None
+
+
+def test_spike_shape_spikes_in_the_middle() -> None:
+    assert [shape_users("spike", 20, 100, t) for t in (10, 45, 59, 61, 99)] == [5, 20, 20, 5, 5]
+
+
+def test_settings_validate_and_pick_user_classes() -> None:
+    assert LoadSettings(grpc_url=None).user_classes() == ["HttpUser"]
+    assert LoadSettings(mode="open").user_classes() == ["OpenHttpUser", "OpenGrpcUser"]
+    with pytest.raises(ConfigError, match="mode must be one of closed, open"):
+        LoadSettings(mode="burst")
+    with pytest.raises(ConfigError, match="at least one of --http-url and --grpc-url"):
+        LoadSettings(http_url=None, grpc_url=None)
+
+
+def _summary(p95: float, p99: float, failures: int = 0) -> dict[str, Any]:
+    row = {"requests": 100, "failures": failures, "failure_ratio": failures / 100, "throughput_rps": 10.0,
+           "p95_ms": p95, "p99_ms": p99}
+    return {"by_protocol": {"http": row, "grpc": row}, "total": row}
+
+
+def test_gates_name_every_broken_threshold() -> None:
+    gates = evaluate_gates(_summary(120, 300, failures=2), Slo(p95_ms=100, p99_ms=250, max_failure_ratio=0.01))
+    assert not gates["passed"]
+    assert "http: p95 120 ms > SLO 100 ms" in gates["failures"]
+    assert "grpc: p99 300 ms > SLO 250 ms" in gates["failures"]
+    assert any("failure ratio 0.020 > 0.01" in f for f in gates["failures"])
+    assert evaluate_gates(_summary(50, 90), Slo(p95_ms=100, p99_ms=250))["passed"]
+
+
+def test_sweep_picks_the_highest_throughput_that_met_the_slo() -> None:
+    results = [
+        {"level": 1, "total": {"throughput_rps": 5.0}, "gates": {"passed": True}},
+        {"level": 4, "total": {"throughput_rps": 18.0}, "gates": {"passed": True}},
+        {"level": 16, "total": {"throughput_rps": 25.0}, "gates": {"passed": False}},
+    ]
+    assert best_level(results)["level"] == 4  # type: ignore[index]
+    assert best_level(results[2:]) is None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_users_fire_request_events_into_locust_stats(server: Any, fresh_locust_events: Any, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from locust.env import Environment
+
+    from tritonbundle.loadtests import locustfile
+
+    monkeypatch.setattr(locustfile, "SETTINGS", LoadSettings(http_url=server.http_url, grpc_url=server.grpc_url,
+                                                            input="both", report_dir=str(tmp_path),
+                                                            slo=Slo(p99_ms=60_000)))
+    fresh_locust_events.request.add_listener(_sentinel)
+    env = Environment(user_classes=[locustfile.HttpUser, locustfile.GrpcUser], events=fresh_locust_events)
+    env.create_local_runner()  # hooks Locust's statistics to events.request
+    for cls in (locustfile.HttpUser, locustfile.GrpcUser):
+        user = cls(env)
+        user.on_start()
+        for _ in range(4):
+            user.one_request()
+        user.on_stop()
+    env.runner.quit()  # type: ignore[union-attr]
+    keys = set(env.stats.entries)
+    assert keys == {("text", "http"), ("tokens", "http"), ("text", "grpc"), ("tokens", "grpc")}
+    assert env.stats.total.num_requests == 8 and env.stats.total.num_failures == 0
+    fresh_locust_events.quitting.fire(environment=env)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["gates"]["passed"] and env.process_exit_code == 0
+    assert set(summary["by_protocol"]) == {"http", "grpc"}
+
+
+def _sentinel(**_: Any) -> None:
+    """A listener the test above adds to Locust's global hooks."""
+
+
+def test_global_hooks_were_restored_after_the_previous_test() -> None:
+    import locust
+
+    assert _sentinel not in locust.events.request._handlers
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_bounded_run_records_both_protocols_and_writes_the_report(server: Any, tmp_path: Path) -> None:
+    from tritonbundle.loadtests import runner
+
+    settings = LoadSettings(http_url=server.http_url, grpc_url=server.grpc_url, metrics_url=server.metrics_url,
+                            users=4, duration_s=20, report_dir=str(tmp_path / "report"), input="both",
+                            traffic=str(Path(__file__).resolve().parents[2] / "build" / "traffic" / "chat.jsonl"),
+                            slo=Slo(max_failure_ratio=0.0))
+    result = runner.run(settings)
+    summary = result.summary
+    assert result.exit_code == 0, summary["gates"]
+    for protocol in ("http", "grpc"):
+        assert summary["by_protocol"][protocol]["requests"] > 10
+        assert summary["by_protocol"][protocol]["failures"] == 0
+        for p in ("p50_ms", "p90_ms", "p95_ms", "p99_ms"):
+            assert summary["by_protocol"][protocol][p] > 0
+    names = {p.name for p in result.report_dir.iterdir()}
+    assert {"locust_stats.csv", "locust_stats_history.csv", "report.html", "summary.json",
+            "throughput.png", "latency.png", "server.png"} <= names
+    encoder = next(v for v in summary["server"] if v["model"] == "minilm_encoder")
+    assert encoder["requests"] == summary["total"]["requests"]
+    assert encoder["avg_batch_size"] >= 1.0 and encoder["compute_ms_per_request"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_impossible_slo_exits_nonzero_and_a_loose_one_exits_zero(server: Any, tmp_path: Path) -> None:
+    from tritonbundle.cli import main
+
+    common = ["loadtest", "--protocol", "grpc", "--grpc-url", server.grpc_url, "--users", "2", "--duration-s", "5"]
+    assert main([*common, "--slo-p99-ms", "1", "--out", str(tmp_path / "strict")]) == 1
+    assert main([*common, "--slo-p99-ms", "60000", "--out", str(tmp_path / "loose")]) == 0
+    strict = json.loads((tmp_path / "strict" / "summary.json").read_text())
+    assert any("p99" in f and "> SLO 1 ms" in f for f in strict["gates"]["failures"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_open_model_sweep_reports_the_best_level(server: Any, tmp_path: Path) -> None:
+    from tritonbundle.cli import main
+
+    code = main(["loadtest", "--protocol", "http", "--http-url", server.http_url, "--mode", "open", "--users", "1",
+                 "--sweep", "2,6", "--duration-s", "5", "--slo-p99-ms", "60000", "--out", str(tmp_path)])
+    assert code == 0
+    sweep = json.loads((tmp_path / "sweep.json").read_text())
+    assert [lvl["level"] for lvl in sweep["levels"]] == [2.0, 6.0]
+    assert sweep["best"]["level"] == 6.0
+    assert (tmp_path / "sweep.png").exists()

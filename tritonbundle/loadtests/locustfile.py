@@ -1,0 +1,212 @@
+"""The locustfile: HTTP and gRPC users of the bundle's clients, request shapes from the traffic
+sample, load shapes, Triton's metrics scraped during the run, and SLO gates on exit.
+
+Run it through ``tritonbundle loadtest`` (headless, bounded, writes a report folder), or by hand
+with Locust's web UI: ``locust -f loadtests/locustfile.py`` (settings from ``$TRITONBUNDLE_LOADTEST``).
+
+* Closed model (``mode=closed``): ``users`` each send back-to-back: fixed concurrency.
+* Open model (``mode=open``): each user is a Poisson source of ``rate / users`` requests per second
+  that does not wait for answers, so queueing shows up as latency instead of as a lower send rate.
+
+Every call fires ``events.request`` with the protocol as request type and the input kind as name,
+so Locust's statistics, CSV and HTML reports cover both protocols.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import gevent
+from locust import LoadTestShape, User, constant, events, task
+from locust.env import Environment
+
+from tritonbundle.clients import RetryPolicy, connect
+from tritonbundle.errors import ClientError
+from tritonbundle.loadtests import metrics
+from tritonbundle.loadtests.payloads import PayloadFactory
+from tritonbundle.loadtests.report import evaluate_gates, summarize
+from tritonbundle.loadtests.settings import LoadSettings, shape_users
+from tritonbundle.traffic import TrafficSample, load, synthetic
+
+SETTINGS = LoadSettings.from_env()
+
+if gevent.monkey.is_module_patched("socket"):  # running under locust: make grpc cooperative
+    import grpc.experimental.gevent as grpc_gevent
+
+    grpc_gevent.init_gevent()
+
+
+def _sample(settings: LoadSettings) -> TrafficSample:
+    if settings.traffic:
+        return load(settings.traffic)
+    return synthetic(settings.synthetic, n=5000, seed=settings.seed)
+
+
+SAMPLE = _sample(SETTINGS)
+_user_ids = itertools.count()
+
+
+class TritonUser(User):
+    """Base user: one bundle client per user, requests drawn from the traffic sample."""
+
+    abstract = True
+    protocol = "http"
+    wait_time = constant(0)
+
+    def __init__(self, environment: Environment) -> None:
+        super().__init__(environment)
+        self.settings = SETTINGS
+        uid = next(_user_ids)
+        self.factory = PayloadFactory(SAMPLE, seed=self.settings.seed + uid, max_batch=self.settings.max_batch)
+        kinds = ["text", "tokens"] if self.settings.input == "both" else [self.settings.input]
+        self.kinds = itertools.cycle(kinds)
+        self.client: Any = None
+
+    def on_start(self) -> None:
+        url = self.settings.http_url if self.protocol == "http" else self.settings.grpc_url
+        assert url is not None, f"no URL for {self.protocol}"
+        self.client = connect(
+            url, protocol=self.protocol, model=self.settings.model, timeout_s=self.settings.timeout_s,
+            connect_timeout_s=30, retry=RetryPolicy(max_attempts=max(1, self.settings.retries)),
+            pool_size=min(64, self.settings.max_in_flight) if self.settings.mode == "open" else 1,
+        )
+
+    def on_stop(self) -> None:
+        if self.client is not None:
+            self.client.close()
+
+    def one_request(self) -> None:
+        """Draw a request, send it, and report it to Locust."""
+        kind = next(self.kinds)
+        payload = self.factory.text_payload() if kind == "text" else self.factory.token_payload()
+        start = time.perf_counter()
+        error: Exception | None = None
+        size = 0
+        try:
+            if kind == "text":
+                result = self.client.embed(payload.texts)
+            else:
+                result = self.client.embed_tokens(payload.ids)
+            size = int(result.nbytes)
+        except ClientError as e:
+            error = e
+        self.environment.events.request.fire(
+            request_type=self.protocol, name=kind, response_time=(time.perf_counter() - start) * 1000,
+            response_length=size, exception=error, context={"tokens": payload.tokens, "batch": payload.batch},
+        )
+
+
+class ClosedModel(TritonUser):
+    """Back-to-back requests: fixed concurrency."""
+
+    abstract = True
+
+    @task
+    def request(self) -> None:
+        self.one_request()
+
+
+class OpenModel(TritonUser):
+    """A Poisson source: sleeps exponential gaps and sends without waiting for answers."""
+
+    abstract = True
+    in_flight = 0
+
+    @task
+    def request(self) -> None:
+        rate = self.settings.rate / max(1, self.environment.runner.user_count if self.environment.runner else 1)
+        gevent.sleep(self.factory.rng.exponential(1.0 / rate))
+        if self.in_flight >= self.settings.max_in_flight:
+            self.environment.events.request.fire(
+                request_type=self.protocol, name="client saturated", response_time=0, response_length=0,
+                exception=RuntimeError(f"{self.in_flight} requests already in flight"), context={},
+            )
+            return
+        self.in_flight += 1  # counted before the greenlet runs, so on_stop waits for it
+        gevent.spawn(self._tracked)
+
+    def on_stop(self) -> None:
+        # Let requests already sent finish (bounded by their deadline) before closing the client.
+        deadline = time.monotonic() + self.settings.timeout_s
+        while self.in_flight and time.monotonic() < deadline:
+            gevent.sleep(0.05)
+        super().on_stop()
+
+    def _tracked(self) -> None:
+        try:
+            self.one_request()
+        finally:
+            self.in_flight -= 1
+
+
+class HttpUser(ClosedModel):
+    protocol = "http"
+
+
+class GrpcUser(ClosedModel):
+    protocol = "grpc"
+
+
+class OpenHttpUser(OpenModel):
+    protocol = "http"
+
+
+class OpenGrpcUser(OpenModel):
+    protocol = "grpc"
+
+
+if SETTINGS.shape != "constant":
+
+    class TrafficShape(LoadTestShape):
+        """Step ramp, spike or soak over ``duration_s`` (users = concurrency, or Poisson sources)."""
+
+        def tick(self) -> tuple[int, float] | None:
+            users = shape_users(SETTINGS.shape, SETTINGS.users, SETTINGS.duration_s, self.get_run_time())
+            return None if users is None else (users, SETTINGS.spawn_rate)
+
+
+# -- server-side metrics and gates ---------------------------------------------------------------
+_scrapes: list[tuple[float, metrics.Sample]] = []
+
+
+def _scrape_forever(url: str) -> None:
+    while True:
+        try:
+            _scrapes.append((time.time(), metrics.scrape(url)))
+        except OSError:
+            pass
+        gevent.sleep(1.0)
+
+
+@events.test_start.add_listener
+def _start_scraper(environment: Environment, **_: Any) -> None:
+    if SETTINGS.metrics_url and not getattr(environment, "_tritonbundle_scraper", None):
+        environment._tritonbundle_scraper = gevent.spawn(_scrape_forever, SETTINGS.metrics_url)  # type: ignore[attr-defined]
+
+
+@events.quitting.add_listener
+def _gate(environment: Environment, **_: Any) -> None:
+    """Write the JSON summary and set the exit code from the SLO gates."""
+    scraper = getattr(environment, "_tritonbundle_scraper", None)
+    if scraper is not None:
+        scraper.kill()
+        try:
+            _scrapes.append((time.time(), metrics.scrape(SETTINGS.metrics_url or "")))
+        except OSError:
+            pass
+    summary = summarize(environment.stats, SETTINGS)
+    if len(_scrapes) >= 2:
+        summary["server"] = [v.to_json() for v in metrics.view(_scrapes[0][1], _scrapes[-1][1])]
+        summary["server_timeline"] = {
+            m: metrics.timeline(_scrapes, m) for m in sorted({v["model"] for v in summary["server"]})
+        }
+    gates = evaluate_gates(summary, SETTINGS.slo)
+    summary["gates"] = gates
+    report = Path(SETTINGS.report_dir)
+    report.mkdir(parents=True, exist_ok=True)
+    (report / "summary.json").write_text(json.dumps(summary, indent=2))
+    environment.process_exit_code = 0 if gates["passed"] else 1

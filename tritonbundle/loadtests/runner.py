@@ -1,0 +1,119 @@
+"""``tritonbundle loadtest``: run Locust headless, bounded in time and users, and write a report.
+
+Locust runs in its own process (it monkey-patches the standard library with gevent), with the
+settings in ``$TRITONBUNDLE_LOADTEST``. The report folder gets Locust's CSV and HTML, ``summary.json``
+(requests, failures, throughput, p50/p90/p95/p99 per protocol and request, Triton's server-side view,
+SLO gate results) and PNG plots. The exit code is the gate's: 0 when the SLO holds, 1 when not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tritonbundle.errors import TritonBundleError
+from tritonbundle.loadtests import report
+from tritonbundle.loadtests.settings import ENV, LoadSettings
+from tritonbundle.log import LOG, step
+
+LOCUSTFILE = Path(__file__).with_name("locustfile.py")
+PREFIX = "locust"
+
+
+@dataclasses.dataclass
+class RunResult:
+    exit_code: int
+    summary: dict[str, Any]
+    report_dir: Path
+    files: list[Path]
+
+
+def locust_command(settings: LoadSettings) -> list[str]:
+    report_dir = Path(settings.report_dir)
+    return [
+        sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless",
+        "-u", str(settings.users), "-r", str(settings.spawn_rate), "-t", f"{settings.duration_s:g}s",
+        "--stop-timeout", f"{max(5, int(settings.timeout_s) + 1)}",
+        "--csv", str(report_dir / PREFIX), "--csv-full-history", "--html", str(report_dir / "report.html"),
+        "--only-summary", "--loglevel", "WARNING", "--exit-code-on-error", "0",
+        *settings.user_classes(),
+    ]
+
+
+def run(settings: LoadSettings) -> RunResult:
+    """One bounded Locust run; returns its gate exit code and summary."""
+    report_dir = Path(settings.report_dir)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    settings = dataclasses.replace(settings, report_dir=str(report_dir.resolve()))
+    env = {**os.environ, ENV: settings.to_env()}
+    env.pop("LOCUST_SKIP_MONKEY_PATCH", None)  # Locust needs gevent's patches in its own process
+    argv = locust_command(settings)
+    budget = settings.duration_s + settings.timeout_s + 60
+    LOG.debug("$ %s", " ".join(argv))
+    try:
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=budget, check=False)
+    except subprocess.TimeoutExpired as e:
+        raise TritonBundleError(f"locust did not stop within {budget:.0f} s") from e
+    (report_dir / "locust.log").write_text(proc.stdout + proc.stderr)
+    summary_path = report_dir / "summary.json"
+    if not summary_path.exists():
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+        raise TritonBundleError(f"locust exited with code {proc.returncode} and wrote no summary:\n{tail}")
+    summary = json.loads(summary_path.read_text())
+    files = report.plot(report_dir, summary, PREFIX)
+    return RunResult(proc.returncode, summary, report_dir, files)
+
+
+def describe(summary: dict[str, Any]) -> str:
+    lines = [f"{'protocol':<10}{'requests':>9}{'failures':>9}{'req/s':>9}{'p50 ms':>9}{'p90 ms':>9}{'p95 ms':>9}{'p99 ms':>9}"]
+
+    def fmt(x: float | None) -> str:
+        return "-" if x is None else f"{x:.0f}"
+
+    for name, row in [*summary["by_protocol"].items(), ("all", summary["total"])]:
+        lines.append(
+            f"{name:<10}{row['requests']:>9}{row['failures']:>9}{row['throughput_rps']:>9.1f}"
+            f"{fmt(row['p50_ms']):>9}{fmt(row['p90_ms']):>9}{fmt(row['p95_ms']):>9}{fmt(row['p99_ms']):>9}"
+        )
+    for view in summary.get("server", []):
+        lines.append(
+            f"server {view['model']}: {view['requests']:.0f} requests in {view['executions']:.0f} executions "
+            f"(avg batch {view['avg_batch_size']:.1f}); queue {view['queue_ms_per_request']:.1f} ms vs compute "
+            f"{view['compute_ms_per_request']:.1f} ms per request"
+        )
+    gates = summary["gates"]
+    lines.append("SLO: passed" if gates["passed"] else "SLO: FAILED: " + "; ".join(gates["failures"]))
+    return "\n".join(lines)
+
+
+def sweep(settings: LoadSettings, levels: Sequence[float]) -> tuple[int, list[dict[str, Any]], dict[str, Any] | None]:
+    """One run per level (users in the closed model, requests/s in the open model); the best level is
+    the highest throughput that met the SLO."""
+    if not levels:
+        raise TritonBundleError("a sweep needs at least one level")
+    base = Path(settings.report_dir)
+    results = []
+    for level in levels:
+        changes: dict[str, Any] = {"report_dir": str(base / f"level-{level:g}")}
+        if settings.mode == "open":
+            changes["rate"] = float(level)
+        else:
+            changes["users"] = int(level)
+        step(f"sweep level {level:g} ({'requests/s' if settings.mode == 'open' else 'users'})")
+        result = run(dataclasses.replace(settings, **changes))
+        summary = {**result.summary, "level": level}
+        LOG.info("    %s", describe(summary).splitlines()[-1])
+        results.append(summary)
+    best = report.best_level(results)
+    (base / "sweep.json").write_text(json.dumps(
+        {"levels": [{"level": r["level"], "total": r["total"], "gates": r["gates"]} for r in results],
+         "best": None if best is None else {"level": best["level"], "throughput_rps": best["total"]["throughput_rps"]}},
+        indent=2))
+    report.plot_sweep(base / "sweep.png", results, settings.slo.p99_ms, "requests/s" if settings.mode == "open" else "users")
+    return (0 if best is not None else 1), results, best
