@@ -1,0 +1,98 @@
+#!/bin/sh
+# Init container: make sure the model repository on the volume holds TensorRT plans built for THIS node's
+# GPU model and TensorRT version, then point the server at it.
+#
+#   <volume>/engines/<fingerprint>/model_repository   what Triton serves
+#   <volume>/engines/<fingerprint>/artifacts          ONNX exports, plans, timing cache, build logs
+#   $TRITONBUNDLE_RUN_DIR/model_repository            link to the first (Triton's --model-repository)
+#
+# The fingerprint (`tritonbundle fingerprint`: GPU model, compute capability, TensorRT version) keys the
+# directory because plans are not portable across GPU models. `tritonbundle build --check` exits 0 when every
+# plan fits, 1 when something must be (re)built; only then does this script build. Pods of the same GPU model
+# sharing a ReadWriteMany volume take a lock, so one builds and the others reuse its plans.
+# Arguments are passed on to `tritonbundle build` (engineBuild.extraArgs, --force).
+set -eu
+
+log() { echo "engine-build: $*"; }
+
+fingerprint="$(tritonbundle fingerprint)"
+if [ -z "$fingerprint" ]; then
+  log "error: 'tritonbundle fingerprint' printed nothing (is a GPU visible? nvidia.com/gpu limit set?)"
+  exit 1
+fi
+dir="$TRITONBUNDLE_CACHE_DIR/$fingerprint"
+repo="$dir/model_repository"
+artifacts="$dir/artifacts"
+mkdir -p "$artifacts"
+log "GPU fingerprint $fingerprint; engine cache $dir"
+
+options="--manifest $TRITONBUNDLE_MANIFEST --target gpu --runtime tensorrt --repository $repo --artifacts $artifacts"
+if [ -n "${TRITONBUNDLE_PRECISION:-}" ]; then
+  options="$options --precision $TRITONBUNDLE_PRECISION"
+fi
+for model in ${TRITONBUNDLE_MODELS:-}; do
+  options="$options --model $model"
+done
+
+if command -v flock >/dev/null 2>&1; then
+  exec 9>"$dir/.build.lock"
+  log "waiting for the build lock (up to ${TRITONBUNDLE_LOCK_TIMEOUT_S}s)"
+  if ! flock -w "$TRITONBUNDLE_LOCK_TIMEOUT_S" 9; then
+    log "error: another pod held $dir/.build.lock for ${TRITONBUNDLE_LOCK_TIMEOUT_S}s (engineBuild.lockTimeoutSeconds)"
+    exit 1
+  fi
+else
+  log "warning: flock not found; concurrent pods of this GPU model may build the same plans twice"
+fi
+
+# The build image has no torch: it carries the ONNX exports (made and parity-checked where torch was) in
+# $TRITONBUNDLE_SEED_ARTIFACTS. Copy each file that is missing or different, so a new image's exports
+# replace old ones; `build --check` then sees the ONNX hash change and the plans are rebuilt.
+seed="${TRITONBUNDLE_SEED_ARTIFACTS:-}"
+if [ -n "$seed" ] && [ -d "$seed" ]; then
+  for src in "$seed"/*/; do
+    [ -d "$src" ] || continue
+    name="$(basename "$src")"
+    mkdir -p "$artifacts/$name"
+    for file in "$src"*; do
+      [ -f "$file" ] || continue
+      target="$artifacts/$name/$(basename "$file")"
+      if ! cmp -s "$file" "$target"; then
+        log "seeding $target from the image"
+        cp "$file" "$target.tmp" && mv -f "$target.tmp" "$target"
+      fi
+    done
+  done
+elif [ -n "$seed" ]; then
+  log "no exports at $seed in this image: tritonbundle build exports them (needs torch)"
+fi
+
+build=0
+if [ "${TRITONBUNDLE_FORCE:-false}" = true ]; then
+  log "engineBuild.force is set: rebuilding"
+  build=1
+else
+  status=0
+  # shellcheck disable=SC2086  # $options is a list of words without spaces (paths come from the chart)
+  tritonbundle build --check $options || status=$?
+  case "$status" in
+    0) log "the plans in $repo fit this GPU and TensorRT version: nothing to build" ;;
+    1) log "plans missing or built for another GPU/TensorRT: building"; build=1 ;;
+    *) log "error: 'tritonbundle build --check' failed with exit status $status"; exit "$status" ;;
+  esac
+fi
+
+if [ "$build" = 1 ]; then
+  started="$(date +%s)"
+  # shellcheck disable=SC2086
+  tritonbundle build $options "$@"
+  # shellcheck disable=SC2086
+  if ! tritonbundle build --check $options; then
+    log "error: the plans just built do not pass 'tritonbundle build --check'"
+    exit 1
+  fi
+  log "built in $(( $(date +%s) - started ))s"
+fi
+
+ln -sfn "$repo" "$TRITONBUNDLE_RUN_DIR/model_repository"
+log "serving $repo"

@@ -1,0 +1,218 @@
+{{/*
+Names
+*/}}
+{{- define "tritonbundle.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "tritonbundle.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "tritonbundle.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "tritonbundle.namespace" -}}
+{{- default .Release.Namespace .Values.namespaceOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Labels
+*/}}
+{{- define "tritonbundle.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "tritonbundle.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "tritonbundle.labels" -}}
+helm.sh/chart: {{ include "tritonbundle.chart" . }}
+{{ include "tritonbundle.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: tritonbundle
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "tritonbundle.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "tritonbundle.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+Images: registry/repository:tag[@digest]. A tag is always present (no implicit "latest").
+Call with (dict "image" <image values> "defaultTag" <tag> "global" .Values.global).
+*/}}
+{{- define "tritonbundle.imageRef" -}}
+{{- $registry := .image.registry | default "" }}
+{{- if .global.imageRegistry }}{{ $registry = .global.imageRegistry }}{{ end }}
+{{- $tag := .image.tag | default .defaultTag | toString }}
+{{- if not $tag }}{{ fail (printf "image %s has no tag; set a tag (never latest)" .image.repository) }}{{ end }}
+{{- if eq $tag "latest" }}{{ fail (printf "image %s: the tag 'latest' is not allowed; pin a version" .image.repository) }}{{ end }}
+{{- $ref := printf "%s:%s" .image.repository $tag }}
+{{- if $registry }}{{ $ref = printf "%s/%s" $registry $ref }}{{ end }}
+{{- if .image.digest }}{{ $ref = printf "%s@%s" $ref .image.digest }}{{ end }}
+{{- $ref }}
+{{- end }}
+
+{{- define "tritonbundle.image" -}}
+{{- include "tritonbundle.imageRef" (dict "image" .Values.image "defaultTag" "" "global" .Values.global) }}
+{{- end }}
+
+{{- define "tritonbundle.buildImage" -}}
+{{- include "tritonbundle.imageRef" (dict "image" .Values.engineBuild.image "defaultTag" .Chart.AppVersion "global" .Values.global) }}
+{{- end }}
+
+{{- define "tritonbundle.testImage" -}}
+{{- if .Values.tests.image.repository }}
+{{- include "tritonbundle.imageRef" (dict "image" .Values.tests.image "defaultTag" "" "global" .Values.global) }}
+{{- else }}
+{{- include "tritonbundle.image" . }}
+{{- end }}
+{{- end }}
+
+{{- define "tritonbundle.imagePullSecrets" -}}
+{{- $secrets := concat (.Values.global.imagePullSecrets | default list) (.Values.imagePullSecrets | default list) }}
+{{- with $secrets }}
+imagePullSecrets:
+{{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/*
+Workload
+*/}}
+{{- define "tritonbundle.isStatefulSet" -}}
+{{- if eq .Values.workload.kind "StatefulSet" }}true{{ end }}
+{{- end }}
+
+{{/* The largest number of replicas that can run: decides the PDB and the volume checks. */}}
+{{- define "tritonbundle.maxReplicas" -}}
+{{- if .Values.autoscaling.enabled }}{{ .Values.autoscaling.maxReplicas }}{{ else }}{{ .Values.replicaCount }}{{ end }}
+{{- end }}
+
+{{- define "tritonbundle.pdbEnabled" -}}
+{{- if and .Values.pdb.enabled (gt (int (include "tritonbundle.maxReplicas" .)) 1) }}true{{ end }}
+{{- end }}
+
+{{/*
+Model repository
+*/}}
+{{- define "tritonbundle.engineBuildEnabled" -}}
+{{- if and .Values.engineBuild.enabled (eq .Values.modelRepository.source "pvc") }}true{{ end }}
+{{- end }}
+
+{{- define "tritonbundle.pvcName" -}}
+{{- default (printf "%s-model-cache" (include "tritonbundle.fullname" .)) .Values.modelRepository.pvc.existingClaim }}
+{{- end }}
+
+{{/* True when the chart renders a standalone PersistentVolumeClaim object (not a volumeClaimTemplate). */}}
+{{- define "tritonbundle.createPvc" -}}
+{{- if and (eq .Values.modelRepository.source "pvc") (not .Values.modelRepository.pvc.existingClaim) (not (include "tritonbundle.isStatefulSet" .)) }}true{{ end }}
+{{- end }}
+
+{{/* Where the engine-build init container leaves a link to <volume>/engines/<fingerprint>/model_repository. */}}
+{{- define "tritonbundle.runDir" -}}/run/tritonbundle{{- end }}
+
+{{- define "tritonbundle.modelRepositoryUrl" -}}
+{{- $repo := .Values.modelRepository }}
+{{- if eq $repo.source "s3" }}
+{{- if $repo.s3.endpoint }}
+{{- printf "s3://%s/%s" (trimSuffix "/" $repo.s3.endpoint) (trimPrefix "/" $repo.s3.path) }}
+{{- else }}
+{{- printf "s3://%s" (trimPrefix "/" $repo.s3.path) }}
+{{- end }}
+{{- else if eq $repo.source "image" }}
+{{- $repo.image.path }}
+{{- else if include "tritonbundle.engineBuildEnabled" . }}
+{{- printf "%s/model_repository" (include "tritonbundle.runDir" .) }}
+{{- else }}
+{{- printf "%s/%s" (trimSuffix "/" $repo.pvc.mountPath) $repo.pvc.repositoryPath }}
+{{- end }}
+{{- end }}
+
+{{/*
+Restricted API key
+*/}}
+{{- define "tritonbundle.apiKeySecretName" -}}
+{{- default (printf "%s-api-key" (include "tritonbundle.fullname" .)) .Values.restrictedApi.existingSecret }}
+{{- end }}
+
+{{/*
+PromQL: the label matchers that select this release's Triton series. The ServiceMonitor/PodMonitor copy
+the pod labels app.kubernetes.io/{name,instance} onto every series (podTargetLabels).
+*/}}
+{{- define "tritonbundle.promSelector" -}}
+namespace="{{ include "tritonbundle.namespace" . }}",app_kubernetes_io_instance="{{ .Release.Name }}",app_kubernetes_io_name="{{ include "tritonbundle.name" . }}"
+{{- end }}
+
+{{/* Sum over pods of each pod's queue/compute time ratio (for KEDA's AverageValue target). */}}
+{{- define "tritonbundle.kedaQuery" -}}
+{{- if .Values.autoscaling.keda.query }}
+{{- .Values.autoscaling.keda.query }}
+{{- else }}
+{{- $sel := printf "%s,model=~\"%s\"" (include "tritonbundle.promSelector" .) .Values.autoscaling.models }}
+{{- $w := .Values.autoscaling.rateWindow }}
+{{- printf "sum(sum by (pod) (rate(nv_inference_queue_duration_us{%s}[%s])) / clamp_min(sum by (pod) (rate(nv_inference_compute_infer_duration_us{%s}[%s])), 1))" $sel $w $sel $w }}
+{{- end }}
+{{- end }}
+
+{{/*
+checksum/config: the configuration the pod reads from ConfigMaps and Secrets, so a change rolls the pods.
+The generated API key is left out (it is random at render time and read back from the cluster afterwards).
+*/}}
+{{- define "tritonbundle.configChecksum" -}}
+{{- $config := dict
+  "buildScript" (include (print $.Template.BasePath "/configmap.yaml") .)
+  "apiKey" .Values.restrictedApi.key
+  "apiKeySecret" (include "tritonbundle.apiKeySecretName" .)
+  "apiKeySecretKey" .Values.restrictedApi.existingSecretKey
+  "s3Credentials" .Values.modelRepository.s3.credentials
+}}
+{{- toJson $config | sha256sum }}
+{{- end }}
+
+{{/*
+Checks that values.schema.json cannot express. Included by the workload template.
+*/}}
+{{- define "tritonbundle.validate" -}}
+{{- $v := .Values }}
+{{- $grace := int $v.terminationGracePeriodSeconds }}
+{{- $exit := int $v.server.exitTimeoutSeconds }}
+{{- $sleep := int $v.lifecycle.preStopSleepSeconds }}
+{{- if le $grace (add $exit $sleep) }}
+{{- fail (printf "terminationGracePeriodSeconds (%d) must be greater than server.exitTimeoutSeconds (%d) + lifecycle.preStopSleepSeconds (%d), or Kubernetes kills Triton before in-flight requests finish" $grace $exit $sleep) }}
+{{- end }}
+{{- if and $v.engineBuild.enabled (ne $v.modelRepository.source "pvc") }}
+{{- fail (printf "engineBuild.enabled needs modelRepository.source=pvc (engines are written to the volume); with source=%s set engineBuild.enabled=false and provide plans built for the nodes' GPU" $v.modelRepository.source) }}
+{{- end }}
+{{- if and (eq $v.modelRepository.source "s3") (not $v.modelRepository.s3.path) }}
+{{- fail "modelRepository.s3.path is required when modelRepository.source=s3 (bucket/prefix, no scheme)" }}
+{{- end }}
+{{- if and $v.metrics.serviceMonitor.enabled $v.metrics.podMonitor.enabled }}
+{{- fail "enable metrics.serviceMonitor or metrics.podMonitor, not both (every series would be scraped twice)" }}
+{{- end }}
+{{- if and $v.autoscaling.enabled (lt (int $v.autoscaling.maxReplicas) (int $v.autoscaling.minReplicas)) }}
+{{- fail (printf "autoscaling.maxReplicas (%d) must be >= autoscaling.minReplicas (%d)" (int $v.autoscaling.maxReplicas) (int $v.autoscaling.minReplicas)) }}
+{{- end }}
+{{- if and (include "tritonbundle.createPvc" .) (gt (int (include "tritonbundle.maxReplicas" .)) 1) (not (has "ReadWriteMany" $v.modelRepository.pvc.accessModes)) }}
+{{- fail "a Deployment with more than one replica shares one model cache claim: set modelRepository.pvc.accessModes to [ReadWriteMany], or workload.kind=StatefulSet (one claim per replica), or an existingClaim" }}
+{{- end }}
+{{- if and (eq $v.server.modelControlMode "explicit") (not $v.server.loadModels) }}
+{{- fail "server.modelControlMode=explicit loads nothing at start: list the models in server.loadModels ([\"*\"] for all)" }}
+{{- end }}
+{{- end }}

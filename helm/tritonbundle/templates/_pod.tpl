@@ -1,0 +1,340 @@
+{{/*
+The pod template shared by the Deployment and the StatefulSet.
+*/}}
+{{- define "tritonbundle.gpuResources" -}}
+{{- $res := deepCopy (.resources | default dict) }}
+{{- $limits := deepCopy (get $res "limits" | default dict) }}
+{{- $_ := set $limits .gpu.resourceName (int .gpu.count) }}
+{{- $_ := set $res "limits" $limits }}
+{{- toYaml $res }}
+{{- end }}
+
+{{- define "tritonbundle.podTemplate" -}}
+{{- $v := .Values }}
+{{- $engineBuild := include "tritonbundle.engineBuildEnabled" . }}
+{{- $scripts := or $engineBuild $v.pythonPackages.enabled }}
+{{- $source := $v.modelRepository.source -}}
+metadata:
+  annotations:
+    checksum/config: {{ include "tritonbundle.configChecksum" . }}
+    kubectl.kubernetes.io/default-container: tritonserver
+    {{- with $v.podAnnotations }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  labels:
+    {{- include "tritonbundle.labels" . | nindent 4 }}
+    {{- with $v.podLabels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+spec:
+  serviceAccountName: {{ include "tritonbundle.serviceAccountName" . }}
+  automountServiceAccountToken: {{ $v.serviceAccount.automountServiceAccountToken }}
+  {{- with (include "tritonbundle.imagePullSecrets" .) }}
+  {{- . | trim | nindent 2 }}
+  {{- end }}
+  {{- with $v.priorityClassName }}
+  priorityClassName: {{ . }}
+  {{- end }}
+  {{- with $v.runtimeClassName }}
+  runtimeClassName: {{ . }}
+  {{- end }}
+  terminationGracePeriodSeconds: {{ $v.terminationGracePeriodSeconds }}
+  enableServiceLinks: false
+  securityContext:
+    {{- toYaml $v.podSecurityContext | nindent 4 }}
+  {{- if or $v.pythonPackages.enabled $engineBuild $v.extraInitContainers }}
+  initContainers:
+    {{- if $v.pythonPackages.enabled }}
+    - name: python-packages
+      image: {{ include "tritonbundle.buildImage" . }}
+      imagePullPolicy: {{ $v.engineBuild.image.pullPolicy }}
+      command: ["python3", "/opt/tritonbundle/scripts/copy-python-packages.py", {{ $v.pythonPackages.mountPath | quote }}]
+      args:
+        {{- toYaml $v.pythonPackages.packages | nindent 8 }}
+      env:
+        - name: HOME
+          value: /tmp
+        - name: PYTHONDONTWRITEBYTECODE
+          value: "1"
+      securityContext:
+        {{- toYaml $v.securityContext | nindent 8 }}
+      resources:
+        requests:
+          cpu: 100m
+          memory: 128Mi
+        limits:
+          memory: 512Mi
+      volumeMounts:
+        - name: scripts
+          mountPath: /opt/tritonbundle/scripts
+          readOnly: true
+        - name: python-packages
+          mountPath: {{ $v.pythonPackages.mountPath }}
+        - name: tmp
+          mountPath: /tmp
+    {{- end }}
+    {{- if $engineBuild }}
+    - name: engine-build
+      image: {{ include "tritonbundle.buildImage" . }}
+      imagePullPolicy: {{ $v.engineBuild.image.pullPolicy }}
+      command: ["/bin/sh", "/opt/tritonbundle/scripts/engine-build.sh"]
+      {{- $buildArgs := $v.engineBuild.extraArgs | default list }}
+      {{- if $v.engineBuild.force }}{{ $buildArgs = prepend $buildArgs "--force" }}{{ end }}
+      {{- with $buildArgs }}
+      args:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      env:
+        - name: TRITONBUNDLE_MANIFEST
+          value: {{ $v.engineBuild.manifest | quote }}
+        - name: TRITONBUNDLE_SEED_ARTIFACTS
+          value: {{ $v.engineBuild.seedArtifacts | quote }}
+        - name: TRITONBUNDLE_CACHE_DIR
+          value: {{ printf "%s/engines" (trimSuffix "/" $v.modelRepository.pvc.mountPath) | quote }}
+        - name: TRITONBUNDLE_RUN_DIR
+          value: {{ include "tritonbundle.runDir" . | quote }}
+        - name: TRITONBUNDLE_PRECISION
+          value: {{ $v.engineBuild.precision | quote }}
+        - name: TRITONBUNDLE_MODELS
+          value: {{ join " " $v.engineBuild.models | quote }}
+        - name: TRITONBUNDLE_FORCE
+          value: {{ $v.engineBuild.force | quote }}
+        - name: TRITONBUNDLE_LOCK_TIMEOUT_S
+          value: {{ $v.engineBuild.lockTimeoutSeconds | quote }}
+        - name: HOME
+          value: /tmp
+        - name: HF_HUB_OFFLINE
+          value: "1"
+        - name: CUDA_CACHE_PATH
+          value: /tmp/.nv/ComputeCache
+        {{- with $v.engineBuild.extraEnv }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      securityContext:
+        {{- toYaml $v.securityContext | nindent 8 }}
+      resources:
+        {{- include "tritonbundle.gpuResources" (dict "resources" $v.engineBuild.resources "gpu" $v.gpu) | nindent 8 }}
+      volumeMounts:
+        - name: scripts
+          mountPath: /opt/tritonbundle/scripts
+          readOnly: true
+        - name: model-cache
+          mountPath: {{ $v.modelRepository.pvc.mountPath }}
+        - name: run
+          mountPath: {{ include "tritonbundle.runDir" . }}
+        - name: tmp
+          mountPath: /tmp
+        - name: shm
+          mountPath: /dev/shm
+    {{- end }}
+    {{- with $v.extraInitContainers }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  {{- end }}
+  containers:
+    - name: tritonserver
+      image: {{ include "tritonbundle.image" . }}
+      imagePullPolicy: {{ $v.image.pullPolicy }}
+      command: ["tritonserver"]
+      args:
+        - --model-repository={{ include "tritonbundle.modelRepositoryUrl" . }}
+        - --model-control-mode={{ $v.server.modelControlMode }}
+        {{- if eq $v.server.modelControlMode "poll" }}
+        - --repository-poll-secs={{ $v.server.repositoryPollSeconds }}
+        {{- end }}
+        {{- if eq $v.server.modelControlMode "explicit" }}
+        {{- range $v.server.loadModels }}
+        - --load-model={{ . }}
+        {{- end }}
+        {{- end }}
+        - --strict-readiness=true
+        - --exit-timeout-secs={{ $v.server.exitTimeoutSeconds }}
+        - --http-port={{ $v.server.ports.http }}
+        - --grpc-port={{ $v.server.ports.grpc }}
+        - --metrics-port={{ $v.server.ports.metrics }}
+        - --allow-metrics=true
+        - --allow-gpu-metrics={{ $v.server.gpuMetrics }}
+        - --metrics-interval-ms={{ $v.server.metricsIntervalMs }}
+        - --log-verbose={{ $v.server.logVerbose }}
+        - --log-format={{ $v.server.logFormat }}
+        {{- if $v.restrictedApi.enabled }}
+        {{- range $v.restrictedApi.apis }}
+        - --http-restricted-api={{ . }}:{{ $v.restrictedApi.headerName }}=$(TRITONBUNDLE_API_KEY)
+        {{- end }}
+        {{- range $v.restrictedApi.apis }}
+        - --grpc-restricted-protocol={{ . }}:{{ $v.restrictedApi.headerName }}=$(TRITONBUNDLE_API_KEY)
+        {{- end }}
+        {{- end }}
+        {{- with $v.server.extraArgs }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      env:
+        - name: HOME
+          value: /tmp
+        - name: PYTHONDONTWRITEBYTECODE
+          value: "1"
+        {{- if $v.pythonPackages.enabled }}
+        - name: PYTHONPATH
+          value: {{ $v.pythonPackages.mountPath | quote }}
+        {{- end }}
+        {{- if $v.restrictedApi.enabled }}
+        - name: TRITONBUNDLE_API_KEY
+          valueFrom:
+            secretKeyRef:
+              name: {{ include "tritonbundle.apiKeySecretName" . }}
+              key: {{ $v.restrictedApi.existingSecretKey }}
+        {{- end }}
+        {{- if eq $source "s3" }}
+        - name: AWS_DEFAULT_REGION
+          value: {{ $v.modelRepository.s3.region | quote }}
+        {{- with $v.modelRepository.s3.credentials }}
+        {{- if .existingSecret }}
+        - name: AWS_ACCESS_KEY_ID
+          valueFrom:
+            secretKeyRef:
+              name: {{ .existingSecret }}
+              key: {{ .accessKeyIdKey }}
+        - name: AWS_SECRET_ACCESS_KEY
+          valueFrom:
+            secretKeyRef:
+              name: {{ .existingSecret }}
+              key: {{ .secretAccessKeyKey }}
+        {{- if .sessionTokenKey }}
+        - name: AWS_SESSION_TOKEN
+          valueFrom:
+            secretKeyRef:
+              name: {{ .existingSecret }}
+              key: {{ .sessionTokenKey }}
+        {{- end }}
+        {{- end }}
+        {{- end }}
+        {{- end }}
+        {{- with $v.server.extraEnv }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      {{- with $v.server.extraEnvFrom }}
+      envFrom:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      ports:
+        - name: http
+          containerPort: {{ $v.server.ports.http }}
+          protocol: TCP
+        - name: grpc
+          containerPort: {{ $v.server.ports.grpc }}
+          protocol: TCP
+        - name: metrics
+          containerPort: {{ $v.server.ports.metrics }}
+          protocol: TCP
+      startupProbe:
+        httpGet:
+          path: /v2/health/ready
+          port: http
+        periodSeconds: {{ $v.probes.startup.periodSeconds }}
+        timeoutSeconds: {{ $v.probes.startup.timeoutSeconds }}
+        failureThreshold: {{ div (add $v.probes.startup.budgetSeconds $v.probes.startup.periodSeconds -1) $v.probes.startup.periodSeconds }}
+      livenessProbe:
+        httpGet:
+          path: /v2/health/live
+          port: http
+        periodSeconds: {{ $v.probes.liveness.periodSeconds }}
+        timeoutSeconds: {{ $v.probes.liveness.timeoutSeconds }}
+        failureThreshold: {{ $v.probes.liveness.failureThreshold }}
+      readinessProbe:
+        httpGet:
+          path: /v2/health/ready
+          port: http
+        periodSeconds: {{ $v.probes.readiness.periodSeconds }}
+        timeoutSeconds: {{ $v.probes.readiness.timeoutSeconds }}
+        failureThreshold: {{ $v.probes.readiness.failureThreshold }}
+        successThreshold: {{ $v.probes.readiness.successThreshold }}
+      lifecycle:
+        preStop:
+          exec:
+            command: ["/bin/sleep", {{ $v.lifecycle.preStopSleepSeconds | quote }}]
+      securityContext:
+        {{- toYaml $v.securityContext | nindent 8 }}
+      resources:
+        {{- include "tritonbundle.gpuResources" (dict "resources" $v.resources "gpu" $v.gpu) | nindent 8 }}
+      volumeMounts:
+        - name: shm
+          mountPath: /dev/shm
+        - name: tmp
+          mountPath: /tmp
+        {{- if eq $source "pvc" }}
+        - name: model-cache
+          mountPath: {{ $v.modelRepository.pvc.mountPath }}
+          readOnly: true
+        {{- end }}
+        {{- if $engineBuild }}
+        - name: run
+          mountPath: {{ include "tritonbundle.runDir" . }}
+          readOnly: true
+        {{- end }}
+        {{- if $v.pythonPackages.enabled }}
+        - name: python-packages
+          mountPath: {{ $v.pythonPackages.mountPath }}
+          readOnly: true
+        {{- end }}
+        {{- with $v.extraVolumeMounts }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+    {{- with $v.extraContainers }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  volumes:
+    - name: shm
+      emptyDir:
+        medium: Memory
+        sizeLimit: {{ $v.shm.sizeLimit }}
+    - name: tmp
+      emptyDir:
+        {{- /* Triton copies an S3 repository into a temporary folder under /tmp. */}}
+        sizeLimit: {{ eq $source "s3" | ternary $v.modelRepository.s3.localCacheSizeLimit $v.tmp.sizeLimit }}
+    {{- if $scripts }}
+    - name: scripts
+      configMap:
+        name: {{ include "tritonbundle.fullname" . }}-scripts
+        defaultMode: 0555
+    {{- end }}
+    {{- if $engineBuild }}
+    - name: run
+      emptyDir:
+        sizeLimit: 1Mi
+    {{- end }}
+    {{- if $v.pythonPackages.enabled }}
+    - name: python-packages
+      emptyDir:
+        sizeLimit: 512Mi
+    {{- end }}
+    {{- if and (eq $source "pvc") (or $v.modelRepository.pvc.existingClaim (not (include "tritonbundle.isStatefulSet" .))) }}
+    - name: model-cache
+      persistentVolumeClaim:
+        claimName: {{ include "tritonbundle.pvcName" . }}
+    {{- end }}
+    {{- with $v.extraVolumes }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  {{- with $v.nodeSelector }}
+  nodeSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $v.affinity }}
+  affinity:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $v.tolerations }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $v.topologySpreadConstraints }}
+  topologySpreadConstraints:
+    {{- range . }}
+    {{- $c := deepCopy . }}
+    {{- if not (hasKey $c "labelSelector") }}
+    {{- $_ := set $c "labelSelector" (dict "matchLabels" (include "tritonbundle.selectorLabels" $ | fromYaml)) }}
+    {{- end }}
+    - {{ toYaml $c | indent 6 | trim }}
+    {{- end }}
+  {{- end }}
+{{- end }}
