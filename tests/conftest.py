@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The key of the test server's restricted APIs (repository, model control, shared memory).
+API_KEY = "test-key-not-a-secret"
 MANIFEST = ROOT / "build" / "models.yaml"
 ARTIFACTS = ROOT / "build" / "artifacts"
 
@@ -57,7 +59,8 @@ def server(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     from tritonbundle.server import ServerOptions, TritonServer
 
     log = tmp_path_factory.mktemp("server") / "tritonserver.log"
-    srv = TritonServer(ServerOptions(repository, http_port=0, grpc_port=0, metrics_port=0, log_path=log))
+    srv = TritonServer(ServerOptions(repository, http_port=0, grpc_port=0, metrics_port=0, log_path=log,
+                                     restricted_api_key=API_KEY))
     srv.start(ready_timeout_s=180)
     yield srv
     srv.stop()

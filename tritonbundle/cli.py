@@ -119,6 +119,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from tritonbundle.server import ServerOptions, TritonServer, supervise
 
     key = os.environ.get(args.api_key_env) if args.api_key_env else None
+    if not key:
+        LOG.info("$%s is not set: the model-repository, shared-memory, trace and logging APIs are locked with "
+                 "a random key (set the variable to use them)", args.api_key_env)
     server = TritonServer(
         ServerOptions(
             model_repository=args.repository, http_port=args.http_port, grpc_port=args.grpc_port,
@@ -154,7 +157,7 @@ def _client(args: argparse.Namespace) -> _BaseClient:
 
     return connect(
         args.url, protocol=args.protocol, model=args.model, timeout_s=args.timeout_s,
-        check_model=getattr(args, "check_model", True),
+        check_model=getattr(args, "check_model", True), api_key=os.environ.get(args.api_key_env) or None,
     )
 
 
@@ -171,6 +174,19 @@ def cmd_infer(args: argparse.Namespace) -> int:
     out = [{"text": t, "embedding": [round(float(x), 6) for x in e]} for t, e in zip(texts, embeddings)]
     json.dump(out if not args.compact else [o["embedding"] for o in out], sys.stdout)
     sys.stdout.write("\n")
+    return 0
+
+
+def cmd_load(args: argparse.Namespace) -> int:
+    """Load or unload a model on a server running with explicit model control."""
+    args.check_model = False
+    with _client(args) as client:
+        for name in args.names:
+            if args.command == "load":
+                client.load_model(name)
+            else:
+                client.unload_model(name)
+            print(f"{args.command}ed {name}")
     return 0
 
 
@@ -215,6 +231,8 @@ def _add_client_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--protocol", choices=("http", "grpc"), default="http")
     p.add_argument("--model", default="minilm", help="model to call (default: the minilm ensemble)")
     p.add_argument("--timeout-s", type=float, default=30.0, help="deadline per call, in seconds")
+    p.add_argument("--api-key-env", default="TRITONBUNDLE_API_KEY",
+                   help="environment variable holding the key for the restricted APIs (repository index, model control)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -282,6 +300,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("texts", nargs="*")
     p.add_argument("--compact", action="store_true", help="print only the embeddings")
     p.set_defaults(func=cmd_infer)
+
+    for verb, text in (("load", "load (or reload, picking up a new version) models; needs explicit model control "
+                                "and the API key"), ("unload", "unload models; needs explicit model control and the API key")):
+        p = sub.add_parser(verb, help=text)
+        _add_client_args(p)
+        p.add_argument("names", nargs="+", metavar="MODEL")
+        p.set_defaults(func=cmd_load)
 
     p = sub.add_parser("health", help="server liveness and readiness")
     _add_client_args(p)

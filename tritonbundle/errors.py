@@ -74,5 +74,9 @@ class DeadlineExceededError(ClientError):
     """The call did not finish within its deadline (client side or Triton's server-side timeout)."""
 
 
+class UnauthorizedError(ClientError):
+    """A restricted API (model control, repository, shared memory) was called without the right key."""
+
+
 class MetadataMismatchError(ClientError):
     """The served model does not match what the client expects (checked at connect)."""

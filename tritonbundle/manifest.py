@@ -128,8 +128,10 @@ _DEFAULTS: dict[str, Any] = {
     "sequence_buckets": 4,
     "opt_percentile": 95.0,
     "max_queue_delay_us": 2000,
-    "max_queue_size": 0,
-    "queue_timeout_us": 30_000_000,
+    # Overload: at most this many requests wait per model; one that waited this long is rejected
+    # (UNAVAILABLE / HTTP 503) instead of piling up until clients time out.
+    "max_queue_size": 64,
+    "queue_timeout_us": 1_000_000,
     "instances": 1,
     "workspace_mib": 4096,
     "builder_optimization_level": 3,

@@ -49,6 +49,11 @@ class Installation:
     description: str
 
 
+def redact(text: str, secret: str | None) -> str:
+    """``text`` with ``secret`` replaced by ``***`` (keys never reach a log)."""
+    return text.replace(secret, "***") if secret else text
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free right now on ``host``."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -138,15 +143,29 @@ class ServerOptions:
     model_control_mode: str = "none"
     load_models: Sequence[str] = ()
     exit_timeout_s: int = 30
-    #: When set, the repository, shared-memory, trace and logging APIs need this key.
+    #: The key the repository (model control), shared-memory, trace and logging APIs need. None
+    #: locks them with a random key nobody knows (they are never left open).
     restricted_api_key: str | None = None
+    #: Leave those APIs open (tests of the unrestricted server only; never shipped).
+    unrestricted: bool = False
+    #: True when the key above was generated here (nobody outside knows it).
+    key_generated: bool = field(default=False, init=False)
     log_verbose: int = 0
+    #: READY only while every model is (Triton's --strict-readiness). Default: on, except with
+    #: explicit model control, where a failed load of a new version (the old one keeps serving)
+    #: must not take the whole server out of its load balancer.
+    strict_readiness: bool | None = None
     extra_args: Sequence[str] = ()
     tritonserver: str | None = None
 
     def __post_init__(self) -> None:
         if self.model_control_mode not in ("none", "poll", "explicit"):
             raise ServerError(f"model control mode must be none, poll or explicit, not {self.model_control_mode!r}")
+        if not self.restricted_api_key and not self.unrestricted:
+            import secrets
+
+            self.restricted_api_key = secrets.token_urlsafe(24)
+            self.key_generated = True
 
 
 @dataclass
@@ -187,6 +206,11 @@ class TritonServer:
     def metrics_url(self) -> str:
         return f"http://{self._host}:{self.options.metrics_port}/metrics"
 
+    @property
+    def _strict(self) -> bool:
+        o = self.options
+        return o.strict_readiness if o.strict_readiness is not None else o.model_control_mode != "explicit"
+
     # -- lifecycle -------------------------------------------------------------------------------
     def command(self) -> list[str]:
         o = self.options
@@ -201,7 +225,7 @@ class TritonServer:
             f"--model-control-mode={o.model_control_mode}",
             f"--exit-timeout-secs={o.exit_timeout_s}",
             f"--log-verbose={o.log_verbose}",
-            "--strict-readiness=true",
+            f"--strict-readiness={str(self._strict).lower()}",
         ]
         argv += [f"--load-model={m}" for m in o.load_models]
         if o.restricted_api_key:
@@ -227,7 +251,7 @@ class TritonServer:
             out: int | object = self._log_file
         else:
             out = subprocess.DEVNULL
-        LOG.debug("starting %s", " ".join(self.command()).replace(o.restricted_api_key or "\0", "***"))
+        LOG.debug("starting %s", redact(" ".join(self.command()), o.restricted_api_key))
         self.process = subprocess.Popen(  # noqa: S603
             self.command(), env=env, stdout=out, stderr=subprocess.STDOUT,  # type: ignore[arg-type]
             start_new_session=True,

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.conftest import API_KEY
 from tritonbundle.clients import (
     AsyncGrpcClient,
     AsyncHttpClient,
@@ -121,6 +122,22 @@ def test_invalid_argument_is_not_retried(server: Any, protocol: str) -> None:
 SLOW_TEXTS = ["lorem ipsum dolor sit amet " * 120] * 32  # 32 rows of 512 tokens: about a second on CPU
 
 
+def wait_until_idle(server: Any, timeout_s: float = 120) -> None:
+    """Abandoned slow requests keep the CPU server busy for a while: wait until a small request is
+    served promptly again, so the next test does not meet a full queue."""
+    deadline = time.monotonic() + timeout_s
+    with HttpClient(server.http_url, retry=RetryPolicy(max_attempts=1)) as client:
+        while time.monotonic() < deadline:
+            try:
+                started = time.monotonic()
+                client.embed(["ping"], timeout_s=5)
+                if time.monotonic() - started < 0.5:
+                    return
+            except Exception:  # noqa: BLE001 - still draining
+                time.sleep(0.5)
+    raise AssertionError(f"the server did not become idle within {timeout_s} s")
+
+
 @pytest.mark.parametrize("cls", [HttpClient, GrpcClient], ids=["http", "grpc"])
 def test_deadline_fails_with_the_project_timeout_error_within_the_deadline(server: Any, cls: type) -> None:
     url = server.http_url if cls is HttpClient else server.grpc_url
@@ -131,6 +148,7 @@ def test_deadline_fails_with_the_project_timeout_error_within_the_deadline(serve
         elapsed = time.monotonic() - started
     assert elapsed < 0.15 + 0.35, f"took {elapsed:.2f} s for a 0.15 s deadline"
     assert "minilm" in str(e.value) and cls.protocol in str(e.value)
+    wait_until_idle(server)
 
 
 @pytest.mark.parametrize("cls", [AsyncHttpClient, AsyncGrpcClient], ids=["aio-http", "aio-grpc"])
@@ -145,11 +163,12 @@ def test_async_deadline_fails_within_the_deadline(server: Any, cls: type) -> Non
             return time.monotonic() - started
 
     assert asyncio.run(run()) < 0.5
+    wait_until_idle(server)
 
 
 def test_wrong_model_name_fails_at_connect_naming_both_sides(server: Any) -> None:
     with pytest.raises(MetadataMismatchError) as e:
-        HttpClient(server.http_url, model="minilm_v2").connect()
+        HttpClient(server.http_url, model="minilm_v2", api_key=API_KEY).connect()
     message = str(e.value)
     assert "expects model 'minilm_v2'" in message and "models there: minilm, minilm_encoder, minilm_tokenizer" in message
 
@@ -172,21 +191,26 @@ def test_shared_memory_regions_are_gone_after_success_and_after_failure(server: 
 
     url = server.http_url if cls is HttpClient else server.grpc_url
     status = httpclient.InferenceServerClient(server.http_url)
-    with cls(url, shared_memory=True, shared_memory_min_bytes=0) as client:
+    status_headers = {"tritonbundle-key": API_KEY}
+    with cls(url, shared_memory=True, shared_memory_min_bytes=0, api_key=API_KEY) as client:
         via_shm = client.embed(TEXTS)
         assert leftover_regions() == []
-        assert status.get_system_shared_memory_status() == []
+        assert status.get_system_shared_memory_status(headers=status_headers) == []
         with pytest.raises(InvalidInputError, match="is empty"):
             client.embed(["fine", ""])
         assert leftover_regions() == []
-        assert status.get_system_shared_memory_status() == []
+        assert status.get_system_shared_memory_status(headers=status_headers) == []
     with cls(url) as plain:
         np.testing.assert_allclose(via_shm, plain.embed(TEXTS), atol=1e-6)
     status.close()
 
 
 def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tritonbundle", *args], input=stdin, capture_output=True, text=True, timeout=120)
+    import os
+
+    env = {**os.environ, "TRITONBUNDLE_API_KEY": API_KEY}
+    return subprocess.run([sys.executable, "-m", "tritonbundle", *args], input=stdin, capture_output=True, text=True,
+                          timeout=120, env=env)
 
 
 def test_cli_infer_reads_arguments_or_stdin_and_prints_json(server: Any) -> None:

@@ -29,6 +29,7 @@ from tritonbundle.modelconfig import (
     EnsembleStep,
     InstanceGroup,
     ModelConfig,
+    QueuePolicy,
     TensorSpec,
     read_config,
     write_config,
@@ -47,11 +48,17 @@ def tokenizer_config(spec: ModelSpec, plan: ModelPlan) -> ModelConfig:
         inputs=(TensorSpec(TEXT_INPUT, "STRING", (1,)),),
         outputs=(TensorSpec(ids.name, ids.dtype, (-1,)), TensorSpec(mask.name, mask.dtype, (-1,))),
         # Tokenizing is cheap; batching lets one encode_batch call serve every queued request.
-        dynamic_batching=DynamicBatching(max_queue_delay_us=0),
+        # The queue is bounded like the encoder's, so overload is refused at the door.
+        dynamic_batching=DynamicBatching(
+            max_queue_delay_us=0,
+            queue_policy=QueuePolicy(max_queue_size=spec.max_queue_size, default_timeout_us=spec.queue_timeout_us,
+                                     allow_timeout_override=True),
+        ),
         instance_groups=(InstanceGroup(count=1, kind="KIND_CPU"),),
         parameters={
             "tokenizer_file": "tokenizer.json",
             "max_length": str(spec.tokenizer_max_length),
+            "max_text_bytes": str(1 << 20),
             "padding_targets": ",".join(map(str, plan.padding_targets)),
             "pad_id": "0",
         },

@@ -16,11 +16,12 @@ from tritonbundle.errors import (
     MetadataMismatchError,
     ModelNotFoundError,
     ServerUnavailableError,
+    UnauthorizedError,
 )
 
 __all__ = [
     "ClientError", "DeadlineExceededError", "GrpcClient", "HttpClient", "InvalidInputError",
-    "MetadataMismatchError", "ModelInfo", "ModelNotFoundError", "RetryPolicy", "ServerUnavailableError", "connect",
+    "MetadataMismatchError", "ModelInfo", "ModelNotFoundError", "RetryPolicy", "ServerUnavailableError", "UnauthorizedError", "connect",
 ]
 
 

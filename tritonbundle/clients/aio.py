@@ -207,7 +207,7 @@ class AsyncHttpClient(_AsyncBaseClient):
             )
         except asyncio.TimeoutError as e:
             raise self._deadline_error(model, timeout_s) from e
-        return {name: result.as_numpy(name) for name in outputs}
+        return self._outputs(result, outputs, model)
 
 
 class AsyncGrpcClient(_AsyncBaseClient):
@@ -253,7 +253,7 @@ class AsyncGrpcClient(_AsyncBaseClient):
             model, inputs, outputs=requested, client_timeout=timeout_s, timeout=core.server_timeout_us(timeout_s),
             headers=self.headers,
         )
-        return {name: result.as_numpy(name) for name in outputs}
+        return self._outputs(result, outputs, model)
 
 
 async def aconnect(url: str, *, protocol: str = "http", **options: Any) -> _AsyncBaseClient:

@@ -19,18 +19,22 @@ from tritonbundle.errors import (
     MetadataMismatchError,
     ModelNotFoundError,
     ServerUnavailableError,
+    UnauthorizedError,
 )
 
 PROTOCOLS = ("http", "grpc")
 RESTRICTED_HEADER = "tritonbundle-key"
+#: Triton's gRPC server reads a restricted-protocol key from this prefix + the header name.
+GRPC_RESTRICTED_PREFIX = "triton-grpc-protocol-"
 
 
 @dataclass(frozen=True)
 class RetryPolicy:
     """Exponential backoff with full jitter, only for errors that are safe to retry.
 
-    Safe: the connection was refused or dropped before the server took the request, HTTP 503,
-    gRPC UNAVAILABLE (overload, or the server is restarting). Never retried: invalid input, unknown
+    Safe: the connection was refused or dropped (the served models are stateless, so an inference
+    is idempotent even when the server died mid-request), HTTP 503, gRPC UNAVAILABLE (overload, or
+    the server is restarting). Never retried: invalid input, unknown
     model, deadline exceeded, internal errors. Attempts stop early when the call's deadline would
     pass before the next one could start.
     """
@@ -67,6 +71,11 @@ def classify(error: BaseException, *, model: str, protocol: str) -> ClientError:
         reason = error.message() or str(error)
         code = status.removeprefix("StatusCode.")
         message = f"model {model!r} over {protocol}: {reason}"
+        if "is restricted, expecting header" in reason or code in ("401", "403", "PERMISSION_DENIED", "UNAUTHENTICATED"):
+            return UnauthorizedError(
+                f"{message} (restricted API: pass the server's key, api_key=... / $TRITONBUNDLE_API_KEY)",
+                model=model, protocol=protocol, status=code,
+            )
         if code in ("400", "INVALID_ARGUMENT"):
             if "unknown model" in reason.lower() or "not found" in reason.lower():
                 return ModelNotFoundError(message, model=model, protocol=protocol, status=code)
@@ -80,7 +89,9 @@ def classify(error: BaseException, *, model: str, protocol: str) -> ClientError:
         if code in ("429", "RESOURCE_EXHAUSTED"):
             return ServerUnavailableError(message, model=model, protocol=protocol, status=code)
         return ClientError(message, model=model, protocol=protocol, status=code or None)
-    if isinstance(error, (ConnectionRefusedError, ConnectionResetError, BrokenPipeError)):
+    # A connection dropped mid-request (the server died or restarted) is safe to retry too: these
+    # models are stateless, so an inference request is idempotent.
+    if isinstance(error, ConnectionError) or type(error).__name__ in ("HTTPConnectionClosed", "ConnectionClosed"):
         return ServerUnavailableError(
             f"model {model!r} over {protocol}: cannot reach the server ({error})", model=model, protocol=protocol,
             status="UNAVAILABLE",
@@ -314,6 +325,14 @@ class ClientBase:
         self._infos: dict[str, ModelInfo] = {}
         self._rng = random.Random()
 
+    def _restricted_headers(self) -> dict[str, str]:
+        """Headers for the restricted APIs (repository, model control, shared memory)."""
+        headers = dict(self.headers)
+        if self.api_key:
+            prefix = GRPC_RESTRICTED_PREFIX if self.protocol == "grpc" else ""
+            headers[prefix + RESTRICTED_HEADER] = self.api_key
+        return headers
+
     def _not_ready(self) -> ServerUnavailableError:
         return ServerUnavailableError(
             f"server at {self.url} over {self.protocol} is not ready", model=self.model, protocol=self.protocol,
@@ -350,6 +369,19 @@ class ClientBase:
         output = check_output(info, self.output, protocol=self.protocol, url=self.url)
         padded_ids, padded_mask = pad_tokens(ids, mask, info.padding_targets, max_length=info.max_sequence_length)
         return {self.token_inputs[0]: padded_ids, self.token_inputs[1]: padded_mask}, output
+
+    def _outputs(self, result: Any, names: Sequence[str], model: str) -> dict[str, np.ndarray]:
+        """The requested outputs of a response; a response without one is an error, not None."""
+        out = {}
+        for name in names:
+            value = result.as_numpy(name)
+            if value is None:
+                raise ClientError(
+                    f"model {model!r} over {self.protocol}: the response has no output {name!r} "
+                    "(the model returned something else)", model=model, protocol=self.protocol,
+                )
+            out[name] = value
+        return out
 
     def _output_names(self, info: ModelInfo | None, outputs: Sequence[str] | None) -> list[str]:
         return list(outputs) if outputs else [t.name for t in info.outputs] if info else []

@@ -32,6 +32,8 @@ T = TypeVar("T")
 
 
 class _BaseClient(core.ClientBase):
+    _client: Any  # the protocol's tritonclient InferenceServerClient, set by _open()
+
     def __init__(self, url: str, **options: Any) -> None:
         super().__init__(url, **options)
         self._lock = threading.Lock()
@@ -125,6 +127,25 @@ class _BaseClient(core.ClientBase):
             rows.append(row)
         return rows
 
+    def load_model(self, model: str, *, timeout_s: float | None = None) -> None:
+        """Load (or reload: a new version) ``model`` with explicit model control. Restricted API:
+        needs the server's key (``api_key``). In-flight requests on the old version finish first."""
+        deadline = time.monotonic() + (timeout_s or max(self.timeout_s, 120.0))
+        self._call(model, lambda: self._load(model), deadline=deadline, retry=core.NO_RETRY)
+        with self._lock:
+            self._infos.pop(model, None)
+
+    def unload_model(self, model: str) -> None:
+        self._call(model, lambda: self._unload(model), deadline=time.monotonic() + self.timeout_s, retry=core.NO_RETRY)
+        with self._lock:
+            self._infos.pop(model, None)
+
+    def _load(self, model: str) -> None:
+        self._client.load_model(model, headers=self._restricted_headers())
+
+    def _unload(self, model: str) -> None:
+        self._client.unload_model(model, headers=self._restricted_headers())
+
     def model_info(self, model: str) -> ModelInfo:
         with self._lock:
             if model in self._infos:
@@ -198,13 +219,6 @@ class _BaseClient(core.ClientBase):
     def _config_json(self, model: str) -> dict[str, Any]:
         raise NotImplementedError
 
-    def _restricted_headers(self) -> dict[str, str]:
-        headers = dict(self.headers)
-        if self.api_key:
-            headers[core.RESTRICTED_HEADER] = self.api_key
-        return headers
-
-
 class HttpClient(_BaseClient):
     """HTTP/REST client; tensors travel as binary data, not JSON."""
 
@@ -267,7 +281,7 @@ class HttpClient(_BaseClient):
                 if "failed to obtain inference response" in (e.message() or ""):
                     raise self._deadline_error(model, timeout_s) from e
                 raise
-            return {name: result.as_numpy(name) for name in outputs}
+            return self._outputs(result, outputs, model)
 
 
 class GrpcClient(_BaseClient):
@@ -329,7 +343,7 @@ class GrpcClient(_BaseClient):
                 model, inputs, outputs=requested, client_timeout=timeout_s,
                 timeout=core.server_timeout_us(timeout_s), headers=self.headers,
             )
-        return {name: result.as_numpy(name) for name in outputs}
+        return self._outputs(result, outputs, model)
 
 
 def connect(url: str, *, protocol: str = "http", **options: Any) -> _BaseClient:

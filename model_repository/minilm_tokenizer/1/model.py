@@ -3,6 +3,8 @@
 Settings (config ``parameters``):
   tokenizer_file     tokenizer.json in the version directory (Hugging Face ``tokenizers`` format)
   max_length         longer texts are truncated to this many tokens (documented behaviour)
+  max_text_bytes     longer texts are refused (INVALID_ARG) before tokenizing: a guard against
+                     multi-megabyte bodies, far beyond what truncation to max_length keeps anyway
   padding_targets    comma-separated lengths; each request is padded to the smallest target that
                      holds its longest text, so that same-shape requests meet in the dynamic batcher
                      (TensorRT profiles). Empty: pad to the request's own longest text (ragged policy).
@@ -35,6 +37,7 @@ class TritonPythonModel:
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         version_dir = Path(args["model_repository"]) / args["model_version"]
         self.max_length = int(params.get("max_length", "512"))
+        self.max_text_bytes = int(params.get("max_text_bytes", str(1 << 20)))
         targets = params.get("padding_targets", "").strip()
         self.targets = sorted(int(t) for t in targets.split(",") if t.strip()) if targets else []
         self.tokenizer = Tokenizer.from_file(str(version_dir / params.get("tokenizer_file", "tokenizer.json")))
@@ -57,6 +60,11 @@ class TritonPythonModel:
         texts = []
         for i, item in enumerate(array.reshape(-1)):
             raw = item if isinstance(item, bytes) else str(item).encode()
+            if len(raw) > self.max_text_bytes:
+                raise RequestError(
+                    f"{self.input_name}[{i}] is {len(raw)} bytes; the limit is {self.max_text_bytes} bytes "
+                    f"(texts are truncated to {self.max_length} tokens, so send only their beginning)"
+                )
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as e:

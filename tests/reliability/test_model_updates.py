@@ -1,0 +1,107 @@
+"""Model updates with explicit model control: a new version loaded while a load test runs drops
+no request; a broken new version fails to load and the old one keeps serving."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.conftest import API_KEY
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+REPORT = Path(__file__).resolve().parents[2] / "reports" / "reliability"
+
+
+@pytest.fixture(scope="module")
+def explicit_server(exported_minilm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]]:
+    from tritonbundle.server import ServerOptions, TritonServer
+
+    from tests.conftest import ARTIFACTS, MANIFEST
+    from tritonbundle.build.stage import BuildOptions, build
+
+    # A long queue timeout: on a busy 2-core machine the reload itself slows serving, and overload
+    # rejections (tested elsewhere) must not be mistaken for requests dropped by the reload.
+    repo = tmp_path_factory.mktemp("explicit") / "model_repository"
+    build(BuildOptions(manifest=MANIFEST, artifacts=ARTIFACTS, repository=repo, export=False,
+                       overrides={"queue_timeout_us": 20_000_000}))
+    server = TritonServer(ServerOptions(repo, http_port=0, grpc_port=0, metrics_port=0, log_path=repo.parent / "log",
+                                        model_control_mode="explicit", load_models=("*",), restricted_api_key=API_KEY))
+    server.start(ready_timeout_s=120)
+    yield server, repo
+    server.stop()
+
+
+def _new_version(repo: Path, version: int, *, broken: bool = False) -> None:
+    source = repo / "minilm_encoder" / "1"
+    target = repo / "minilm_encoder" / str(version)
+    shutil.copytree(source, target)
+    if broken:
+        (target / "model.onnx").unlink()
+        (target / "model.onnx").write_bytes(b"this is not an ONNX model")
+
+
+def test_loading_a_new_version_during_a_load_test_drops_nothing(explicit_server: tuple[Any, Path], tmp_path: Path) -> None:
+    from tritonbundle.clients import HttpClient
+    from tritonbundle.loadtests import runner
+    from tritonbundle.loadtests.settings import LoadSettings, Slo
+
+    server, repo = explicit_server
+    settings = LoadSettings(http_url=server.http_url, grpc_url=server.grpc_url, users=4, duration_s=20, retries=1,
+                            report_dir=str(tmp_path / "load"), slo=Slo(max_failure_ratio=0.0))
+    outcome: dict[str, Any] = {}
+    load = threading.Thread(target=lambda: outcome.update(result=runner.run(settings)))
+    load.start()
+    time.sleep(6)
+    _new_version(repo, 2)
+    with HttpClient(server.http_url, api_key=API_KEY) as client:
+        started = time.monotonic()
+        client.load_model("minilm_encoder")
+        reload_s = time.monotonic() - started
+        assert client.model_info("minilm_encoder").version == "2"
+    load.join(timeout=120)
+    summary = outcome["result"].summary
+    REPORT.mkdir(parents=True, exist_ok=True)
+    (REPORT / "reload.json").write_text(json.dumps({"reloads": 1, "reload_s": round(reload_s, 2),
+                                                   "requests": summary["total"]["requests"],
+                                                   "failures": summary["total"]["failures"],
+                                                   "errors": summary["errors"]}, indent=2))
+    assert summary["total"]["requests"] > 20
+    assert summary["total"]["failures"] == 0, summary["errors"]
+
+
+def test_a_broken_new_version_fails_to_load_and_the_old_one_keeps_serving(explicit_server: tuple[Any, Path]) -> None:
+    from tritonbundle.clients import ClientError, HttpClient
+
+    server, repo = explicit_server
+    with HttpClient(server.http_url, api_key=API_KEY) as client:
+        serving = client.model_info("minilm_encoder").version
+        before = client.embed(["unchanged"])
+        _new_version(repo, 9, broken=True)
+        with pytest.raises(ClientError, match="load failed for model 'minilm_encoder': version 9"):
+            client.load_model("minilm_encoder")
+        assert client.model_info("minilm_encoder").version == serving
+        assert client.health() == {"live": True, "ready": True}
+        np.testing.assert_allclose(client.embed(["unchanged"]), before, atol=1e-6)
+    shutil.rmtree(repo / "minilm_encoder" / "9")
+
+
+def test_cli_load_needs_the_key(explicit_server: tuple[Any, Path]) -> None:
+    server, _ = explicit_server
+    base = [sys.executable, "-m", "tritonbundle", "load", "--url", server.http_url, "minilm_tokenizer"]
+    env = {k: v for k, v in os.environ.items() if k != "TRITONBUNDLE_API_KEY"}
+    refused = subprocess.run(base, capture_output=True, text=True, timeout=120, env=env)
+    assert refused.returncode == 1 and "restricted API" in refused.stderr
+    allowed = subprocess.run(base, capture_output=True, text=True, timeout=120, env={**env, "TRITONBUNDLE_API_KEY": API_KEY})
+    assert allowed.returncode == 0, allowed.stderr
+    assert "loaded minilm_tokenizer" in allowed.stdout

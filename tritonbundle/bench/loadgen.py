@@ -1,0 +1,326 @@
+"""Open-model load generation: Poisson arrivals from several processes, same request stream for every
+system under test.
+
+Each worker is ``python -m tritonbundle.bench.loadgen``: it reads one JSON command per line on stdin
+and answers one JSON line on stdout. ``setup`` connects (gRPC: the project's ``AsyncGrpcClient`` on
+the ensemble; HTTP: aiohttp against the naive server) and builds its text pool from the traffic
+sample; ``step`` sends Poisson arrivals at a rate for a while and returns the latencies of the
+requests scheduled inside the measured window.
+
+Latency is measured from each request's *scheduled* arrival time to its answer, so a client that
+falls behind shows up as latency (no coordinated omission); ``lag_ms`` reports how late sends were.
+The texts and arrival times depend only on (seed, worker, level), so every system sees the same stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tritonbundle.bench import stats as st
+
+
+# -- the worker -------------------------------------------------------------------------------------------
+def text_pool(traffic: str, *, seed: int, size: int, max_tokens: int = 512) -> list[tuple[int, str]]:
+    """(tokens, text) pairs drawn from the traffic sample; each text tokenizes to exactly ``tokens``."""
+    from tritonbundle import traffic as traffic_mod
+    from tritonbundle.loadtests.payloads import PayloadFactory
+
+    factory = PayloadFactory(traffic_mod.load(traffic), seed=seed, max_tokens=max_tokens, max_batch=1)
+    out = []
+    for _ in range(size):
+        tokens, _batch = factory.draw()
+        out.append((tokens, factory.text(tokens)))
+    return out
+
+
+class _Worker:
+    def __init__(self) -> None:
+        self.kind = ""
+        self.pool: list[tuple[int, str]] = []
+        self.client: Any = None
+        self.session: Any = None
+        self.url = ""
+        self.timeout_s = 10.0
+
+    async def setup(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        await self.close()
+        self.kind, self.url, self.timeout_s = cmd["kind"], cmd["url"], float(cmd.get("timeout_s", 10.0))
+        self.pool = text_pool(cmd["traffic"], seed=int(cmd["seed"]), size=int(cmd.get("pool", 2000)))
+        if self.kind == "grpc":
+            from tritonbundle.clients.aio import AsyncGrpcClient
+            from tritonbundle.clients.core import RetryPolicy
+
+            self.client = AsyncGrpcClient(self.url, model=cmd["model"], timeout_s=self.timeout_s,
+                                          retry=RetryPolicy(max_attempts=1), connect_timeout_s=30.0)
+            await self.client.connect()
+        elif self.kind == "http":
+            import aiohttp
+
+            self.session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=self.timeout_s)
+            )
+        else:
+            raise ValueError(f"unknown kind {self.kind!r}")
+        # One call to check the path end to end before any measurement.
+        await self.one(self.pool[0][1])
+        return {"ok": True, "pool": len(self.pool), "pid": os.getpid()}
+
+    async def one(self, text: str) -> None:
+        if self.kind == "grpc":
+            await self.client.embed([text], timeout_s=self.timeout_s)
+        else:
+            async with self.session.post(f"http://{self.url}/embed", json={"text": text}) as response:
+                if response.status != 200:
+                    raise RuntimeError(f"HTTP {response.status}: {(await response.text())[:200]}")
+                await response.read()
+
+    async def step(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        rate, warmup_s, window_s = float(cmd["rate"]), float(cmd["warmup_s"]), float(cmd["window_s"])
+        grace_s = float(cmd.get("grace_s", 2.0))
+        rng = random.Random(int(cmd["seed"]))
+        loop = asyncio.get_running_loop()
+        latencies: list[float] = []
+        errors: dict[str, int] = {}
+        measured_sent = 0
+        tokens_sent = 0
+        lag_sum = 0.0
+        lag_max = 0.0
+        sent = 0
+
+        async def fire(text: str, scheduled: float, measured: bool) -> None:
+            try:
+                await self.one(text)
+            except Exception as e:  # noqa: BLE001 - every failure is counted, by type
+                if measured:
+                    key = f"{type(e).__name__}: {str(e)[:120]}"
+                    errors[key] = errors.get(key, 0) + 1
+                return
+            if measured:
+                latencies.append((loop.time() - scheduled) * 1000.0)
+
+        tasks: list[asyncio.Task[None]] = []
+        t0 = loop.time() + 0.05
+        t = 0.0
+        end = warmup_s + window_s
+        while True:
+            t += rng.expovariate(rate)
+            if t >= end:
+                break
+            tokens, text = self.pool[rng.randrange(len(self.pool))]
+            when = t0 + t
+            delay = when - loop.time()
+            if delay > 0.0005:
+                await asyncio.sleep(delay)
+            now = loop.time()
+            late = max(0.0, now - when)
+            measured = t >= warmup_s
+            if measured:
+                measured_sent += 1
+                tokens_sent += tokens
+                lag_sum += late
+                lag_max = max(lag_max, late)
+            tasks.append(asyncio.ensure_future(fire(text, when, measured)))
+            sent += 1
+        deadline = t0 + end + grace_s
+        pending = [x for x in tasks if not x.done()]
+        if pending:
+            _done, pending_set = await asyncio.wait(pending, timeout=max(0.0, deadline - loop.time()))
+            for task in pending_set:
+                task.cancel()
+            if pending_set:
+                await asyncio.gather(*pending_set, return_exceptions=True)
+        lost = measured_sent - len(latencies) - sum(errors.values())
+        if lost > 0:
+            errors["no answer within the grace period"] = errors.get("no answer within the grace period", 0) + lost
+        return {
+            "latencies_ms": latencies, "errors": errors, "sent": measured_sent, "tokens": tokens_sent,
+            "lag_mean_ms": lag_sum / measured_sent * 1000.0 if measured_sent else 0.0, "lag_max_ms": lag_max * 1000.0,
+            "total_sent": sent,
+        }
+
+    async def close(self) -> None:
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                await self.client.close()
+            self.client = None
+        if self.session is not None:
+            with contextlib.suppress(Exception):
+                await self.session.close()
+            self.session = None
+
+
+async def _serve() -> None:
+    worker = _Worker()
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    out = sys.stdout
+    while True:
+        line = await reader.readline()
+        if not line:
+            break
+        cmd = json.loads(line)
+        try:
+            if cmd["op"] == "setup":
+                answer = await worker.setup(cmd)
+            elif cmd["op"] == "step":
+                answer = await worker.step(cmd)
+            elif cmd["op"] == "quit":
+                break
+            else:
+                answer = {"error": f"unknown op {cmd['op']!r}"}
+        except Exception as e:  # noqa: BLE001 - reported to the orchestrator, which marks the phase failed
+            answer = {"error": f"{type(e).__name__}: {e}"}
+        out.write(json.dumps(answer) + "\n")
+        out.flush()
+    await worker.close()
+
+
+def main() -> None:
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(_serve())
+
+
+# -- the pool, in the orchestrator ------------------------------------------------------------------------
+class LoadError(RuntimeError):
+    pass
+
+
+@dataclass
+class LoadPool:
+    """N worker processes driving one system; ``step(rate)`` splits the rate evenly between them."""
+
+    processes: int
+    log_dir: Path
+    name: str
+
+    def __post_init__(self) -> None:
+        self.procs: list[subprocess.Popen[str]] = []
+        self._logs: list[Any] = []
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def start(self) -> LoadPool:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+        for i in range(self.processes):
+            log = open(self.log_dir / f"loadgen-{self.name}-{i}.log", "w")  # noqa: SIM115 - closed in stop()
+            self._logs.append(log)
+            self.procs.append(subprocess.Popen(  # noqa: S603
+                [sys.executable, "-m", "tritonbundle.bench.loadgen"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=log, text=True, env=env, bufsize=1,
+            ))
+        return self
+
+    def _ask_all(self, commands: Sequence[dict[str, Any]], timeout_s: float) -> list[dict[str, Any]]:
+        for proc, cmd in zip(self.procs, commands):
+            assert proc.stdin is not None
+            proc.stdin.write(json.dumps(cmd) + "\n")
+            proc.stdin.flush()
+        answers = []
+        deadline = time.monotonic() + timeout_s
+        for i, proc in enumerate(self.procs):
+            assert proc.stdout is not None
+            line = _readline(proc, deadline)
+            if not line:
+                raise LoadError(f"load generator {i} ({self.name}) exited or timed out; see loadgen-{self.name}-{i}.log")
+            answer = json.loads(line)
+            if "error" in answer:
+                raise LoadError(f"load generator {i} ({self.name}): {answer['error']}")
+            answers.append(answer)
+        return answers
+
+    def setup(self, *, kind: str, url: str, model: str, traffic: str, seed: int, timeout_s: float, pool: int = 2000,
+              ready_timeout_s: float = 120.0) -> None:
+        self._ask_all([
+            {"op": "setup", "kind": kind, "url": url, "model": model, "traffic": traffic, "seed": seed * 1000 + i,
+             "timeout_s": timeout_s, "pool": pool}
+            for i in range(self.processes)
+        ], ready_timeout_s)
+
+    def step(self, rate: float, *, warmup_s: float, window_s: float, grace_s: float, seed: int) -> st.StepResult:
+        per = rate / self.processes
+        start = time.monotonic()
+        answers = self._ask_all([
+            {"op": "step", "rate": per, "warmup_s": warmup_s, "window_s": window_s, "grace_s": grace_s,
+             "seed": seed * 7919 + i}
+            for i in range(self.processes)
+        ], warmup_s + window_s + grace_s + 30.0)
+        latencies = [x for a in answers for x in a["latencies_ms"]]
+        errors: dict[str, int] = {}
+        for a in answers:
+            for k, v in a["errors"].items():
+                errors[k] = errors.get(k, 0) + v
+        sent = sum(a["sent"] for a in answers)
+        extra = {
+            "errors": errors, "tokens_sent": sum(a["tokens"] for a in answers),
+            "client_lag_mean_ms": max(a["lag_mean_ms"] for a in answers),
+            "client_lag_max_ms": max(a["lag_max_ms"] for a in answers),
+            "step_wall_s": round(time.monotonic() - start, 3),
+        }
+        return st.step_result(rate, window_s, latencies, sum(errors.values()), sent=sent, extra=extra)
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                with contextlib.suppress(Exception):
+                    assert proc.stdin is not None
+                    proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
+                    proc.stdin.flush()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+        for log in self._logs:
+            log.close()
+        self.procs.clear()
+        self._logs.clear()
+
+    def __enter__(self) -> LoadPool:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _readline(proc: subprocess.Popen[str], deadline: float) -> str:
+    """One line from the worker's stdout, or '' if it exits or the deadline passes."""
+    import selectors
+
+    assert proc.stdout is not None
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return ""
+            if sel.select(timeout=min(left, 1.0)):
+                return proc.stdout.readline()
+            if proc.poll() is not None:
+                return ""
+
+
+if __name__ == "__main__":
+    main()

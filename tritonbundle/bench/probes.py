@@ -1,0 +1,210 @@
+"""What the benchmark records about the machine: GPU name, driver and utilisation (NVML through
+nvidia-ml-py, else ``nvidia-smi``), library versions, and CPU time per process (psutil)."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import importlib.metadata as md
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+LIBRARIES = (
+    "torch", "transformers", "tokenizers", "safetensors", "numpy", "tritonclient", "grpcio", "protobuf",
+    "aiohttp", "nvidia-ml-py", "psutil", "onnxruntime",
+)
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for dist in LIBRARIES:
+        try:
+            out[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            out[dist] = "-"
+    with contextlib.suppress(Exception):
+        import torch
+
+        out["torch.cuda"] = str(torch.version.cuda)
+    return out
+
+
+def _nvml() -> Any | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml
+    except Exception:  # noqa: BLE001 - no NVML: fall back to nvidia-smi
+        return None
+
+
+def _decode(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def gpu_info(index: int = 0) -> dict[str, Any]:
+    """Name, driver, memory, clocks of GPU ``index``; ``{"available": False}`` without one."""
+    nvml = _nvml()
+    if nvml is not None:
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            mem = nvml.nvmlDeviceGetMemoryInfo(handle)
+            info = {
+                "available": True, "source": "nvml", "name": _decode(nvml.nvmlDeviceGetName(handle)),
+                "driver": _decode(nvml.nvmlSystemGetDriverVersion()), "memory_mib": int(mem.total // 2**20),
+                "count": int(nvml.nvmlDeviceGetCount()),
+            }
+            with contextlib.suppress(Exception):
+                info["cuda_driver"] = str(nvml.nvmlSystemGetCudaDriverVersion_v2())
+            with contextlib.suppress(Exception):
+                info["max_sm_clock_mhz"] = int(nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM))
+            return info
+        except Exception as e:  # noqa: BLE001
+            return {"available": False, "source": "nvml", "error": str(e)}
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run(
+                [smi, f"--id={index}", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader,nounits"],
+                capture_output=True, text=True, timeout=10, check=True,
+            ).stdout.strip().split(", ")
+            return {"available": True, "source": "nvidia-smi", "name": out[0], "driver": out[1], "memory_mib": int(float(out[2]))}
+        except Exception as e:  # noqa: BLE001
+            return {"available": False, "source": "nvidia-smi", "error": str(e)}
+    return {"available": False, "source": "none"}
+
+
+def environment(device: str) -> dict[str, Any]:
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(), "platform": platform.platform(), "cpus": os.cpu_count(),
+        "python_executable": sys.executable, "device": device, "gpu": gpu_info() if device == "cuda" else None,
+        "versions": versions(),
+    }
+
+
+class GpuSampler:
+    """Samples GPU utilisation and memory every ``interval_s`` in a thread; ``window`` averages a span."""
+
+    def __init__(self, index: int = 0, interval_s: float = 0.1) -> None:
+        self.index, self.interval_s = index, interval_s
+        self.samples: list[tuple[float, float, float]] = []  # (monotonic time, util %, memory MiB)
+        self.source = "none"
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> GpuSampler:
+        nvml = _nvml()
+        if nvml is not None:
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(self.index)
+                self.source = "nvml"
+                self._thread = threading.Thread(target=self._nvml_loop, args=(nvml, handle), daemon=True)
+                self._thread.start()
+                return self
+            except Exception:  # noqa: BLE001
+                pass
+        smi = shutil.which("nvidia-smi")
+        if smi:
+            self.source = "nvidia-smi"
+            self._proc = subprocess.Popen(  # noqa: S603
+                [smi, f"--id={self.index}", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits",
+                 f"-lms={int(self.interval_s * 1000)}"],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            )
+            self._thread = threading.Thread(target=self._smi_loop, daemon=True)
+            self._thread.start()
+        return self
+
+    def _nvml_loop(self, nvml: Any, handle: Any) -> None:
+        while not self._stop.wait(self.interval_s):
+            with contextlib.suppress(Exception):
+                util = nvml.nvmlDeviceGetUtilizationRates(handle)
+                mem = nvml.nvmlDeviceGetMemoryInfo(handle)
+                self.samples.append((time.monotonic(), float(util.gpu), mem.used / 2**20))
+
+    def _smi_loop(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        for line in self._proc.stdout:
+            with contextlib.suppress(ValueError, IndexError):
+                util, mem = (float(x) for x in line.strip().split(", "))
+                self.samples.append((time.monotonic(), util, mem))
+            if self._stop.is_set():
+                break
+
+    def window(self, start: float, end: float) -> dict[str, float | None]:
+        inside = [(u, m) for t, u, m in list(self.samples) if start <= t <= end]
+        if not inside:
+            return {"gpu_util_mean": None, "gpu_util_max": None, "gpu_mem_max_mib": None, "gpu_samples": 0}
+        utils = [u for u, _ in inside]
+        return {"gpu_util_mean": sum(utils) / len(utils), "gpu_util_max": max(utils),
+                "gpu_mem_max_mib": max(m for _, m in inside), "gpu_samples": len(inside)}
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=5)
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+
+
+class CpuMeter:
+    """CPU seconds used by process trees (tritonserver and its Python stubs, load generators...)."""
+
+    def __init__(self, roots: Mapping[str, int]) -> None:
+        self.roots = dict(roots)
+
+    def read(self) -> dict[str, float]:
+        """group -> CPU seconds so far, per process name below the group's root (e.g. the stubs)."""
+        try:
+            import psutil
+        except ImportError:
+            return {}
+        out: dict[str, float] = {}
+        for group, pid in self.roots.items():
+            try:
+                root = psutil.Process(pid)
+                procs = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                continue
+            for p in procs:
+                try:
+                    t = p.cpu_times()
+                    name = _role(p)
+                except psutil.Error:
+                    continue
+                key = f"{group}:{name}"
+                out[key] = out.get(key, 0.0) + t.user + t.system
+        return out
+
+    @staticmethod
+    def delta(before: Mapping[str, float], after: Mapping[str, float], wall_s: float) -> dict[str, float]:
+        """Cores busy per process role over a window (1.0 = one core fully used)."""
+        return {k: round((after[k] - before.get(k, 0.0)) / wall_s, 3) for k in after if wall_s > 0}
+
+
+def _role(proc: Any) -> str:
+    """A short role for a process: 'tritonserver', a Python stub's model name, 'python'..."""
+    try:
+        cmd: Iterable[str] = proc.cmdline()
+    except Exception:  # noqa: BLE001
+        cmd = []
+    cmd = list(cmd)
+    exe = os.path.basename(cmd[0]) if cmd else proc.name()
+    if exe == "triton_python_backend_stub" and len(cmd) > 1:
+        # argv: stub <model path> <shm region> ... ; the model path ends with /<model>/<version>/model.py
+        parts = cmd[1].rstrip("/").split("/")
+        model = parts[-3] if len(parts) >= 3 else cmd[1]
+        return f"stub[{model}]"
+    return exe
