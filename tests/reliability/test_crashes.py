@@ -150,9 +150,7 @@ def broken_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
 @pytest.mark.parametrize("trigger", ["raise", "garbage", "nothing"])
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_a_model_that_raises_or_returns_garbage_fails_only_that_request(broken_server: Any, trigger: str, protocol: str) -> None:
-    from tritonbundle.clients import ClientError, connect
-
-    from tritonbundle.clients import DeadlineExceededError
+    from tritonbundle.clients import ClientError, DeadlineExceededError, connect
 
     url = broken_server.http_url if protocol == "http" else broken_server.grpc_url
     with connect(url, protocol=protocol, model="broken", check_model=False, timeout_s=3) as client:

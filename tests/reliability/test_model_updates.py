@@ -25,10 +25,9 @@ REPORT = Path(__file__).resolve().parents[2] / "reports" / "reliability"
 
 @pytest.fixture(scope="module")
 def explicit_server(exported_minilm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]]:
-    from tritonbundle.server import ServerOptions, TritonServer
-
     from tests.conftest import ARTIFACTS, MANIFEST
     from tritonbundle.build.stage import BuildOptions, build
+    from tritonbundle.server import ServerOptions, TritonServer
 
     # A long queue timeout: on a busy 2-core machine the reload itself slows serving, and overload
     # rejections (tested elsewhere) must not be mistaken for requests dropped by the reload.
