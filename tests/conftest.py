@@ -44,12 +44,28 @@ def exported_minilm() -> Path:
 
 
 @pytest.fixture(scope="session")
+def default_repository(exported_minilm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The model repository exactly as the build stage writes it from the shipped manifest."""
+    from tritonbundle.build.stage import BuildOptions, build
+
+    repo = tmp_path_factory.mktemp("default-repo") / "model_repository"
+    build(BuildOptions(manifest=MANIFEST, artifacts=ARTIFACTS, repository=repo, export=False))
+    return repo
+
+
+@pytest.fixture(scope="session")
 def repository(exported_minilm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A model repository written by the build stage (CPU target) into a temporary folder."""
+    """The repository the test server serves: the shipped manifest with a 10 s queue timeout.
+
+    The suite runs on 2 cores next to its own load generators; the default 1 s queue timeout would
+    turn that contention into rejected requests in tests that are not about overload. (The overload
+    tests read the timeout from the config they test.)
+    """
     from tritonbundle.build.stage import BuildOptions, build
 
     repo = tmp_path_factory.mktemp("repo") / "model_repository"
-    build(BuildOptions(manifest=MANIFEST, artifacts=ARTIFACTS, repository=repo, export=False))
+    build(BuildOptions(manifest=MANIFEST, artifacts=ARTIFACTS, repository=repo, export=False,
+                       overrides={"queue_timeout_us": 10_000_000}))
     return repo
 
 

@@ -13,7 +13,8 @@ COMMITTED = ROOT / "model_repository"
 
 
 @pytest.mark.slow
-def test_committed_configs_match_what_the_build_stage_writes(repository: Path) -> None:
+def test_committed_configs_match_what_the_build_stage_writes(default_repository: Path) -> None:
+    repository = default_repository
     committed = sorted(p.relative_to(COMMITTED) for p in COMMITTED.glob("*/config.pbtxt"))
     generated = sorted(p.relative_to(repository) for p in repository.glob("*/config.pbtxt"))
     assert committed == generated

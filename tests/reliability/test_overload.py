@@ -53,16 +53,29 @@ async def _burst(url: str, n: int, retry: RetryPolicy, sent: list[float] | None 
         return await asyncio.gather(*(one(i) for i in range(n)))
 
 
-def test_generated_configs_bound_the_queue_and_reject_on_timeout(repository: Path) -> None:
+def test_generated_configs_bound_the_queue_and_reject_on_timeout(default_repository: Path) -> None:
     for model in ("minilm_encoder", "minilm_tokenizer"):
-        policy = read_config(repository / model / "config.pbtxt").dynamic_batching.default_queue_policy
+        policy = read_config(default_repository / model / "config.pbtxt").dynamic_batching.default_queue_policy
         assert policy.max_queue_size > 0
         assert policy.default_timeout_microseconds > 0
         assert policy.timeout_action == policy.REJECT
 
 
-def test_a_burst_beyond_capacity_is_refused_fast_and_nothing_is_lost(server: Any, repository: Path) -> None:
-    policy = read_config(repository / "minilm_encoder" / "config.pbtxt").dynamic_batching.default_queue_policy
+@pytest.fixture(scope="module")
+def default_server(default_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A server on the repository exactly as shipped (queue size and timeout as generated)."""
+    from tritonbundle.server import ServerOptions, TritonServer
+
+    log = tmp_path_factory.mktemp("overload") / "tritonserver.log"
+    server = TritonServer(ServerOptions(default_repository, http_port=0, grpc_port=0, metrics_port=0, log_path=log))
+    server.start(ready_timeout_s=120)
+    yield server
+    server.stop()
+
+
+def test_a_burst_beyond_capacity_is_refused_fast_and_nothing_is_lost(default_server: Any, default_repository: Path) -> None:
+    server = default_server
+    policy = read_config(default_repository / "minilm_encoder" / "config.pbtxt").dynamic_batching.default_queue_policy
     queue_timeout_s = policy.default_timeout_microseconds / 1e6
     results = asyncio.run(_burst(server.grpc_url, BURST, RetryPolicy(max_attempts=1)))
     outcomes = [r[0] for r in results]
@@ -87,7 +100,8 @@ def test_a_burst_beyond_capacity_is_refused_fast_and_nothing_is_lost(server: Any
     assert figures["accepted_p99_s"] < queue_timeout_s + 3.0, figures
 
 
-def test_retries_under_overload_stay_bounded_and_spread(server: Any) -> None:
+def test_retries_under_overload_stay_bounded_and_spread(default_server: Any) -> None:
+    server = default_server
     attempts_allowed = 3
     sent: list[float] = []
     started = time.monotonic()

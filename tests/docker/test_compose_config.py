@@ -1,0 +1,211 @@
+"""docker compose files, checked with Compose itself (`docker compose config`): the GPU stack cannot run
+here (no GPU, no NGC registry), so its configuration is what can be proven: GPU reservations, shared
+memory, ulimits, the healthcheck, the read-only model mount, loopback ports, the NGC images from
+docker/versions.env. Also the CPU variant's swaps and the monitoring files."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.docker.conftest import (
+    COMPOSE_CPU_FILE,
+    COMPOSE_FILE,
+    DOCKER_DIR,
+    ROOT,
+    VERSIONS_ENV,
+    clean_environment,
+    read_env_file,
+    run,
+)
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1200)]
+
+Config = dict[str, Any]
+GPU_SERVICES = ("build", "triton")
+
+
+def compose_config(*args: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> Config:
+    result = run(["docker", "compose", *args, "config", "--format", "json"],
+                 env={**clean_environment(), **(env or {})}, cwd=cwd)
+    return json.loads(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def gpu(docker_engine: None) -> Config:
+    """What plain `docker compose up` in the repository root starts (the root compose.yaml)."""
+    return compose_config()
+
+
+@pytest.fixture(scope="module")
+def cpu(docker_engine: None) -> Config:
+    return compose_config("-f", str(COMPOSE_FILE), "-f", str(COMPOSE_CPU_FILE))
+
+
+def gpu_devices(service: Config) -> list[Config]:
+    return service.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
+
+
+def duration_s(text: str) -> float:
+    units = {"h": 3600, "m": 60, "s": 1, "ms": 0.001}
+    return sum(float(n) * units[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)", text))
+
+
+def test_plain_compose_up_starts_the_gpu_stack_export_build_triton(gpu: Config) -> None:
+    assert gpu["name"] == "tritonbundle"
+    assert sorted(gpu["services"]) == ["build", "export", "triton"], "profiles keep loadtest and monitoring out"
+    triton, build = gpu["services"]["triton"], gpu["services"]["build"]
+    assert build["depends_on"]["export"]["condition"] == "service_completed_successfully"
+    assert triton["depends_on"]["build"]["condition"] == "service_completed_successfully"
+    assert build["command"][:2] == ["tritonbundle", "build"]
+    assert ["--target", "gpu"] == build["command"][4:6] and "tensorrt" in build["command"]
+
+
+def test_profiles_add_loadtest_prometheus_and_grafana(docker_engine: None) -> None:
+    config = compose_config("--profile", "loadtest", "--profile", "monitoring")
+    assert sorted(config["services"]) == ["build", "export", "grafana", "loadtest", "prometheus", "triton"]
+    loadtest = config["services"]["loadtest"]
+    assert loadtest["depends_on"]["triton"]["condition"] == "service_healthy"
+    assert "loadtest" in loadtest["entrypoint"]
+    assert any(v["target"] == "/reports" and v["type"] == "bind" for v in loadtest["volumes"])
+
+
+def test_gpu_services_reserve_an_nvidia_gpu(gpu: Config) -> None:
+    for name in GPU_SERVICES:
+        devices = gpu_devices(gpu["services"][name])
+        assert devices, f"{name} has no device reservation"
+        assert devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]
+        assert devices[0].get("count") == 1 or devices[0].get("device_ids")
+    assert not gpu_devices(gpu["services"]["export"]), "the export runs on CPU"
+
+
+def test_triton_has_shm_size_ulimits_healthcheck_restart_policy_and_a_read_only_repository(gpu: Config) -> None:
+    triton = gpu["services"]["triton"]
+    assert int(triton["shm_size"]) >= 1 << 30
+    assert triton["ulimits"]["memlock"] == -1 or triton["ulimits"]["memlock"] == {"soft": -1, "hard": -1}
+    assert triton["ulimits"]["stack"] in (67108864, {"soft": 67108864, "hard": 67108864})
+    health = triton["healthcheck"]
+    assert "/v2/health/ready" in " ".join(health["test"])
+    assert duration_s(health["start_period"]) >= 300, "plan loading takes minutes on a GPU"
+    assert triton["restart"] == "unless-stopped"
+    mounts = [v for v in triton["volumes"] if v["target"] == "/models"]
+    assert mounts and mounts[0]["source"] == "model_repository" and mounts[0]["read_only"] is True
+    assert "--model-control-mode=none" in triton["command"]
+    assert triton["read_only"] is True and triton["cap_drop"] == ["ALL"]
+    assert "TRITONBUNDLE_API_KEY" in triton["environment"], "restricted APIs take their key from the environment"
+
+
+def test_engines_and_timing_cache_live_in_named_volumes(gpu: Config) -> None:
+    build = gpu["services"]["build"]
+    by_target = {v["target"]: v for v in build["volumes"]}
+    assert by_target["/opt/tritonbundle/build/artifacts"]["type"] == "volume"  # exports, timing cache
+    assert by_target["/var/lib/tritonbundle/repository"]["type"] == "volume"  # plans + configs
+    assert {"artifacts", "model_repository"} <= set(gpu["volumes"])
+
+
+def test_ports_are_published_on_loopback_unless_a_bind_address_is_set(gpu: Config, docker_engine: None) -> None:
+    ports = gpu["services"]["triton"]["ports"]
+    assert sorted(p["target"] for p in ports) == [8000, 8001, 8002]
+    assert {p["host_ip"] for p in ports} == {"127.0.0.1"}
+    exposed = compose_config(env={"TRITONBUNDLE_BIND_ADDRESS": "0.0.0.0", "TRITONBUNDLE_HTTP_PORT": "9000"})
+    ports = exposed["services"]["triton"]["ports"]
+    assert {p["host_ip"] for p in ports} == {"0.0.0.0"}
+    assert {p["published"] for p in ports if p["target"] == 8000} == {"9000"}
+
+
+def test_ngc_images_come_from_versions_env_through_both_entry_points(gpu: Config, docker_engine: None) -> None:
+    pinned = read_env_file(VERSIONS_ENV)
+    # docker/.env is how compose finds versions.env when docker/ is the project directory: a link, so
+    # versions.env stays the one place the release is written.
+    dot_env = DOCKER_DIR / ".env"
+    assert dot_env.is_symlink() and dot_env.resolve() == VERSIONS_ENV.resolve()
+    from_docker_dir = compose_config("-f", str(COMPOSE_FILE))
+    for config in (gpu, from_docker_dir):
+        for service in ("export", "build", "triton"):
+            args = config["services"][service]["build"]["args"]
+            assert args["TENSORRT_IMAGE"] == pinned["TENSORRT_IMAGE"]
+            assert args["TRITONSERVER_IMAGE"] == pinned["TRITONSERVER_IMAGE"]
+    assert pinned["TENSORRT_IMAGE"].endswith(f":{pinned['NGC_RELEASE']}-py3")
+    assert pinned["TRITONSERVER_IMAGE"].endswith(f":{pinned['NGC_RELEASE']}-py3")
+    assert gpu["services"] == from_docker_dir["services"]
+
+
+def test_dockerfiles_name_no_ngc_release_of_their_own() -> None:
+    pinned = read_env_file(VERSIONS_ENV)
+    for dockerfile in DOCKER_DIR.glob("Dockerfile.*"):
+        text = "\n".join(line for line in dockerfile.read_text().splitlines() if not line.lstrip().startswith("#"))
+        assert "nvcr.io" not in text and pinned["NGC_RELEASE"] not in text, f"{dockerfile.name} pins an NGC image"
+
+
+def test_image_tag_default_is_the_project_version(gpu: Config) -> None:
+    version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)  # type: ignore[union-attr]
+    images = {name: service["image"] for name, service in gpu["services"].items()}
+    assert images == {
+        "export": f"tritonbundle-export:{version}",
+        "build": f"tritonbundle-build:{version}",
+        "triton": f"tritonbundle-server:{version}",
+    }
+    # The Helm chart's build image (engineBuild.image) is this tag.
+    chart = yaml.safe_load((ROOT / "helm" / "tritonbundle" / "Chart.yaml").read_text())
+    assert str(chart["appVersion"]) == version
+
+
+def test_image_builds_pass_the_ca_bundle_as_a_secret_and_use_the_host_network(gpu: Config) -> None:
+    for name, service in gpu["services"].items():
+        build = service["build"]
+        assert build["network"] == "host", name
+        assert [s["source"] for s in build["secrets"]] == ["ca"], name
+    assert gpu["secrets"]["ca"]["file"] == "/etc/ssl/certs/ca-certificates.crt"
+
+
+def test_cpu_variant_swaps_the_gpu_services_for_the_cpu_image(cpu: Config) -> None:
+    assert sorted(cpu["services"]) == ["build", "export", "triton"]
+    for name, service in cpu["services"].items():
+        assert not gpu_devices(service), f"{name} still reserves a GPU"
+    build, triton = cpu["services"]["build"], cpu["services"]["triton"]
+    assert build["image"] == triton["image"] == "tritonbundle-cpu:0.1.0"
+    assert ["--target", "cpu"] == build["command"][4:6] and "onnxruntime" in build["command"]
+    assert triton["command"][:2] == ["tritonbundle", "serve"] and "--model-control-mode" in triton["command"]
+    assert triton["build"]["dockerfile"] == "docker/Dockerfile.cpu"
+    # kept from the GPU stack: healthcheck, shm, read-only repository, loopback ports, restart policy
+    assert "/v2/health/ready" in " ".join(triton["healthcheck"]["test"])
+    assert int(triton["shm_size"]) >= 1 << 30
+    assert any(v["target"] == "/models" and v["read_only"] for v in triton["volumes"])
+    assert {p["host_ip"] for p in triton["ports"]} == {"127.0.0.1"}
+    assert triton["restart"] == "unless-stopped"
+    assert "memlock" not in triton["ulimits"], "memlock is for CUDA pinned memory"
+
+
+def test_prometheus_scrapes_triton_and_grafana_is_provisioned_with_the_dashboard() -> None:
+    prometheus = yaml.safe_load((DOCKER_DIR / "monitoring" / "prometheus.yml").read_text())
+    targets = [t for job in prometheus["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]]
+    assert targets == ["triton:8002"]
+    assert prometheus["scrape_configs"][0]["job_name"] == "triton"
+    provisioning = DOCKER_DIR / "monitoring" / "grafana" / "provisioning"
+    datasource = yaml.safe_load((provisioning / "datasources" / "prometheus.yaml").read_text())
+    assert datasource["datasources"][0]["url"] == "http://prometheus:9090"
+    provider = yaml.safe_load((provisioning / "dashboards" / "tritonbundle.yaml").read_text())
+    assert provider["providers"][0]["options"]["path"] == "/etc/grafana/dashboards"
+
+
+def test_compose_dashboard_is_generated_from_the_helm_dashboard_and_has_the_required_panels() -> None:
+    check = subprocess.run([sys.executable, str(DOCKER_DIR / "monitoring" / "make-dashboard.py"), "--check"],
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stderr
+    board = json.loads((DOCKER_DIR / "monitoring" / "grafana" / "dashboards" / "tritonbundle.json").read_text())
+    exprs = {p["title"]: " ".join(t["expr"] for t in p.get("targets", [])) for p in board["panels"]}
+    assert "nv_inference_queue_duration_us" in exprs["Queue time vs compute time per request"]
+    assert "nv_inference_compute_infer_duration_us" in exprs["Queue time vs compute time per request"]
+    assert "nv_inference_request_success" in exprs["Throughput"]
+    assert "nv_inference_exec_count" in exprs["Average batch size"]
+    assert "nv_gpu_utilization" in exprs["GPU utilisation"]
+    assert "nv_gpu_memory_used_bytes" in exprs["GPU memory"]
+    text = json.dumps(board)
+    assert "namespace" not in text and "app_kubernetes_io" not in text and 'job=\\"triton\\"' in text

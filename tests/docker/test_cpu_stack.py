@@ -1,0 +1,147 @@
+"""The CPU compose stack, for real: `docker compose -f docker/compose.yaml -f docker/compose.cpu.yaml up
+--wait` (export -> build -> triton), inference over HTTP and gRPC through the published loopback ports
+with the project's clients, a short load test, restarts that reuse what was built, `down -v`."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.error
+import urllib.request
+from datetime import datetime, timezone
+
+import numpy as np
+import pytest
+
+from tests.docker.conftest import DOCKER_DIR, Stack, run
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(2400)]
+
+SENTENCES = ["A man is playing a guitar.", "Someone strums a guitar.", "The stock market fell sharply today."]
+
+
+def http_status(url: str, *, method: str = "GET", headers: dict[str, str] | None = None, timeout_s: float = 10) -> int:
+    request = urllib.request.Request(url, method=method, headers=headers or {}, data=b"{}" if method == "POST" else None)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 - loopback
+            return int(response.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+
+
+def wait_healthy(stack: Stack, service: str, *, timeout_s: float = 180) -> None:
+    container = stack.container(service)
+    deadline = time.monotonic() + timeout_s
+    status = "?"
+    while time.monotonic() < deadline:
+        status = run(["docker", "inspect", "-f", "{{.State.Health.Status}}", container]).stdout.strip()
+        if status == "healthy":
+            return
+        time.sleep(1)
+    raise AssertionError(f"{service} not healthy after {timeout_s:g} s (last: {status})\n{stack.logs(service)[-3000:]}")
+
+
+def embed_both(stack: Stack) -> tuple[np.ndarray, np.ndarray]:
+    from tritonbundle.clients import GrpcClient, HttpClient
+
+    with HttpClient(stack.http_url, model="minilm", timeout_s=30) as client:
+        http = client.embed(SENTENCES)
+    with GrpcClient(stack.grpc_url, model="minilm", timeout_s=30) as client:
+        grpc = client.embed(SENTENCES)
+    return http, grpc
+
+
+def test_embeds_over_http_and_grpc_through_the_loopback_ports(cpu_stack: Stack) -> None:
+    http, grpc = embed_both(cpu_stack)
+    assert http.shape == grpc.shape == (3, 384) and http.dtype == np.float32
+    np.testing.assert_allclose(http, grpc, atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(http, axis=1), 1.0, atol=1e-4)
+    similarity = http @ http.T
+    assert similarity[0, 1] > 0.6 > similarity[0, 2], "the two guitar sentences are the nearest pair"
+
+
+def test_ports_are_published_on_loopback_only(cpu_stack: Stack) -> None:
+    container = cpu_stack.container("triton")
+    bindings = json.loads(run(["docker", "inspect", "-f", "{{json .HostConfig.PortBindings}}", container]).stdout)
+    assert sorted(bindings) == ["8000/tcp", "8001/tcp", "8002/tcp"]
+    assert {b["HostIp"] for value in bindings.values() for b in value} == {"127.0.0.1"}
+
+
+def test_triton_runs_non_root_read_only_with_the_repository_mounted_read_only(cpu_stack: Stack) -> None:
+    container = cpu_stack.container("triton")
+    info = json.loads(run(["docker", "inspect", container]).stdout)[0]
+    assert info["Config"]["User"] in ("1000:1000", "1000")
+    assert run(["docker", "exec", container, "id", "-u"]).stdout.strip() == "1000"
+    assert info["HostConfig"]["ReadonlyRootfs"] is True
+    assert info["HostConfig"]["CapDrop"] == ["ALL"]
+    models = [m for m in info["Mounts"] if m["Destination"] == "/models"]
+    assert models and models[0]["RW"] is False and models[0]["Type"] == "volume"
+    assert info["HostConfig"]["ShmSize"] >= 1 << 30
+
+
+def test_restricted_apis_need_the_key_from_the_environment(cpu_stack: Stack) -> None:
+    url = f"http://{cpu_stack.http_url}/v2/repository/index"
+    assert http_status(url, method="POST") == 403
+    assert http_status(url, method="POST", headers={"tritonbundle-key": "wrong"}) == 403
+    assert http_status(url, method="POST", headers={"tritonbundle-key": cpu_stack.api_key}) == 200
+    assert http_status(f"http://{cpu_stack.http_url}/v2/health/ready") == 200
+
+
+def test_metrics_endpoint_serves_the_series_the_dashboard_plots(cpu_stack: Stack) -> None:
+    with urllib.request.urlopen(f"http://127.0.0.1:{cpu_stack.metrics_port}/metrics", timeout=10) as r:  # noqa: S310
+        served = {line.split("{")[0].split()[0] for line in r.read().decode().splitlines() if line and not line.startswith("#")}
+    board = (DOCKER_DIR / "monitoring" / "grafana" / "dashboards" / "tritonbundle.json").read_text()
+    plotted = set(re.findall(r"\bnv_[a-z_]+", board))
+    # nv_gpu_* series exist only where Triton sees a GPU.
+    missing = {m for m in plotted - served if not m.startswith("nv_gpu_")}
+    assert not missing, f"the dashboard plots series this Triton does not serve: {sorted(missing)}"
+
+
+def test_short_load_test_writes_a_report(cpu_stack: Stack) -> None:
+    result = cpu_stack.compose("--profile", "loadtest", "run", "--rm", "loadtest",
+                               "--users", "2", "--duration-s", "4", timeout_s=300, check=False)
+    assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    summary = json.loads((cpu_stack.reports / "loadtest" / "summary.json").read_text())
+    text = json.dumps(summary)
+    assert summary["gates"]["passed"] is True, text[:2000]
+    assert "SLO: passed" in result.stdout
+    assert (cpu_stack.reports / "loadtest" / "report.html").exists()
+    assert '"grpc"' in text and '"http"' in text
+
+
+def test_restarting_triton_does_not_rerun_export_or_build(cpu_stack: Stack) -> None:
+    finished = {s: run(["docker", "inspect", "-f", "{{.State.FinishedAt}}", cpu_stack.container(s)]).stdout.strip()
+                for s in ("export", "build")}
+    cpu_stack.compose("restart", "triton", timeout_s=180)
+    wait_healthy(cpu_stack, "triton")
+    for service, before in finished.items():
+        after = run(["docker", "inspect", "-f", "{{.State.FinishedAt}}", cpu_stack.container(service)]).stdout.strip()
+        assert after == before, f"{service} ran again on a restart of triton"
+    http, grpc = embed_both(cpu_stack)
+    assert http.shape == grpc.shape == (3, 384)
+
+
+def test_a_second_up_reuses_the_export_and_keeps_triton_running(cpu_stack: Stack) -> None:
+    triton = cpu_stack.container("triton")
+    since = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    time.sleep(1)
+    cpu_stack.compose("up", "-d", "--wait", "--wait-timeout", "300", timeout_s=600)
+    assert cpu_stack.container("triton") == triton, "triton was recreated although nothing changed"
+    export_log = cpu_stack.logs("export", since=since)
+    build_log = cpu_stack.logs("build", since=since)
+    assert "is up to date (export.json matches); skipping export" in export_log, export_log
+    assert "exporting minilm" not in export_log
+    # The CPU image has no torch: the build takes the export the export service checked.
+    assert "using the existing export" in build_log, build_log
+    assert "wrote /var/lib/tritonbundle/repository/model_repository" in build_log
+    http, _ = embed_both(cpu_stack)
+    assert http.shape == (3, 384)
+
+
+def test_down_removes_containers_volumes_and_the_network(cpu_stack: Stack) -> None:
+    cpu_stack.down()
+    leftovers = run(["docker", "ps", "-a", "-q", "--filter", f"label=com.docker.compose.project={cpu_stack.project}"]).stdout
+    volumes = run(["docker", "volume", "ls", "-q", "--filter", f"label=com.docker.compose.project={cpu_stack.project}"]).stdout
+    networks = run(["docker", "network", "ls", "-q", "--filter", f"label=com.docker.compose.project={cpu_stack.project}"]).stdout
+    assert not leftovers.strip() and not volumes.strip() and not networks.strip()

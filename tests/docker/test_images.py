@@ -1,0 +1,202 @@
+"""The images: non-root users, no CA bundle or secret in any layer or in the history, the Helm chart's
+contract with the build image, what the build context holds.
+
+The GPU images (docker/Dockerfile.build's `build` stage, docker/Dockerfile.server) are built here from
+their Dockerfiles on the local Debian base in place of the NGC TensorRT / tritonserver images, which no
+registry here serves ("stand-in" images): what these tests check does not depend on the NGC base."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.docker.conftest import COMMAND_TIMEOUT_S, DOCKER_DIR, ROOT, Images, Stack, run, tail
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(2400)]
+
+HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+PEM = re.compile(r"-----BEGIN CERTIFICATE-----\s*(.+?)\s*-----END CERTIFICATE-----", re.S)
+
+
+def pem_bodies(text: str) -> set[str]:
+    return {"".join(body.split()) for body in PEM.findall(text)}
+
+
+def test_images_run_as_a_non_root_user(images: Images) -> None:
+    for name, image in images.all().items():
+        user = run(["docker", "image", "inspect", "-f", "{{.Config.User}}", image]).stdout.strip()
+        assert user == "1000:1000", f"{name} image runs as {user!r}"
+        uid = run(["docker", "run", "--rm", "--entrypoint", "id", image, "-u"], timeout_s=60).stdout.strip()
+        assert uid == "1000", f"{name} image runs as uid {uid}"
+
+
+def test_no_ca_bundle_or_secret_in_the_image_history(images: Images, cpu_stack_config: Stack) -> None:
+    for name, image in images.all().items():
+        history = run(["docker", "history", "--no-trunc", "--format", "{{.CreatedBy}}", image]).stdout
+        assert "BEGIN CERTIFICATE" not in history and "PRIVATE KEY" not in history, name
+        assert cpu_stack_config.api_key not in history, name
+        for line in history.splitlines():
+            if re.match(r"\s*(COPY|ADD)\b", line):
+                assert not re.search(r"\.(crt|pem|key)\b|ca-certificates", line), f"{name}: {line}"
+        env = json.loads(run(["docker", "image", "inspect", "-f", "{{json .Config.Env}}", image]).stdout)
+        assert not [e for e in env if re.match(r"(PIP_CERT|REQUESTS_CA_BUNDLE|SSL_CERT_FILE|TRITONBUNDLE_API_KEY)=", e)], name
+
+
+CERT_LIKE = re.compile(r"(\.(crt|pem)$)|ca-certificates|ca-bundle|/certs/")
+
+
+def layer_dirs(image: str) -> list[Path] | None:
+    """The image's layers as directories (overlay2: one `diff` folder per layer), or None when the
+    engine's storage cannot be read from here (another driver, not root)."""
+    info = json.loads(run(["docker", "image", "inspect", "-f", "{{json .GraphDriver}}", image]).stdout)
+    if info.get("Name") != "overlay2":
+        return None
+    data = info.get("Data") or {}
+    dirs = [Path(p) for key in ("UpperDir", "LowerDir") for p in (data.get(key) or "").split(":") if p]
+    return dirs if dirs and all(d.is_dir() for d in dirs) else None
+
+
+def certificate_files(image: str) -> dict[str, bytes]:
+    """Every certificate-like file in every layer of ``image`` (files deleted by a later layer included)."""
+    found: dict[str, bytes] = {}
+    dirs = layer_dirs(image)
+    if dirs is not None:
+        for layer in dirs:
+            for folder, _, names in os.walk(layer):
+                for name in names:
+                    path = Path(folder) / name
+                    rel = "/" + str(path.relative_to(layer))
+                    if CERT_LIKE.search(rel) and path.is_file() and not path.is_symlink():
+                        found[f"{layer.parent.name}:{rel}"] = path.read_bytes()
+        return found
+    with tempfile.TemporaryFile() as out:  # any other engine: `docker save`, read back
+        subprocess.run(["docker", "save", image], stdout=out, check=True, timeout=600)
+        out.seek(0)
+        with tarfile.open(fileobj=out, mode="r:") as outer:
+            for member in outer:
+                layer = outer.extractfile(member) if member.isfile() else None
+                if layer is None:
+                    continue
+                try:
+                    with tarfile.open(fileobj=layer, mode="r:*") as inner:
+                        for item in inner:
+                            if item.isfile() and CERT_LIKE.search("/" + item.name):
+                                data = inner.extractfile(item)
+                                found[f"{member.name}:{item.name}"] = data.read() if data else b""
+                except tarfile.ReadError:
+                    continue  # a config or manifest blob, not a layer
+    return found
+
+
+def test_no_layer_holds_the_build_machines_ca_certificates(images: Images, base_image: str) -> None:
+    """The host's CA bundle reaches pip only as a BuildKit secret: the certificates it has beyond the base
+    image's own (a TLS proxy's CA here) are in no layer of any image."""
+    host = pem_bodies(HOST_CA_BUNDLE.read_text()) if HOST_CA_BUNDLE.exists() else set()
+    base_bundle = run(["docker", "run", "--rm", "--entrypoint", "cat", base_image, str(HOST_CA_BUNDLE)], check=False).stdout
+    secret_only = host - pem_bodies(base_bundle)
+    if not secret_only:
+        pytest.skip("this machine's CA bundle has no certificate the base image lacks: nothing to look for")
+    markers = {body[len(body) // 2: len(body) // 2 + 64].encode() for body in secret_only}
+    for name, image in images.all().items():
+        for path, data in certificate_files(image).items():
+            compact = b"".join(data.split())
+            leaked = [m for m in markers if m in compact]
+            assert not leaked, f"{name} image: {path} holds a certificate of the build machine's CA bundle"
+
+
+def test_build_image_meets_the_helm_charts_contract(images: Images) -> None:
+    """What helm/tritonbundle's init containers run in the build image, run in the (stand-in) build image
+    as the chart runs it: uid 1000, read-only root, HOME=/tmp."""
+    files = ROOT / "helm" / "tritonbundle" / "files"
+    script = """
+        set -e
+        for tool in tritonbundle python3 flock cmp; do command -v "$tool"; done
+        python3 -c 'import tokenizers; print("tokenizers", tokenizers.__version__)'
+        test -f /opt/tritonbundle/build/models.yaml
+        traffic=$(python3 -c 'import yaml; print(yaml.safe_load(open("/opt/tritonbundle/build/models.yaml"))["traffic"])')
+        test -s "/opt/tritonbundle/build/$traffic"
+        for f in model.onnx export.json tokenizer.json; do test -s /opt/tritonbundle/build/artifacts/minilm/$f; done
+        python3 /opt/tritonbundle/scripts/copy-python-packages.py /tmp/pkgs tokenizers
+        PYTHONPATH=/tmp/pkgs python3 -S -c 'import sys; sys.path.insert(0, "/tmp/pkgs"); import tokenizers'
+        tritonbundle --version
+        echo contract-ok
+    """
+    result = run([
+        # /tmp as the chart's emptyDir is: writable, and executable (Docker's tmpfs default is noexec).
+        "docker", "run", "--rm", "--read-only", "--tmpfs", "/tmp:exec", "--user", "1000:1000", "-e", "HOME=/tmp",
+        "-v", f"{files}:/opt/tritonbundle/scripts:ro", "--entrypoint", "sh", images.build_standin, "-c", script,
+    ], timeout_s=COMMAND_TIMEOUT_S)
+    assert "contract-ok" in result.stdout, result.stdout + result.stderr
+
+
+def test_build_image_carries_the_export_made_in_the_export_image(images: Images) -> None:
+    def record(image: str) -> dict:
+        out = run(["docker", "run", "--rm", "--entrypoint", "cat", image,
+                   "/opt/tritonbundle/build/artifacts/minilm/export.json"]).stdout
+        return json.loads(out)
+
+    built, exported = record(images.build_standin), record(images.export)
+    assert built["sha256"] == exported["sha256"]
+    assert max(p["max_abs_diff"] for p in exported["parity"]) <= 1e-4
+    assert exported["fingerprint"]["torch"].startswith("2.13.0"), "torch's CPU build, pinned"
+    torch = run(["docker", "run", "--rm", "--entrypoint", "python3", images.build_standin, "-c",
+                 "import importlib.util; print(importlib.util.find_spec('torch') is None)"]).stdout.strip()
+    assert torch == "True", "the build image is the TensorRT image without torch"
+
+
+def test_server_image_gives_the_python_models_tokenizers(images: Images) -> None:
+    out = run(["docker", "run", "--rm", "--entrypoint", "python3", images.server_standin, "-c",
+               "import tokenizers, os; print(os.environ['PYTHONPATH'], tokenizers.__version__)"]).stdout.split()
+    constraints = (ROOT / "requirements" / "constraints.txt").read_text()
+    assert out[0] == "/opt/tritonbundle/python" and f"tokenizers=={out[1]}" in constraints
+
+
+def test_entrypoint_locks_the_restricted_apis_when_no_key_is_set(images: Images) -> None:
+    """The GPU server's entrypoint turns `tritonserver ARGS` into ARGS + --http-restricted-api and
+    --grpc-restricted-protocol for the four APIs; with no key set the key is random (APIs locked)."""
+    # a "tritonserver" that prints its arguments
+    script = "ln -s /bin/echo /tmp/tritonserver && exec tritonbundle-entrypoint /tmp/tritonserver --model-repository=/m"
+    base = ["docker", "run", "--rm", "--tmpfs", "/tmp", "--entrypoint", "sh"]
+    locked = run([*base, images.server_standin, "-c", script]).stdout.split()
+    keyed = run([*base, "-e", "TRITONBUNDLE_API_KEY=s3cret", images.server_standin, "-c", script]).stdout.split()
+    assert locked[0] == keyed[0] == "--model-repository=/m"
+    for api in ("model-repository", "shared-memory", "trace", "logging"):
+        assert f"--http-restricted-api={api}:tritonbundle-key=s3cret" in keyed
+        assert f"--grpc-restricted-protocol={api}:tritonbundle-key=s3cret" in keyed
+        random_key = [a for a in locked if a.startswith(f"--http-restricted-api={api}:tritonbundle-key=")]
+        assert random_key and len(random_key[0].rsplit("=", 1)[1]) >= 32
+
+
+def test_build_context_leaves_out_venvs_artifacts_reports_caches_and_git(cpu_stack_config: Stack, base_image: str) -> None:
+    """The context as BuildKit receives it (after .dockerignore), listed by a throwaway build."""
+    with tempfile.TemporaryDirectory() as tmp:
+        dockerfile = Path(tmp) / "Dockerfile"
+        dockerfile.write_text(
+            "ARG BASE\nFROM ${BASE}\n"
+            "RUN --mount=type=bind,target=/ctx cd /ctx && find . -mindepth 1 -maxdepth 2 | sort | sed 's/^/CTX /'"
+            " && du -sk . | sed 's/^/SIZE /'\n"
+        )
+        compose = Path(tmp) / "compose.yaml"
+        compose.write_text(json.dumps({
+            "services": {"context": {"image": "tritonbundle-context-listing:test", "build": {
+                "context": str(ROOT), "dockerfile": str(dockerfile), "args": {"BASE": base_image}}}}
+        }))
+        result = run(["docker", "compose", "--progress", "plain", "-p", cpu_stack_config.project + "-ctx",
+                      "-f", str(compose), "build", "--no-cache"], env=cpu_stack_config.env, timeout_s=600)
+    run(["docker", "rmi", "-f", "tritonbundle-context-listing:test"], check=False)
+    output = result.stdout + result.stderr
+    listed = {m.group(1) for m in re.finditer(r"CTX \./(\S+)", output)}
+    assert "tritonbundle" in listed and "pyproject.toml" in listed, tail(output)
+    for excluded in (".venv", ".tools", ".git", "build/artifacts", "reports", ".pytest_cache", ".mypy_cache",
+                     ".ruff_cache", ".hypothesis", "tests", "helm", "model_repository", ".env", "docker/.env"):
+        assert excluded not in listed, f"{excluded} is in the build context"
+    assert not [p for p in listed if p.endswith((".onnx", ".pyc")) or "__pycache__" in p]
+    assert {p for p in listed if p.startswith("docker/wheels/")} <= {
+        f"docker/wheels/{w.name}" for w in (DOCKER_DIR / "wheels").glob("torch-*.whl")}
