@@ -96,8 +96,9 @@ def test_a_burst_beyond_capacity_is_refused_fast_and_nothing_is_lost(default_ser
     assert ok.size > 0
     # Rejected requests fail fast: well under the client's deadline.
     assert figures["rejected_p99_s"] < DEADLINE_S / 4, figures
-    # Accepted requests waited at most the queue timeout, plus execution (slow 2-core machine).
-    assert figures["accepted_p99_s"] < queue_timeout_s + 3.0, figures
+    # Accepted requests waited at most the queue timeout, plus the execution of the batches ahead
+    # of them (seconds on a busy 2-core machine): far below the deadline they would otherwise hit.
+    assert figures["accepted_p99_s"] < queue_timeout_s + 6.0, figures
 
 
 def test_retries_under_overload_stay_bounded_and_spread(default_server: Any) -> None:
