@@ -7,12 +7,13 @@ EXTRAS ?= server,export,loadtest,dev
 TOOLS := .tools
 PYTEST_ARGS ?=
 
-.PHONY: help install demo test test-fast lint typecheck audit lock tools clean
+.PHONY: help install demo test test-fast test-docker lint typecheck audit lock tools clean
 
 help:
 	@echo "make demo       export MiniLM, write the repository, serve it, embed sentences over HTTP and gRPC"
 	@echo "make test       the whole test suite (slow and docker tests included), as CI runs it"
 	@echo "make test-fast  unit tests only (no server, no docker)"
+	@echo "make test-docker the docker tests (starts a Docker engine, builds the images, runs the CPU stack)"
 	@echo "make lint       ruff and mypy (mypy checks the TensorRT path against tensorrt-stubs)"
 	@echo "make audit      pip-audit over the pinned dependencies"
 	@echo "make lock       re-pin requirements/constraints.txt from the current environment"
@@ -42,6 +43,9 @@ test: $(VENV)/.installed
 test-fast: $(VENV)/.installed
 	@$(BIN)/python -m pytest -m "not slow and not docker" $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
+
+test-docker: $(VENV)/.installed
+	$(BIN)/python -m pytest -m docker $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check tritonbundle tests

@@ -110,7 +110,7 @@ SCHEMA: dict[str, Any] = {
                     "traffic": {"type": "string"},
                     "calibration": {
                         "type": "string",
-                        "description": "INT8 calibration data: a .npz of input arrays, or a traffic sample",
+                        "description": "INT8 calibration data: a .npz holding one array per input (first axis: samples)",
                     },
                     "tolerance": {"type": "number", "exclusiveMinimum": 0},
                     **_TUNABLES,
@@ -326,7 +326,7 @@ def from_dict(data: Any, *, path: Path) -> Manifest:
         runtime, target, precision = get("runtime"), get("target"), get("precision")
         if precision == "int8" and runtime == "tensorrt" and not raw.get("calibration"):
             raise ConfigError(
-                f"{path}: {where}.calibration: precision int8 needs calibration data (a .npz of inputs or a traffic sample)"
+                f"{path}: {where}.calibration: precision int8 needs calibration data (a .npz holding one array per input), or an ONNX with explicit Q/DQ and runtime onnxruntime"
             )
         if runtime == "tensorrt" and target != "gpu":
             raise ConfigError(f"{path}: {where}.runtime: tensorrt needs target gpu (the CPU server has no TensorRT backend)")

@@ -41,6 +41,9 @@ COMPOSE_CPU_FILE = DOCKER_DIR / "compose.cpu.yaml"
 VERSIONS_ENV = DOCKER_DIR / "versions.env"
 #: Compose projects of these tests are named PROJECT_PREFIX + pid; leftovers of killed runs are removed.
 PROJECT_PREFIX = "tritonbundle-test-"
+#: Compose project the images are built under. Compose labels images with their project's name, so a name
+#: of its own per run would make every run's images new ones (and re-export every layer); this one is fixed.
+BUILD_PROJECT = "tritonbundle-test"
 #: Tag of the stand-in GPU images (their Dockerfiles built on the local Debian base, not on NGC images).
 STANDIN_TAG = "standin"
 #: Variables that steer docker/compose.yaml: taken out of the tests' environment so a developer's shell
@@ -257,10 +260,14 @@ class Images:
 
 
 @pytest.fixture(scope="session")
-def cpu_images(cpu_stack_config: Stack) -> tuple[str, str]:
-    """tritonbundle-export and tritonbundle-cpu, built through compose (cached layers make reruns fast)."""
-    cpu_stack_config.compose("build", timeout_s=BUILD_TIMEOUT_S)
-    return "tritonbundle-export:0.1.0", "tritonbundle-cpu:0.1.0"
+def cpu_images(cpu_stack_config: Stack) -> Iterator[tuple[str, str]]:
+    """tritonbundle-export and tritonbundle-cpu, built through compose (cached layers make reruns fast).
+    Afterwards, earlier builds of the project's images that a rebuild left untagged are removed (only
+    those: they carry the label io.tritonbundle.image)."""
+    builder = Stack(project=BUILD_PROJECT, files=cpu_stack_config.files, env=cpu_stack_config.env)
+    builder.compose("build", timeout_s=BUILD_TIMEOUT_S)
+    yield "tritonbundle-export:0.1.0", "tritonbundle-cpu:0.1.0"
+    run(["docker", "image", "prune", "--force", "--filter", "label=io.tritonbundle.image"], check=False, timeout_s=300)
 
 
 @pytest.fixture(scope="session")
@@ -269,7 +276,7 @@ def standin_images(cpu_stack_config: Stack, base_image: str, cpu_images: tuple[s
     local Debian base in place of the NGC TensorRT / tritonserver images (which cannot be pulled here)."""
     env = {**cpu_stack_config.env, "TENSORRT_IMAGE": base_image, "TRITONSERVER_IMAGE": base_image,
            "TRITONBUNDLE_TAG": STANDIN_TAG}
-    standin = Stack(project=cpu_stack_config.project + "-standin", files=(COMPOSE_FILE,), env=env)
+    standin = Stack(project=BUILD_PROJECT + "-standin", files=(COMPOSE_FILE,), env=env)
     standin.compose("build", "build", "triton", timeout_s=BUILD_TIMEOUT_S)
     return f"tritonbundle-build:{STANDIN_TAG}", f"tritonbundle-server:{STANDIN_TAG}"
 

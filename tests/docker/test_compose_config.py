@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -66,6 +67,8 @@ def test_plain_compose_up_starts_the_gpu_stack_export_build_triton(gpu: Config) 
     assert triton["depends_on"]["build"]["condition"] == "service_completed_successfully"
     assert build["command"][:2] == ["tritonbundle", "build"]
     assert ["--target", "gpu"] == build["command"][4:6] and "tensorrt" in build["command"]
+    # The one-shot stages need no network at all.
+    assert gpu["services"]["export"]["network_mode"] == build["network_mode"] == "none"
 
 
 def test_profiles_add_loadtest_prometheus_and_grafana(docker_engine: None) -> None:
@@ -209,3 +212,44 @@ def test_compose_dashboard_is_generated_from_the_helm_dashboard_and_has_the_requ
     assert "nv_gpu_memory_used_bytes" in exprs["GPU memory"]
     text = json.dumps(board)
     assert "namespace" not in text and "app_kubernetes_io" not in text and 'job=\\"triton\\"' in text
+
+
+def readme_compose_commands() -> list[tuple[dict[str, str], list[str]]]:
+    """Each `docker compose ...` line of docker/README.md's code blocks: its environment assignments
+    (inline and from `export` lines before it in the block) and its global options (-f, -p, --profile)."""
+    commands = []
+    text = (DOCKER_DIR / "README.md").read_text()
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        env: dict[str, str] = {}
+        for line in block.splitlines():
+            line = line.split("  #")[0].strip().rstrip("\\").strip()
+            if line.startswith("export ") and "=" in line and "$(" not in line:
+                key, value = line.removeprefix("export ").split("=", 1)
+                env[key] = value.strip("\"'")
+                continue
+            words = shlex.split(line) if line else []
+            inline = {}
+            while words and re.match(r"^[A-Z_]+=", words[0]):
+                key, value = words.pop(0).split("=", 1)
+                inline[key] = value
+            if words[:2] != ["docker", "compose"]:
+                continue
+            options, rest = [], words[2:]
+            while rest and rest[0] in ("-f", "-p", "--profile"):
+                options += rest[:2]
+                rest = rest[2:]
+            commands.append(({**env, **inline}, options))
+    return commands
+
+
+def test_compose_commands_in_the_readme_name_valid_files_and_profiles(docker_engine: None) -> None:
+    commands = readme_compose_commands()
+    assert len(commands) >= 10
+    cpu = [env for env, _ in commands if env.get("COMPOSE_FILE") == "docker/compose.yaml:docker/compose.cpu.yaml"]
+    assert len(cpu) >= 3, "the CPU stack's commands (up, loadtest, down)"
+    for env, options in commands:
+        wanted = {k: v for k, v in env.items() if k.startswith(("COMPOSE_", "TRITONBUNDLE_"))}
+        config = compose_config(*options, env=wanted)
+        assert "triton" in config["services"], (env, options)
+        if "docker/compose.cpu.yaml" in options or "compose.cpu.yaml" in wanted.get("COMPOSE_FILE", ""):
+            assert config["services"]["triton"]["image"].startswith("tritonbundle-cpu:")

@@ -13,6 +13,7 @@ import re
 import subprocess
 import tarfile
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,19 @@ PEM = re.compile(r"-----BEGIN CERTIFICATE-----\s*(.+?)\s*-----END CERTIFICATE---
 
 def pem_bodies(text: str) -> set[str]:
     return {"".join(body.split()) for body in PEM.findall(text)}
+
+
+def test_bootstrapping_the_base_image_again_is_a_no_op(base_image: str) -> None:
+    if os.environ.get("PYTHON_BASE_IMAGE"):
+        pytest.skip("PYTHON_BASE_IMAGE is set: docker/bootstrap-base.sh was not used")
+    started = time.monotonic()
+    again = run([str(DOCKER_DIR / "bootstrap-base.sh")], timeout_s=120).stdout.strip()
+    assert again == base_image
+    assert time.monotonic() - started < 60
+    if base_image.startswith("localhost/"):  # the debootstrapped one: Python 3.11, venv, libpython
+        check = "import ctypes.util, sys, venv; print(sys.version_info[:2], bool(ctypes.util.find_library('python3.11')))"
+        python = run(["docker", "run", "--rm", base_image, "python3", "-c", check])
+        assert python.stdout.strip() == "(3, 11) True"
 
 
 def test_images_run_as_a_non_root_user(images: Images) -> None:
