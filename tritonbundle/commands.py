@@ -128,6 +128,8 @@ def _bench(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--refine", type=int, default=3, help="bisection steps after the ladder")
     g.add_argument("--max-rate", type=float, default=60000.0)
     g.add_argument("--ceiling-batches", default="1,8,32,64,128,256", help="batch sizes the ceiling is timed at")
+    g.add_argument("--shares", default="naive=0.28,bundle=0.52,ceiling=0.20",
+                   help="each system's share of a model's time (unused time rolls over)")
     g.add_argument("--timeout-s", type=float, default=0.0, help="client deadline per request (default: 20 x the SLO, at least 1 s)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--work", type=Path, help="keep the work folder here (repositories, logs); default: a temporary folder")
@@ -148,17 +150,22 @@ def _bench(sub: argparse._SubParsersAction) -> None:
             instances=args.instances or (2 if args.device == "cuda" else 1), load_procs=args.load_procs,
             ladder_start=args.ladder_start, ladder_factor=args.ladder_factor, refine=args.refine, max_rate=args.max_rate,
             ceiling_batches=ints(args.ceiling_batches), timeout_s=args.timeout_s, seed=args.seed,
+            shares={k.strip(): float(v) for k, v in (x.split("=", 1) for x in args.shares.split(",") if x.strip())},
         )
         result = run_bench(options)
         print_summary(result)
         print(f"report: {args.out}/bench.md {args.out}/bench.json {args.out}/bench.png {args.out}/logs.tar.gz")
-        return 0 if result.get("status") == "done" else 1
+        failed = [f"{m} {s}" for m, e in result.get("models", {}).items() for s, r in e.get("systems", {}).items()
+                  if r.get("status") != "ok"]
+        if failed:
+            print(f"not measured: {', '.join(failed)} (see bench.json)")
+        return 0 if result.get("status") == "done" and not failed else 1
 
     g.set_defaults(func=run_gpu)
 
     k = bench_sub.add_parser("pack", help="build the folders a GPU machine without network needs (server, wheels, weights)")
     k.add_argument("--out", type=Path, default=Path(".device"), help="staging folder (git-ignored)")
-    k.add_argument("--parts", default="server,grpc,model", help="comma-separated: server, grpc, model")
+    k.add_argument("--parts", default="server,stubs,grpc,model", help="comma-separated: server, stubs, grpc, model")
 
     def run_pack(args: argparse.Namespace) -> int:
         from tritonbundle.bench.pack import pack_all

@@ -188,12 +188,14 @@ async def _serve() -> None:
 
 
 def main() -> None:
-    try:
-        import uvloop
+    # uvloop only where asked (the HTTP workers): grpc.aio runs on the standard event loop.
+    if "--uvloop" in sys.argv[1:]:
+        try:
+            import uvloop
 
-        uvloop.install()
-    except ImportError:
-        pass
+            uvloop.install()
+        except ImportError:
+            pass
     asyncio.run(_serve())
 
 
@@ -209,6 +211,7 @@ class LoadPool:
     processes: int
     log_dir: Path
     name: str
+    uvloop: bool = False
 
     def __post_init__(self) -> None:
         self.procs: list[subprocess.Popen[str]] = []
@@ -227,7 +230,8 @@ class LoadPool:
             log = open(self.log_dir / f"loadgen-{self.name}-{i}.log", "w")  # noqa: SIM115 - closed in stop()
             self._logs.append(log)
             self.procs.append(subprocess.Popen(  # noqa: S603
-                [sys.executable, "-m", "tritonbundle.bench.loadgen"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                [sys.executable, "-m", "tritonbundle.bench.loadgen", *(["--uvloop"] if self.uvloop else [])],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=log, text=True, env=env, bufsize=1,
             ))
         return self

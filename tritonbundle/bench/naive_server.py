@@ -25,9 +25,9 @@ def build_app(weights: Path, tokenizer_file: Path, device: str, max_length: int 
     from transformers import BertConfig, BertModel
 
     config = BertConfig.from_dict(json.loads((weights / "config.json").read_text()))
-    model = BertModel(config, add_pooling_layer=False)
+    model: Any = BertModel(config, add_pooling_layer=False)
     model.load_state_dict({k: v.float() for k, v in load_file(str(weights / "model.safetensors")).items()}, strict=False)
-    model = model.to(device).float().eval()
+    model = model.to(torch.device(device)).float().eval()
     tokenizer = Tokenizer.from_file(str(tokenizer_file))
     tokenizer.no_padding()
     tokenizer.enable_truncation(max_length=max_length)

@@ -8,6 +8,11 @@ tritonserver, no tritonclient and no MiniLM weights. A device call carries at mo
   (symbols stripped; the ICU data library, 29 MB that nothing on this path reads, replaced by a stub
   that defines its one symbol); the cp312 wheels of tritonclient, python-rapidjson, protobuf and
   jsonschema with its dependencies; the BERT tokenizer.json. About 21 MB.
+* ``<out>/stubs/``: the numpy 1.26 wheel (18 MB) for the Python backend stubs. The wheel's stubs are
+  built with a pybind11 that misreads numpy 2's dtype layout: with numpy 2 every tensor a Python model
+  reads arrives corrupted (INT64 ``[1, 2, 3, 4e10]`` reads as ``[1, 1, 1, 1]``; BYTES length prefixes
+  come out as garbage and the stub dies). The GPU machine has numpy 2, so ``scripts/device_bench.sh``
+  makes a small environment for the stubs: this numpy first, then the machine's own packages.
 * ``<out>/grpc/``: the grpcio wheel (7 MB), only needed when the machine's grpcio is older than
   tritonclient's generated code wants (``scripts/device_bench.sh`` checks, and relaxes the check
   instead when this folder is not carried).
@@ -39,6 +44,8 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x
 #: Wheels the GPU machine lacks (versions: those installed here, so the code is tested with them).
 WHEELS = ("tritonclient", "python-rapidjson", "protobuf", "jsonschema", "jsonschema-specifications", "referencing", "rpds-py")
 GRPC_WHEELS = ("grpcio",)
+#: For the Python backend stubs only (see the module docstring): pinned, not the version installed here.
+STUB_WHEELS = ("numpy==1.26.4",)
 ICU_STUB = "const unsigned char {symbol}[32] __attribute__((aligned(16))) = {{0}};\n"
 
 
@@ -146,7 +153,7 @@ def download_wheels(names: tuple[str, ...], dest: Path, *, python_version: str =
             "--implementation", "cp", "-d", str(dest)]
     for platform in PLATFORMS:
         argv += ["--platform", platform]
-    argv += [f"{name}=={_installed(name)}" for name in names]
+    argv += [name if "==" in name else f"{name}=={_installed(name)}" for name in names]
     _run(argv)
     return sorted(dest.glob("*.whl"))
 
@@ -233,7 +240,7 @@ def unpack_model(folder: Path, dest: Path) -> Path:
 
 
 # -- all of it --------------------------------------------------------------------------------------------
-def pack_all(out: Path, *, parts: tuple[str, ...] = ("server", "grpc", "model")) -> dict[str, int]:
+def pack_all(out: Path, *, parts: tuple[str, ...] = ("server", "stubs", "grpc", "model")) -> dict[str, int]:
     from tritonbundle.export import recipes
 
     sizes: dict[str, int] = {}
@@ -243,13 +250,17 @@ def pack_all(out: Path, *, parts: tuple[str, ...] = ("server", "grpc", "model"))
         pack_server(server)
         download_wheels(WHEELS, server / "wheels")
         shutil.copy2(recipes.tokenizer_file("minilm"), server / "tokenizer.json")
+    if "stubs" in parts:
+        stubs = out / "stubs"
+        shutil.rmtree(stubs, ignore_errors=True)
+        download_wheels(STUB_WHEELS, stubs / "wheels")
     if "grpc" in parts:
         grpc = out / "grpc"
         shutil.rmtree(grpc, ignore_errors=True)
         download_wheels(GRPC_WHEELS, grpc / "wheels")
     if "model" in parts:
         pack_model(out / "model")
-    for part in ("server", "grpc", "model"):
+    for part in ("server", "stubs", "grpc", "model"):
         folder = out / part
         if folder.exists():
             sizes[part] = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())

@@ -104,7 +104,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"- date: {env.get('date')}  (elapsed {result.get('elapsed_s')} s, status {result.get('status')})",
         f"- device: {opts.get('device')}; GPU: {gpu.get('name', '-')}, driver {gpu.get('driver', '-')}, "
         f"{gpu.get('memory_mib', '-')} MiB; CPUs: {env.get('cpus')}",
-        f"- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
+        "- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
         f"- command: `{result.get('command')}`",
         f"- traffic: {t.get('source')}: {int(t.get('requests', 0))} requests, mean {_f(t.get('mean_tokens'))} tokens, "
         f"P50 {_f(t.get('p50_tokens'), '.0f')}, P95 {_f(t.get('p95_tokens'), '.0f')}, max {_f(t.get('max_tokens'), '.0f')}",
@@ -132,7 +132,8 @@ def markdown(result: dict[str, Any]) -> str:
         md += _fixed_loads(entry)
         ceiling = entry.get("systems", {}).get("ceiling", {})
         if ceiling.get("per_batch"):
-            md += ["", "Engine ceiling per batch size (every launch full, rows at their padding targets):", "",
+            md += ["", f"Engine ceiling per batch size ({ceiling.get('mode', '-')}; every launch full, rows at their "
+                   "padding targets):", "",
                    "| batch | req/s | useful tokens/s | computed tokens/s | slowest batch ms | fits SLO |", "|---:|---:|---:|---:|---:|---|"]
             for row in ceiling["per_batch"]:
                 md.append(f"| {row['batch']} | {_f(row['requests_per_s'])} | {_f(row['useful_tokens_per_s'], '.0f')} | "
@@ -140,7 +141,17 @@ def markdown(result: dict[str, Any]) -> str:
             if ceiling.get("fixed_shape"):
                 fs = ceiling["fixed_shape"]
                 md.append(f"\nFixed shape {fs['batch']}x{fs['length']}: {_f(fs['ms'], '.3f')} ms, {_f(fs['tokens_per_s'], '.0f')} tokens/s.")
-        b = (entry.get("systems", {}).get("bundle") or {}).get("breakdown")
+        for system in ("naive", "bundle"):
+            c = (entry.get("systems", {}).get(system) or {}).get("correctness")
+            if c:
+                md.append(f"\n{system}: answers checked against the FP32 reference on {c['texts']} texts, "
+                          f"min cosine {_f(c['min_cosine'], '.5f')}.")
+        bundle = entry.get("systems", {}).get("bundle") or {}
+        for inst in bundle.get("encoder_instances") or []:
+            md.append(f"\nencoder instance {inst.get('instance')}: {inst.get('device')}, {inst.get('precision')}, "
+                      f"CUDA graphs {inst.get('cuda_graphs')} ({inst.get('graphs')} captured in {inst.get('prepare_s')} s)"
+                      + (f", graph capture failed: {inst.get('graph_error')}" if inst.get("graph_error") else ""))
+        b = bundle.get("breakdown")
         if b:
             md += ["", f"Where the bundle's time goes at {_f(b.get('at_offered_rps'))} req/s offered "
                    f"({_f(b.get('achieved_rps'))} answered/s):", ""]

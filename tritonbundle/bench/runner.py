@@ -106,6 +106,9 @@ class BenchOptions:
             raise ConfigError(f"--device must be cuda or cpu, not {self.device!r}")
         if self.budget_s < 30:
             raise ConfigError("--budget-s must be at least 30 seconds")
+        missing = [s for s in self.systems if not self.shares.get(s, 0) > 0]
+        if missing:
+            raise ConfigError(f"--shares: give each system a share > 0 (missing: {', '.join(missing)})")
 
     @property
     def target(self) -> str:
@@ -211,6 +214,7 @@ def naive_server(built: Built, tokenizer: Path, device: str, log: Path, timeout_
     with open(log, "w") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,  # noqa: S603
                                 env=_child_env())
+        _remember_pid(proc.pid)
         try:
             deadline = time.monotonic() + timeout_s
             while True:
@@ -228,6 +232,27 @@ def naive_server(built: Built, tokenizer: Path, device: str, log: Path, timeout_
             yield f"127.0.0.1:{port}", proc.pid
         finally:
             _stop_group(proc)
+            _forget_pid(proc.pid)
+
+
+PIDFILE_ENV = "TRITONBUNDLE_PIDFILE"
+
+
+def _remember_pid(pid: int) -> None:
+    """Note a process group this run started (``$TRITONBUNDLE_PIDFILE``), so that a later run can end
+    it by id if this one is killed before it can clean up (scripts/device_bench.sh does)."""
+    path = os.environ.get(PIDFILE_ENV)
+    if path:
+        with contextlib.suppress(OSError), open(path, "a") as f:
+            f.write(f"{pid}\n")
+
+
+def _forget_pid(pid: int) -> None:
+    path = os.environ.get(PIDFILE_ENV)
+    if path and os.path.exists(path):
+        with contextlib.suppress(OSError):
+            kept = [line for line in Path(path).read_text().splitlines() if line.strip() and line.strip() != str(pid)]
+            Path(path).write_text("".join(f"{x}\n" for x in kept))
 
 
 def _stop_group(proc: subprocess.Popen[Any]) -> None:
@@ -257,14 +282,19 @@ def _child_env() -> dict[str, str]:
     return env
 
 
+STUB_BIN_ENV = "TRITONBUNDLE_STUB_BIN"
+
+
 def prepare_process_env() -> None:
-    """Environment the servers and Python stubs inherit: this interpreter first on PATH (the stubs
-    find their packages through it) and its own libpython first on LD_LIBRARY_PATH (a stub must embed
-    the libpython that matches the interpreter's standard library)."""
+    """Environment the servers and Python stubs inherit: this interpreter first on PATH (the stubs run
+    isolated and find their packages through the ``python3`` on PATH), or ``$TRITONBUNDLE_STUB_BIN``
+    before it when set (a bin/ whose environment has numpy 1.x: the wheel's stubs need it), and this
+    interpreter's libpython first on LD_LIBRARY_PATH (a stub must embed the libpython that matches
+    the standard library it finds)."""
     import sysconfig
 
-    bin_dir = str(Path(sys.executable).parent)
-    os.environ["PATH"] = os.pathsep.join((bin_dir, os.environ.get("PATH", "")))
+    first = [p for p in (os.environ.get(STUB_BIN_ENV, ""), str(Path(sys.executable).parent)) if p]
+    os.environ["PATH"] = os.pathsep.join((*first, os.environ.get("PATH", "")))
     libdir = sysconfig.get_config_var("LIBDIR")
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     if libdir and Path(libdir, f"libpython{version}.so.1.0").exists():
@@ -350,6 +380,7 @@ class Context:
     tokenizer: Path
     gpu: probes.GpuSampler | None
     save: Callable[[], None]
+    references: dict[str, tuple[list[str], Any]] = field(default_factory=dict)
 
 
 def step_timing(options: BenchOptions, phase_left: float, expected_steps: int) -> tuple[float, float, float]:
@@ -366,6 +397,10 @@ def client_timeout_s(options: BenchOptions) -> float:
     A request slower than that has failed the SLO anyway; a short deadline keeps an overloaded level
     from leaving a long backlog behind for the next one."""
     return options.timeout_s if options.timeout_s > 0 else max(1.0, 20 * options.slo_ms / 1000.0)
+
+
+def _setup_timeout(deadline: float) -> float:
+    return min(120.0, max(20.0, deadline - time.monotonic()))
 
 
 def _expected_steps(options: BenchOptions, system: str) -> int:
@@ -408,14 +443,64 @@ def sweep(ctx: Context, pool: LoadPool, phase_deadline: float, system: str, obse
     )
 
 
+MIN_COSINE = 0.99
+
+
+def reference(ctx: Context, built: Built) -> tuple[list[str], Any]:
+    """A few texts from the traffic sample and their embeddings from the engine in FP32 on the CPU."""
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    from tritonbundle.bench.loadgen import text_pool
+    from tritonbundle.triton_models.pytorch_encoder import Engine
+
+    key = built.spec.name
+    if key not in ctx.references:
+        texts = [t for _, t in text_pool(str(ctx.traffic_path), seed=12345, size=8)]
+        tok = Tokenizer.from_file(str(ctx.tokenizer))
+        tok.no_padding()
+        tok.enable_truncation(max_length=512)
+        rows = [np.array(tok.encode(t).ids, dtype=np.int64) for t in texts]
+        engine = Engine(built.version_dir, device="cpu", precision="fp32", targets=built.plan.padding_targets or (512,),
+                        cuda_graphs=False)
+        vectors = engine.embed(rows, [np.ones_like(r) for r in rows], np.array([len(r) for r in rows]))
+        del engine
+        ctx.references[key] = (texts, vectors)
+    return ctx.references[key]
+
+
+def check_answers(system: str, got: Any, expected: Any) -> dict[str, Any]:
+    """Cosine of each answer with the FP32 reference; raise when a system computes something else."""
+    import numpy as np
+
+    got = np.asarray(got, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    if got.shape != expected.shape:
+        raise TritonBundleError(f"{system} answered shape {list(got.shape)}, expected {list(expected.shape)}")
+    cosine = (got * expected).sum(axis=1) / np.maximum(np.linalg.norm(got, axis=1) * np.linalg.norm(expected, axis=1), 1e-12)
+    worst = float(np.nan_to_num(cosine, nan=-1.0).min())
+    if not worst >= MIN_COSINE:
+        raise TritonBundleError(f"{system} answers differ from the FP32 reference (min cosine {worst:.4f} < {MIN_COSINE}): "
+                                "its throughput would mean nothing")
+    return {"texts": int(got.shape[0]), "min_cosine": worst}
+
+
 def run_naive(ctx: Context, built: Built, model: ModelDef, deadline: float) -> dict[str, Any]:
     o = ctx.options
     procs = max(1, min(2, o.load_procs or 2))
     log = ctx.logs / f"naive-{model.name}.log"
+    texts, expected = reference(ctx, built)
     with naive_server(built, ctx.tokenizer, o.device, log, timeout_s=min(180.0, max(30.0, deadline - time.monotonic()))) as (url, pid):
-        with LoadPool(procs, ctx.logs, f"naive-{model.name}") as pool:
+        answers = []
+        for text in texts:
+            request = urllib.request.Request(f"http://{url}/embed", data=json.dumps({"text": text}).encode(),
+                                             headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=30) as r:  # noqa: S310 - our own server
+                answers.append(json.loads(r.read())["embedding"])
+        correctness = check_answers("the naive server", answers, expected)
+        with LoadPool(procs, ctx.logs, f"naive-{model.name}", uvloop=True) as pool:
             pool.setup(kind="http", url=url, model=model.name, traffic=str(ctx.traffic_path), seed=o.seed,
-                       timeout_s=client_timeout_s(o))
+                       timeout_s=client_timeout_s(o), ready_timeout_s=_setup_timeout(deadline))
             meter = probes.CpuMeter({"naive": pid, **{f"load{i}": p for i, p in enumerate(pool.pids)}})
 
             def observe() -> dict[str, Any]:
@@ -429,7 +514,7 @@ def run_naive(ctx: Context, built: Built, model: ModelDef, deadline: float) -> d
 
             result = sweep(ctx, pool, deadline, "naive", observe, finish, drain)
     return {"status": "ok", "sweep": result.to_json(), "best_rps": result.best_rps, "load_processes": procs,
-            "protocol": "http (aiohttp)", "precision": "fp32", "padding": "none (each request at its own length)",
+            "correctness": correctness, "protocol": "http (aiohttp)", "precision": "fp32", "padding": "none (each request at its own length)",
             "computed_per_useful": 1.0}
 
 
@@ -448,16 +533,24 @@ def run_bundle(ctx: Context, built: Built, model: ModelDef, deadline: float) -> 
         exit_timeout_s=5,
         extra_args=["--allow-gpu-metrics=false", "--backend-config=python,shm-default-byte-size=16777216"],
     ))
+    texts, expected = reference(ctx, built)
     t_start = time.monotonic()
     try:
-        server.start(ready_timeout_s=min(300.0, max(30.0, deadline - time.monotonic())))
+        server.start(wait=False)
+        assert server.process is not None
+        _remember_pid(server.process.pid)
+        server.wait_ready(timeout_s=min(300.0, max(30.0, deadline - time.monotonic())))
         startup_s = time.monotonic() - t_start
         LOG.info("    bundle: tritonserver ready in %.1f s (%s)", startup_s, server.installation.description if server.installation else "")
         info = read_stats_info(stats_dir)
+        from tritonbundle.clients import GrpcClient
+
+        with GrpcClient(server.grpc_url, model=model.name, timeout_s=60.0) as client:
+            correctness = check_answers("the bundle", client.embed(texts), expected)
         assert server.process is not None
         with LoadPool(procs, ctx.logs, f"bundle-{model.name}") as pool:
             pool.setup(kind="grpc", url=server.grpc_url, model=model.name, traffic=str(ctx.traffic_path), seed=o.seed,
-                       timeout_s=client_timeout_s(o))
+                       timeout_s=client_timeout_s(o), ready_timeout_s=_setup_timeout(deadline))
             meter = probes.CpuMeter({"server": server.process.pid, **{f"load{i}": p for i, p in enumerate(pool.pids)}})
 
             def observe() -> dict[str, Any]:
@@ -481,16 +574,18 @@ def run_bundle(ctx: Context, built: Built, model: ModelDef, deadline: float) -> 
             result = sweep(ctx, pool, deadline, "bundle", observe, finish, drain)
     finally:
         server.stop(timeout_s=20)
+        if server.process is not None:
+            _forget_pid(server.process.pid)
         os.environ.pop("TRITONBUNDLE_STATS_DIR", None)
-    reference = result.best or (max(result.steps, key=lambda s: s.offered_rps) if result.steps else None)
-    padding = st.tokens_ratio(reference.extra.get("encoder", {})) if reference else {}
+    ref_step = result.best or (max(result.steps, key=lambda s: s.offered_rps) if result.steps else None)
+    padding = st.tokens_ratio(ref_step.extra.get("encoder", {})) if ref_step else {}
     return {
         "status": "ok", "sweep": result.to_json(), "best_rps": result.best_rps, "load_processes": procs,
-        "startup_s": round(startup_s, 1), "protocol": "grpc (tritonbundle.clients.AsyncGrpcClient)",
+        "startup_s": round(startup_s, 1), "correctness": correctness, "protocol": "grpc (tritonbundle.clients.AsyncGrpcClient)",
         "precision": o.precision, "encoder_instances": info, "padding": padding,
         "computed_per_useful": padding.get("computed_per_useful"),
         "seq_padded_per_useful": padding.get("seq_padded_per_useful"),
-        "breakdown": breakdown(model, reference, o) if reference else None,
+        "breakdown": breakdown(model, ref_step, o) if ref_step else None,
     }
 
 
@@ -534,8 +629,6 @@ def hints(b: dict[str, Any], options: BenchOptions) -> list[str]:
         if "stub[" in role and cores >= 0.85:
             out.append(f"{role.split(':', 1)[1]} used {cores:.0%} of one core: that single-threaded Python-backend "
                        "instance is saturated (a bottleneck; more instances or less Python per request would help)")
-        elif role.endswith(":tritonserver") and cores >= 0.8 * (os.cpu_count() or 1) / 2:
-            out.append(f"tritonserver used {cores:.1f} cores")
     loads = [c for r, c in (b.get("cpu_cores") or {}).items() if r.startswith("load")]
     if loads and max(loads) >= 0.9:
         out.append(f"a load generator process used {max(loads):.0%} of a core: the client side may limit the rate")
@@ -546,15 +639,39 @@ def hints(b: dict[str, Any], options: BenchOptions) -> list[str]:
     if gpu is not None and gpu < 50:
         out.append(f"GPU busy only {gpu:.0f}% of the time: the limit is on the CPU side (server, Python, client), not kernels")
     pad = (b.get("padding") or {}).get("computed_per_useful")
+    seq = (b.get("padding") or {}).get("seq_padded_per_useful")
     if pad is not None and pad > 1.15:
-        seq = (b.get("padding") or {}).get("seq_padded_per_useful")
-        out.append(f"computed/useful tokens {pad:.2f} (sequence padding alone {seq:.2f}): the rest is batch padding "
-                   "and merged length groups (fewer, larger launches)" if seq else f"computed/useful tokens {pad:.2f}")
+        if seq is not None and pad > 1.01 * seq:
+            out.append(f"computed/useful tokens {pad:.2f}, of which sequence padding {seq:.2f}: the rest is empty rows "
+                       "padding batches up to their bucket and length groups merged into one launch (fewer launches)")
+        else:
+            out.append(f"computed/useful tokens {pad:.2f}: sequence padding to the plan's targets (more sequence "
+                       "buckets would lower it)")
     enc = b.get("encoder") or {}
-    if enc and enc.get("queue_ms_per_request", 0) > enc.get("compute_ms_per_request", 0) > 0:
+    if enc and enc.get("queue_ms_per_request", 0) > options.slo_ms / 2:
+        out.append(f"requests wait {enc['queue_ms_per_request']:.1f} ms in the encoder's queue, more than half the SLO")
+    elif enc and enc.get("queue_ms_per_request", 0) > enc.get("compute_ms_per_request", 0) > 0:
         out.append("requests wait longer in the encoder's queue than they compute: the encoder instance(s) are the "
                    "bottleneck at this rate")
     return out
+
+
+def time_eager(engine: Any, batches: tuple[int, ...], targets: list[int], deadline: float) -> dict[tuple[int, int], float]:
+    """Seconds per eager launch at each (batch, target), second of two runs (the first warms up)."""
+    import numpy as np
+
+    timings: dict[tuple[int, int], float] = {}
+    for b in batches:
+        for s in targets:
+            if time.monotonic() > deadline:
+                return timings
+            ids = np.full((b, s), 1000, dtype=np.int64)
+            rows, masks, lengths = list(ids), list(np.ones_like(ids)), np.full(b, s)
+            engine.embed(rows, masks, lengths)
+            start = time.perf_counter()
+            engine.embed(rows, masks, lengths)  # returns host arrays: the device work is finished
+            timings[(b, s)] = time.perf_counter() - start
+    return timings
 
 
 def run_ceiling(ctx: Context, built: Built, model: ModelDef, deadline: float) -> dict[str, Any]:
@@ -566,36 +683,30 @@ def run_ceiling(ctx: Context, built: Built, model: ModelDef, deadline: float) ->
     shares = st.bucket_shares(lengths, targets)
     mean_tokens = float(lengths.mean())
     t0 = time.monotonic()
+    fixed: dict[tuple[int, int], float] = {}
     if o.device == "cuda":
         engine = Engine(built.version_dir, device="cuda", precision=o.precision, targets=targets,
                         batch_buckets=o.ceiling_batches, cuda_graphs=True).prepare()
-        if not engine.use_graphs:
-            raise TritonBundleError(f"CUDA graph capture failed: {engine.graph_error}")
         w0 = time.monotonic()
-        timings = engine.time_shapes(reps=5)
+        if engine.use_graphs:
+            timings = engine.time_shapes(reps=5)
+            near = min(targets, key=lambda t: abs(t - 128))
+            fixed_batch = max((b for b in o.ceiling_batches if b <= 128), default=0)
+            if (fixed_batch, near) in engine.graphs:
+                fixed = engine.time_shapes(reps=20, shapes=[(fixed_batch, near)])
+        else:  # capture failed: an eager ceiling, labelled as such, rather than none
+            LOG.warning("    ceiling: CUDA graph capture failed (%s); timing eager launches", engine.graph_error)
+            timings = time_eager(engine, o.ceiling_batches, targets, deadline)
         w1 = time.monotonic()
-        fixed = engine.time_shapes(reps=20, shapes=[(128, 128)]) if (128, 128) in engine.graphs else {}
     else:
         engine = Engine(built.version_dir, device="cpu", precision="fp32", targets=targets, cuda_graphs=False).prepare()
-        timings = {}
         w0 = time.monotonic()
-        import numpy as np
-
-        for b in o.ceiling_batches:
-            for s in targets:
-                if time.monotonic() > deadline:
-                    break
-                ids = np.full((b, s), 1000, dtype=np.int64)
-                rows, masks = list(ids), list(np.ones_like(ids))
-                engine.embed(rows, masks, np.full(b, s))
-                start = time.perf_counter()
-                engine.embed(rows, masks, np.full(b, s))
-                timings[(b, s)] = time.perf_counter() - start
+        timings = time_eager(engine, o.ceiling_batches, targets, deadline)
         w1 = time.monotonic()
-        fixed = {}
     result = st.ceiling(timings, shares, mean_tokens, o.slo_ms / 1000.0)
     gpu = ctx.gpu.window(w0, w1) if ctx.gpu is not None else {}
     describe = engine.describe()
+    mode = "cuda graphs" if describe["cuda_graphs"] else ("eager (graph capture failed)" if describe["graph_error"] else "eager")
     del engine
     gc.collect()
     if o.device == "cuda":
@@ -608,7 +719,7 @@ def run_ceiling(ctx: Context, built: Built, model: ModelDef, deadline: float) ->
         "mean_tokens": mean_tokens, "shares": {str(k): v for k, v in shares.items()},
         "timings_ms": {f"{b}x{s}": round(t * 1000.0, 4) for (b, s), t in sorted(timings.items())},
         "computed_per_useful": sum(share * s for s, share in shares.items()) / mean_tokens,
-        "engine": describe, "seconds": round(time.monotonic() - t0, 1), **gpu,
+        "engine": describe, "mode": mode, "seconds": round(time.monotonic() - t0, 1), **gpu,
     }
     if fixed:
         (b, s), t = next(iter(fixed.items()))
@@ -627,6 +738,10 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
 
     clock = Clock(options.budget_s)
     prepare_process_env()
+    if threading_main():
+        # SIGTERM (a timeout, the device tool) ends the run through the finally blocks: servers stopped,
+        # report written.
+        signal.signal(signal.SIGTERM, _terminate)
     options.out.mkdir(parents=True, exist_ok=True)
     work = options.work or Path(tempfile.mkdtemp(prefix="tritonbundle-bench-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -638,8 +753,11 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
     }
 
     def save() -> None:
+        """After every phase: what is known so far survives a run cut short."""
         result["elapsed_s"] = round(clock.elapsed(), 1)
         report.write_json(result, options.out / "bench.json")
+        with contextlib.suppress(Exception):
+            (options.out / "bench.md").write_text(report.markdown(result))
 
     gpu = probes.GpuSampler().start() if options.device == "cuda" else None
     if gpu is not None:
@@ -667,6 +785,8 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
             try:
                 t0 = time.monotonic()
                 built = build_repository(model, options, work, traffic_path, tokenizer)
+                if {"naive", "bundle"} & set(options.systems):
+                    reference(ctx, built)  # the FP32 answers both servers are checked against
                 entry["build"] = {
                     "status": "ok", "seconds": round(time.monotonic() - t0, 1), "repository": str(built.repository),
                     "padding_targets": list(built.plan.padding_targets),
@@ -706,6 +826,8 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
     finally:
         if gpu is not None:
             gpu.stop()
+        if result["status"] == "running":  # SIGTERM or Ctrl-C: what was measured is still written
+            result["status"] = "interrupted"
         result["elapsed_s"] = round(clock.elapsed(), 1)
         try:
             report.write_all(result, options.out, work)
@@ -713,6 +835,16 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
             if not options.keep_work and options.work is None:
                 shutil.rmtree(work, ignore_errors=True)
     return result
+
+
+def threading_main() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def ratios(entry: dict[str, Any]) -> dict[str, Any]:

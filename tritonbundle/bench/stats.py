@@ -85,8 +85,9 @@ def step_result(offered_rps: float, window_s: float, latencies_ms: Sequence[floa
     summary = latency_summary(latencies_ms, failed + max(0, sent - completed - failed))
     return StepResult(
         offered_rps=float(offered_rps), window_s=float(window_s), sent=int(sent), completed=completed,
-        failed=int(sent - completed), achieved_rps=completed / window_s if window_s > 0 else 0.0,
-        extra=dict(extra or {}), **summary,
+        failed=int(sent - completed), p50_ms=summary["p50_ms"], p90_ms=summary["p90_ms"], p99_ms=summary["p99_ms"],
+        mean_ms=summary["mean_ms"], max_ms=summary["max_ms"],
+        achieved_rps=completed / window_s if window_s > 0 else 0.0, extra=dict(extra or {}),
     )
 
 

@@ -141,7 +141,7 @@ def recipe_weights(recipe: str) -> tuple[dict[str, Any], dict[str, Any]]:
         state = load_file(str(folder / WEIGHTS))
     elif recipe == "bert-base-random":
         module, _ = recipes.build_module(recipe)  # BertConfig(), torch.manual_seed(0)
-        bert = module.bert  # type: ignore[attr-defined]
+        bert: Any = getattr(module, "bert")  # noqa: B009 - a Module attribute mypy cannot see
         config = json.loads(bert.config.to_json_string())
         state = bert.state_dict()
     else:
@@ -182,6 +182,7 @@ def write_weights(ctx: BuildContext, version_dir: Path) -> None:
     tensors.update({k: v.detach().contiguous() for k, v in state.items() if not v.is_floating_point()})
     tmp = version_dir / (WEIGHTS + ".tmp")
     save_file(tensors, str(tmp), metadata={"recipe": spec.recipe, "dtype": STORAGE[spec.precision]})
+    tmp.chmod(0o644)  # safetensors writes 0600; the server may run as another user (containers)
     tmp.replace(version_dir / WEIGHTS)
     (version_dir / CONFIG).write_text(json.dumps(config, indent=2))
     digest = hashlib.sha256((version_dir / WEIGHTS).read_bytes()).hexdigest()

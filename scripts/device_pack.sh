@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Run HERE (the CPU machine): build the git-ignored folders a GPU machine without network needs for
+# `tritonbundle bench gpu` (see docs/benchmarks.md):
+#   .device/server  trimmed tritonserver (Python backend, py3.12 stub) + cp312 wheels + tokenizer.json  (~21 MB)
+#   .device/grpc    grpcio wheel, only if the GPU machine's grpcio is too old for tritonclient          (~7 MB)
+#   .device/model   all-MiniLM-L6-v2 FP16 weights as xz byte planes + config.json + tokenizer.json       (~39 MB)
+# usage: scripts/device_pack.sh [--parts server,grpc,model]        (about 2-3 minutes; needs pip access)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+"$PY" -m tritonbundle bench pack --out .device "$@"
+du -sh .device/server .device/grpc .device/model 2>/dev/null || true
+echo "working tree that travels (tracked + untracked, not ignored):"
+{ git ls-files; git ls-files --others --exclude-standard; } | xargs -d '\n' du -cb 2>/dev/null | tail -1
