@@ -104,6 +104,7 @@ PY
     log "the stubs' environment:"
     PYTHONPATH= "$TRITONBUNDLE_STUB_BIN/python3" -I -c "import numpy, torch, transformers, tokenizers, safetensors; print('  numpy', numpy.__version__, numpy.__file__); print('  torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())" \
       || log "WARNING: the stubs' environment does not import numpy/torch/transformers: the bundle phase will fail"
+    PYTHONPATH= "$TRITONBUNDLE_STUB_BIN/python3" -c "from transformers.models.bert.modeling_bert import BertModel; print('  BertModel imports in the stubs environment')" 2>&1 | tail -4
   else
     $PY -c "import numpy, sys; sys.exit(0 if int(numpy.__version__.split('.')[0]) < 2 else 1)" \
       || log "WARNING: numpy 2 here and no .device/stubs carried: the Python-backend stubs will read corrupted tensors"
