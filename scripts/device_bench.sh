@@ -52,11 +52,19 @@ install() {
     printf 'home = %s\ninclude-system-site-packages = false\nversion = %s\n' "$(dirname "$base")" \
       "$($PY -c 'import platform; print(platform.python_version())')" > "$OPT/stubenv/pyvenv.cfg"
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" .device/stubs/wheels/numpy-*.whl
+    # The host's packages are linked in one by one, except those built against numpy 2 that the
+    # model does not need: under numpy 1.26 they fail to import, and transformers imports them when
+    # it finds them (scipy/sklearn through its generation utilities).
     $PY - "$site" <<'PY'
-import sys, sysconfig
-paths = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
-with open(f"{sys.argv[1]}/zz_tritonbundle_host_env.pth", "w") as f:
-    f.write("import site; " + "; ".join(f"site.addsitedir({p!r})" for p in paths) + "\n")
+import os, re, sys, sysconfig
+deny = re.compile(r"^(numpy|scipy|sklearn|scikit_learn|pandas|jax|jaxlib|jax_cuda\w*|numba|cupy\w*|h5py|statsmodels|cv2|opencv\w*|pyarrow|tensorstore|skimage|scikit_image|xarray|matplotlib|seaborn|numpyro|flax|optax|chex|orbax\w*|torch_geometric|botorch|gpytorch|linear_operator)([-_.].*)?$", re.I)
+site = sys.argv[1]
+for d in dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]):
+    for name in sorted(os.listdir(d)):
+        target = os.path.join(site, name)
+        if deny.match(name) or os.path.lexists(target) or name == "__pycache__":
+            continue
+        os.symlink(os.path.join(d, name), target)
 PY
   fi
   if ls .device/grpc/wheels/*.whl >/dev/null 2>&1; then
