@@ -60,6 +60,8 @@ _TUNABLES: dict[str, Any] = {
     "max_queue_size": {"type": "integer", "minimum": 0},
     "queue_timeout_us": {"type": "integer", "minimum": 0},
     "instances": {"type": "integer", "minimum": 1},
+    "tokenizer_instances": {"type": "integer", "minimum": 1,
+                            "description": "Python-backend tokenizer instances (each uses one core)"},
     "workspace_mib": {"type": "integer", "minimum": 16},
     "builder_optimization_level": {"type": "integer", "minimum": 0, "maximum": 5},
     "hardware_compatibility": {"enum": ["none", "ampere+", "same-compute-capability"]},
@@ -133,6 +135,7 @@ _DEFAULTS: dict[str, Any] = {
     "max_queue_size": 64,
     "queue_timeout_us": 1_000_000,
     "instances": 1,
+    "tokenizer_instances": 2,
     "workspace_mib": 4096,
     "builder_optimization_level": 3,
     "hardware_compatibility": "none",
@@ -194,6 +197,7 @@ class ModelSpec:
     version_compatible: bool
     cuda_graphs: bool
     multi_arch: bool = False
+    tokenizer_instances: int = 2
     tolerance: float | None = None
 
     @property
@@ -361,6 +365,7 @@ def from_dict(data: Any, *, path: Path) -> Manifest:
                 version_compatible=bool(get("version_compatible")),
                 cuda_graphs=bool(get("cuda_graphs")),
                 multi_arch=bool(get("multi_arch")),
+                tokenizer_instances=int(get("tokenizer_instances")),
                 tolerance=raw.get("tolerance"),
             )
         )

@@ -94,7 +94,13 @@ def test_search_never_reports_a_rate_that_misses_the_slo_and_gets_within_the_bis
     limit = capacity - math.log(100) / (slo / 1000.0)
     sweep = st.search_rate(mm1(capacity), slo_ms=slo, start=start, factor=factor, refine=refine)
     if limit < start:
-        assert sweep.best is None and sweep.stopped == "missed at the lowest rate"
+        # Missed at the start: the search steps down (at most 3 times by ``factor``).
+        lowest = start / factor**3
+        if limit < lowest:
+            assert sweep.best is None and sweep.stopped == "missed at the lowest rate"
+        else:
+            assert sweep.best is not None and sweep.best_rps <= limit * (1 + 1e-9)
+            assert sweep.best.offered_rps * factor > limit
         return
     assert sweep.best is not None
     assert sweep.best_rps <= limit * (1 + 1e-9)

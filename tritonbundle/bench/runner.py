@@ -82,6 +82,8 @@ class BenchOptions:
     batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
     queue_delay_us: int = 1000
     instances: int = 2
+    #: The tokenizer is single-threaded Python: the first H200 runs showed one instance saturated.
+    tokenizer_instances: int = 4
     load_procs: int = 0
     ladder_start: float = 50.0
     ladder_factor: float = 4.0
@@ -154,6 +156,7 @@ def manifest_for(model: ModelDef, options: BenchOptions, traffic_path: Path, tok
             "target": options.target, "runtime": "pytorch", "precision": options.precision,
             "batch_buckets": list(options.batch_buckets), "sequence_buckets": options.sequence_buckets,
             "max_queue_delay_us": options.queue_delay_us, "instances": options.instances,
+            "tokenizer_instances": options.tokenizer_instances,
             "cuda_graphs": options.device == "cuda",
         },
         "models": [{

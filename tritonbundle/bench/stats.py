@@ -124,10 +124,11 @@ class Sweep:
 def search_rate(
     measure: Callable[[float], StepResult], *, slo_ms: float, start: float, factor: float = 4.0,
     refine: int = 3, max_rate: float = math.inf, max_error_ratio: float = 0.01,
-    can_continue: Callable[[], bool] | None = None,
+    can_continue: Callable[[], bool] | None = None, max_down: int = 3,
 ) -> Sweep:
     """Highest throughput whose p99 meets the SLO: a geometric ladder up from ``start`` (x ``factor``)
-    until a level fails, then ``refine`` bisections (geometric midpoints) between the last level that
+    until a level fails (when the first one fails: down by ``factor``, at most ``max_down`` times,
+    until one passes), then ``refine`` bisections (geometric midpoints) between the last level that
     passed and the first that failed. At most ``log(max/start)/log(factor) + 1 + refine`` levels.
     ``can_continue()`` is asked before every level (the time budget).
     """
@@ -154,6 +155,16 @@ def search_rate(
             rate *= factor
         else:
             hi = rate
+            if lo is None:
+                # Missed at the start: step down (bounded) until a level passes, then refine above it.
+                for _ in range(max_down):
+                    if not ok():
+                        break
+                    rate /= factor
+                    if run(rate).passed:
+                        lo = rate
+                        break
+                    hi = rate
             stopped = "bracketed" if lo is not None else "missed at the lowest rate"
             break
     if lo is not None and hi is not None:

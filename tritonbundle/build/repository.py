@@ -54,7 +54,7 @@ def tokenizer_config(spec: ModelSpec, plan: ModelPlan) -> ModelConfig:
             queue_policy=QueuePolicy(max_queue_size=spec.max_queue_size, default_timeout_us=spec.queue_timeout_us,
                                      allow_timeout_override=True),
         ),
-        instance_groups=(InstanceGroup(count=1, kind="KIND_CPU"),),
+        instance_groups=(InstanceGroup(count=spec.tokenizer_instances, kind="KIND_CPU"),),
         parameters={
             "tokenizer_file": "tokenizer.json",
             "max_length": str(spec.tokenizer_max_length),

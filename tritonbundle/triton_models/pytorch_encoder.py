@@ -183,6 +183,7 @@ def launch_tokens(launches):
 def build_encoder(weights_dir, dtype, device, attn_implementation="sdpa"):
     """BERT from ``config.json`` + ``model.safetensors`` with mean pooling and L2 normalisation."""
     from safetensors.torch import load_file
+
     # Import from the module itself: transformers' lazy top-level import hides the real cause of a
     # failure ("Could not import module 'BertModel'") behind a generic message.
     from transformers.models.bert.configuration_bert import BertConfig
