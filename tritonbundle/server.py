@@ -104,6 +104,7 @@ def wheel_installation() -> Installation:
         with contextlib.suppress(OSError):
             tmp.rename(backends)  # another process may have won the race: fine
         shutil.rmtree(tmp, ignore_errors=True)
+    _warn_about_numpy_2()
     env = {
         "LD_LIBRARY_PATH": os.pathsep.join(p for p in (str(libs), os.environ.get("LD_LIBRARY_PATH", "")) if p),
         # Python models run in the stub's embedded interpreter, which finds its prefix through
@@ -111,6 +112,20 @@ def wheel_installation() -> Installation:
         "PATH": os.pathsep.join((str(Path(sys.executable).parent), os.environ.get("PATH", ""))),
     }
     return Installation(binary, backends, env, f"tritonserver 2.51 from nvidia-pytriton ({root})")
+
+
+def _warn_about_numpy_2() -> None:
+    """The wheel's Python-backend stubs misread numpy 2 arrays (inputs arrive corrupted; found on the
+    GPU machine, see docs/benchmarks.md): say so before serving with such an environment."""
+    try:
+        from importlib.metadata import version
+
+        major = int(version("numpy").split(".")[0])
+    except Exception:  # noqa: BLE001 - no numpy: nothing to warn about
+        return
+    if major >= 2:
+        LOG.warning("numpy %s is installed: the nvidia-pytriton 0.7.0 Python backend reads numpy 2 tensors "
+                    "wrongly; use numpy<2 (requirements/constraints.txt pins 1.26)", version("numpy"))
 
 
 def _file_tag(path: Path) -> str:
