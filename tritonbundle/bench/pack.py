@@ -38,6 +38,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from tritonbundle.files import sha256
+
 PY_TARGET = "3.12"
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64")
@@ -52,14 +54,6 @@ ICU_STUB = "const unsigned char {symbol}[32] __attribute__((aligned(16))) = {{0}
 def _run(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
     print("$ " + " ".join(argv), flush=True)
     return subprocess.run(argv, check=True, text=True, capture_output=True, **kwargs)  # noqa: S603
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # -- the server -------------------------------------------------------------------------------------------
@@ -134,7 +128,7 @@ def pack_server(out: Path, *, python_version: str = PY_TARGET, strip: bool = Tru
 
             with tarfile.open(target, "w:xz") as tar:
                 tar.add(stage, arcname=".")
-    info["sha256"] = _sha256(target)
+    info["sha256"] = sha256(target)
     info["bytes"] = target.stat().st_size
     (out / "tritonserver.json").write_text(json.dumps(info, indent=2))
     return target
@@ -223,7 +217,7 @@ def unpack_model(folder: Path, dest: Path) -> Path:
     record = json.loads((folder / "weights.json").read_text())
     dest.mkdir(parents=True, exist_ok=True)
     target = dest / record["file"]
-    if target.exists() and target.stat().st_size == record["bytes"] and _sha256(target) == record["sha256"]:
+    if target.exists() and target.stat().st_size == record["bytes"] and sha256(target) == record["sha256"]:
         pass
     else:
         data = join_planes(lzma.decompress((folder / "model.safetensors.even.xz").read_bytes()),

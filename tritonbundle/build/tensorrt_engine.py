@@ -17,7 +17,6 @@ buffers for INT8 calibration, and its ``TrtRunner`` runs the engine for the accu
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tritonbundle.errors import BuildError
+from tritonbundle.files import sha256
 
 if TYPE_CHECKING:
     import tensorrt as trt
@@ -101,11 +101,7 @@ def current_platform() -> Platform:
 def sha256_file(path: Path | None) -> str | None:
     if path is None or not path.exists():
         return None
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return sha256(path)
 
 
 # -- precision ------------------------------------------------------------------------------------

@@ -25,6 +25,8 @@ T = TypeVar("T")
 
 
 class _AsyncBaseClient(core.ClientBase):
+    _client: Any  # the protocol's tritonclient asyncio InferenceServerClient, set by _open()
+
     def __init__(self, url: str, **options: Any) -> None:
         options.setdefault("pool_size", 8)
         super().__init__(url, **options)
@@ -34,13 +36,15 @@ class _AsyncBaseClient(core.ClientBase):
         raise NotImplementedError
 
     async def _close(self) -> None:
-        raise NotImplementedError
+        client = getattr(self, "_client", None)
+        if client is not None:
+            await client.close()
 
     async def _is_live(self) -> bool:
-        raise NotImplementedError
+        return bool(await self._client.is_server_live(headers=self.headers))
 
     async def _is_ready(self) -> bool:
-        raise NotImplementedError
+        return bool(await self._client.is_server_ready(headers=self.headers))
 
     async def _describe(self, model: str) -> ModelInfo:
         raise NotImplementedError
@@ -168,17 +172,6 @@ class AsyncHttpClient(_AsyncBaseClient):
             self.url, conn_limit=self.pool_size, conn_timeout=self.connect_timeout_s
         )
 
-    async def _close(self) -> None:
-        client = getattr(self, "_client", None)
-        if client is not None:
-            await client.close()
-
-    async def _is_live(self) -> bool:
-        return bool(await self._client.is_server_live(headers=self.headers))
-
-    async def _is_ready(self) -> bool:
-        return bool(await self._client.is_server_ready(headers=self.headers))
-
     async def _config_json(self, model: str) -> dict[str, Any]:
         return dict(await self._client.get_model_config(model, headers=self.headers))
 
@@ -217,17 +210,6 @@ class AsyncGrpcClient(_AsyncBaseClient):
         import tritonclient.grpc.aio as aiogrpcclient
 
         self._client = aiogrpcclient.InferenceServerClient(self.url)
-
-    async def _close(self) -> None:
-        client = getattr(self, "_client", None)
-        if client is not None:
-            await client.close()
-
-    async def _is_live(self) -> bool:
-        return bool(await self._client.is_server_live(headers=self.headers))
-
-    async def _is_ready(self) -> bool:
-        return bool(await self._client.is_server_ready(headers=self.headers))
 
     async def _config_json(self, model: str) -> dict[str, Any]:
         return dict((await self._client.get_model_config(model, headers=self.headers, as_json=True))["config"])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import time
@@ -15,6 +14,7 @@ import numpy as np
 
 from tritonbundle.errors import ExportError
 from tritonbundle.export import recipes
+from tritonbundle.files import sha256
 from tritonbundle.log import LOG, spinner
 from tritonbundle.manifest import ModelSpec
 
@@ -42,14 +42,6 @@ class ExportResult:
     @property
     def max_abs_diff(self) -> float:
         return max((p.max_abs_diff for p in self.parity), default=0.0)
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def sample_inputs(batch: int, length: int, vocab: int, seed: int) -> dict[str, np.ndarray]:
