@@ -152,13 +152,20 @@ def base_image(docker_engine: None) -> str:
 
 @pytest.fixture(scope="session")
 def local_wheels() -> list[Path]:
-    """torch's CPU wheel from this machine's wheel folders (pip's find-links, /opt/wheels), linked into the
-    git-ignored docker/wheels so the export image does not need download.pytorch.org."""
+    """torch's CPU wheel from the wheel folders pip is configured with (its find-links, from the
+    environment or pip's config files), linked into the git-ignored docker/wheels so the export
+    image does not need download.pytorch.org."""
     version = pinned_version("torch")
     wanted = f"torch-{version}+cpu-*.whl"
     target = DOCKER_DIR / "wheels"
-    folders = [Path(p.removeprefix("file://")) for p in os.environ.get("PIP_FIND_LINKS", "").split()]
-    folders.append(Path("/opt/wheels"))
+    links = os.environ.get("PIP_FIND_LINKS", "").split()
+    config = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
+                            timeout=60, check=False).stdout
+    for line in config.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip().endswith("find-links"):
+            links += value.strip().strip("'\"").split()
+    folders = list(dict.fromkeys(Path(p.removeprefix("file://")) for p in links))
     linked = []
     for folder in folders:
         if not folder.is_dir():

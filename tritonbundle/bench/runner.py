@@ -751,7 +751,7 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
     logs = work / "logs"
     logs.mkdir(exist_ok=True)
     result: dict[str, Any] = {
-        "command": " ".join(sys.argv), "options": _options_json(options), "environment": probes.environment(options.device),
+        "command": "tritonbundle " + " ".join(sys.argv[1:]), "options": _options_json(options), "environment": probes.environment(options.device),
         "models": {}, "status": "running",
     }
 
