@@ -41,11 +41,6 @@ def normalize_dtype(dtype: str, *, where: str) -> str:
     return name
 
 
-def protocol_dtype(dtype: str) -> str:
-    """The name the inference protocol uses for a config data type (``STRING`` is ``BYTES``)."""
-    return "BYTES" if dtype == "STRING" else dtype
-
-
 def numpy_dtype(dtype: str) -> str:
     """The numpy dtype name for a config data type."""
     if dtype not in _NUMPY_DTYPES:

@@ -27,7 +27,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -163,8 +163,6 @@ class ServerOptions:
     restricted_api_key: str | None = None
     #: Leave those APIs open (tests of the unrestricted server only; never shipped).
     unrestricted: bool = False
-    #: True when the key above was generated here (nobody outside knows it).
-    key_generated: bool = field(default=False, init=False)
     log_verbose: int = 0
     #: READY only while every model is (Triton's --strict-readiness). Default: on, except with
     #: explicit model control, where a failed load of a new version (the old one keeps serving)
@@ -180,7 +178,6 @@ class ServerOptions:
             import secrets
 
             self.restricted_api_key = secrets.token_urlsafe(24)
-            self.key_generated = True
 
 
 @dataclass
@@ -328,12 +325,6 @@ class TritonServer:
             self._log_file = None
         return proc.returncode
 
-    def kill(self) -> None:
-        """SIGKILL the server (for crash tests)."""
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
-
     def __enter__(self) -> TritonServer:
         if self.process is None:
             self.start()
@@ -341,18 +332,6 @@ class TritonServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-@contextlib.contextmanager
-def serving(repository: Path, **options: object) -> Iterator[TritonServer]:
-    """Start a server on free loopback ports for the duration of a ``with`` block."""
-    opts = ServerOptions(Path(repository), **{"http_port": 0, "grpc_port": 0, "metrics_port": 0, **options})  # type: ignore[arg-type]
-    server = TritonServer(opts)
-    try:
-        server.start()
-        yield server
-    finally:
-        server.stop()
 
 
 def supervise(

@@ -29,12 +29,11 @@ from tritonbundle.modelconfig import (
     EnsembleStep,
     InstanceGroup,
     ModelConfig,
-    QueuePolicy,
     TensorSpec,
     read_config,
     write_config,
 )
-from tritonbundle.runtimes.base import BuildContext, link_or_copy, python_model
+from tritonbundle.runtimes.base import BuildContext, link_or_copy, python_model, queue_policy
 
 TEXT_INPUT = "TEXT"
 
@@ -51,8 +50,7 @@ def tokenizer_config(spec: ModelSpec, plan: ModelPlan) -> ModelConfig:
         # The queue is bounded like the encoder's, so overload is refused at the door.
         dynamic_batching=DynamicBatching(
             max_queue_delay_us=0,
-            queue_policy=QueuePolicy(max_queue_size=spec.max_queue_size, default_timeout_us=spec.queue_timeout_us,
-                                     allow_timeout_override=True),
+            queue_policy=queue_policy(spec),
         ),
         instance_groups=(InstanceGroup(count=spec.tokenizer_instances, kind="KIND_CPU"),),
         parameters={

@@ -59,8 +59,8 @@ def traffic_for(spec: ModelSpec, options: BuildOptions) -> traffic_mod.TrafficSa
     return traffic_mod.load(path)
 
 
-def plan_all(options: BuildOptions) -> list[tuple[ModelSpec, planner.ModelPlan]]:
-    m = load_manifest(options)
+def plan_all(options: BuildOptions, manifest: Manifest | None = None) -> list[tuple[ModelSpec, planner.ModelPlan]]:
+    m = manifest or load_manifest(options)
     out = []
     for spec in m.models:
         plan = planner.plan_model(spec, traffic_for(spec, options))
@@ -71,10 +71,10 @@ def plan_all(options: BuildOptions) -> list[tuple[ModelSpec, planner.ModelPlan]]
     return out
 
 
-def export_all(options: BuildOptions) -> dict[str, ModelArtifacts]:
+def export_all(options: BuildOptions, manifest: Manifest | None = None) -> dict[str, ModelArtifacts]:
     from tritonbundle.export.onnx_export import export
 
-    m = load_manifest(options)
+    m = manifest or load_manifest(options)
     out = {}
     for spec in m.models:
         step(f"export {spec.name}")
@@ -109,7 +109,7 @@ def build(options: BuildOptions) -> list[str]:
     m = load_manifest(options)
     # Check everything that can be checked before any heavy work: manifest, traffic, plans.
     step(f"plan {len(m.models)} model(s) from {options.manifest}")
-    plans = dict((spec.name, plan) for spec, plan in plan_all(options))
+    plans = {spec.name: plan for spec, plan in plan_all(options, m)}
     for spec in m.models:
         p = plans[spec.name]
         if p.sequence_buckets:
@@ -118,7 +118,7 @@ def build(options: BuildOptions) -> list[str]:
                 spec.name, p.policy, [b.max for b in p.sequence_buckets], len(p.profiles),
             )
     if options.export:
-        artifacts = export_all(options)
+        artifacts = export_all(options, m)
     else:
         artifacts = {}
         for spec in m.models:

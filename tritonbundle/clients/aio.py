@@ -100,9 +100,6 @@ class _AsyncBaseClient(core.ClientBase):
         info = await self._call(model, lambda: self._describe(model), deadline=time.monotonic() + self.timeout_s)
         return self._remember(model, info)
 
-    async def batching(self, model: str) -> str:
-        return core.batching_summary(await self._config_json(model))
-
     async def embed(self, texts: Sequence[str | bytes], *, timeout_s: float | None = None) -> np.ndarray:
         info = await self.model_info(self.model)
         arrays, output = self._embed_request(info, texts)

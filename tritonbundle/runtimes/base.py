@@ -67,20 +67,26 @@ def tensor_specs(ctx: BuildContext, *, ragged: bool) -> tuple[tuple[TensorSpec, 
     return inputs, outputs
 
 
+def queue_policy(spec: ModelSpec) -> QueuePolicy:
+    """The bounded queue every batched model gets (overload is refused, not piled up).
+
+    Per-request timeouts are always allowed, so a client's deadline bounds its time in the queue
+    too. Triton applies a request's timeout only when it is shorter than the default (core
+    PolicyQueue::Enqueue), so the default must be set: a request older than it is rejected.
+    """
+    return QueuePolicy(
+        max_queue_size=spec.max_queue_size, default_timeout_us=spec.queue_timeout_us, allow_timeout_override=True
+    )
+
+
 def dynamic_batching(ctx: BuildContext) -> DynamicBatching | None:
     spec, plan = ctx.spec, ctx.plan
     if not spec.batched:
         return None
-    # Always allow per-request timeouts: a client's deadline then bounds its time in the queue too.
-    # Triton applies a request's timeout only when it is shorter than the default (core
-    # PolicyQueue::Enqueue), so the default must be set: a request older than it is rejected.
-    queue = QueuePolicy(
-        max_queue_size=spec.max_queue_size, default_timeout_us=spec.queue_timeout_us, allow_timeout_override=True
-    )
     return DynamicBatching(
         preferred_batch_sizes=plan.preferred_batch_sizes,
         max_queue_delay_us=plan.max_queue_delay_us,
-        queue_policy=queue,
+        queue_policy=queue_policy(spec),
     )
 
 
