@@ -72,7 +72,7 @@ PY
   fi
   if [ -f .device/model/minilm/weights.json ]; then
     log "restoring the MiniLM weights"
-    PYTHONPATH=$ROOT $PY -m tritonbundle.bench.pack unpack-model .device/model/minilm "$OPT/minilm"
+    PYTHONPATH=$ROOT $PY scripts/device_pack.py unpack-model .device/model/minilm "$OPT/minilm"
   fi
 }
 
@@ -140,17 +140,16 @@ PY
 }
 
 # A run killed before it could clean up (a call that hit its time limit) leaves its servers running in
-# their own sessions; end them by the ids it recorded, before measuring anything.
-export TRITONBUNDLE_PIDFILE=$OPT/bench.pids
-if [ -s "$TRITONBUNDLE_PIDFILE" ]; then
-  while read -r pid; do
-    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && grep -qaE "tritonserver|naive_server" "/proc/$pid/cmdline" 2>/dev/null; then
-      log "ending process group $pid left by an earlier run"
-      kill -TERM -- "-$pid" 2>/dev/null; sleep 2; kill -KILL -- "-$pid" 2>/dev/null
-    fi
-  done < "$TRITONBUNDLE_PIDFILE"
-fi
-: > "$TRITONBUNDLE_PIDFILE"
+# their own sessions. Every process a run starts inherits TRITONBUNDLE_DEVICE_RUN from this script:
+# end any that carry it, before this run sets it and measures anything.
+for environ in /proc/[0-9]*/environ; do
+  pid=${environ#/proc/}; pid=${pid%/environ}
+  if [ "$pid" != "$$" ] && grep -qa "TRITONBUNDLE_DEVICE_RUN=" "$environ" 2>/dev/null; then
+    log "ending process $pid ($(tr '\0' ' ' < /proc/$pid/cmdline 2>/dev/null | cut -c1-80)) left by an earlier run"
+    kill -KILL "$pid" 2>/dev/null
+  fi
+done
+export TRITONBUNDLE_DEVICE_RUN=$(date +%s)-$$
 
 case "$MODE" in
   install) install 2>&1 | tee "$OUT/install.log"; setup_env; check 2>&1 | tee -a "$OUT/install.log"; exit 0 ;;

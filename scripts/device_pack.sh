@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
-"$PY" -m tritonbundle bench pack --out .device "$@"
+"$PY" scripts/device_pack.py pack --out .device "$@"
 du -sh .device/server .device/grpc .device/model 2>/dev/null || true
 echo "working tree that travels (tracked + untracked, not ignored):"
 { git ls-files; git ls-files --others --exclude-standard; } | xargs -d '\n' du -cb 2>/dev/null | tail -1

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -70,16 +71,6 @@ def test_source_needs_exactly_one_of_recipe_or_onnx(tmp_path: Path) -> None:
         _load(_minimal(source={"recipe": "minilm", "onnx": "x.onnx"}), tmp_path)
 
 
-def test_int8_tensorrt_needs_calibration(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="calibration: precision int8 needs calibration data"):
-        _load(_minimal(precision="int8", runtime="tensorrt", target="gpu"), tmp_path)
-
-
-def test_tensorrt_needs_gpu_target(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="tensorrt needs target gpu"):
-        _load(_minimal(runtime="tensorrt"), tmp_path)
-
-
 def test_malformed_yaml_names_the_file(tmp_path: Path) -> None:
     path = tmp_path / "models.yaml"
     path.write_text("version: 1\nmodels: [\n")
@@ -88,9 +79,41 @@ def test_malformed_yaml_names_the_file(tmp_path: Path) -> None:
 
 
 def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "models.yaml"
+    path.write_text(yaml.safe_dump(_minimal(precision="fp8", runtime="tvm")))
     with pytest.raises(ConfigError) as e:
-        _load(_minimal(precision="fp8", runtime="tvm"), tmp_path)
-    assert "precision" in str(e.value) and "runtime" in str(e.value)
+        manifest.load(path, runtimes=("onnxruntime", "tensorrt"))
+    assert "precision" in str(e.value) and "runtime: 'tvm' is not allowed; allowed values: onnxruntime, tensorrt" in str(e.value)
+
+
+def test_the_runtime_and_recipe_names_come_from_the_caller(tmp_path: Path) -> None:
+    """The manifest knows neither runtimes nor recipes: the build stage passes the names that exist."""
+    assert _load(_minimal(runtime="anything"), tmp_path).models[0].runtime == "anything"
+    path = tmp_path / "models.yaml"
+    path.write_text(yaml.safe_dump(_minimal(source={"recipe": "gpt"})))
+    with pytest.raises(ConfigError, match="'gpt' is not allowed; allowed values: minilm"):
+        manifest.load(path, recipes=("minilm",))
+
+
+def test_every_tunable_is_defined_once_with_its_default_and_schema() -> None:
+    tunables = {f.name: f for f in dataclasses.fields(manifest.Tunables)}
+    assert set(manifest.SCHEMA["properties"]["defaults"]["properties"]) == set(tunables)
+    model_keys = set(manifest.SCHEMA["properties"]["models"]["items"]["properties"])
+    assert set(tunables) <= model_keys
+    spec_fields = {f.name for f in dataclasses.fields(manifest.ModelSpec)}
+    assert set(tunables) <= spec_fields
+
+
+def test_yaml_numbers_take_the_knobs_type(tmp_path: Path) -> None:
+    spec = _load(_minimal(opt_percentile=90, batch_buckets=[32, 1, 8]), tmp_path).models[0]
+    assert spec.opt_percentile == 90.0 and isinstance(spec.opt_percentile, float)
+    assert spec.batch_buckets == (1, 8, 32)
+
+
+def test_override_refuses_what_is_not_a_tunable(tmp_path: Path) -> None:
+    m = _load(_minimal(), tmp_path)
+    with pytest.raises(ConfigError, match="cannot override nmae: not a tunable"):
+        manifest.override(m, nmae="x")
 
 
 def test_image_model_with_batch_only(tmp_path: Path) -> None:

@@ -22,9 +22,10 @@ def test_committed_configs_match_what_the_build_stage_writes(default_repository:
         assert (COMMITTED / rel).read_text() == (repository / rel).read_text(), (
             f"{rel} differs from the build stage's output: run `tritonbundle repo` and commit"
         )
-    for model_py in repository.glob("*/1/model.py"):
-        rel = model_py.relative_to(repository)
-        assert (COMMITTED / rel).read_text() == model_py.read_text(), f"{rel} is stale: run `tritonbundle repo`"
+    python = sorted(p.relative_to(repository) for p in repository.glob("*/1/**/*.py"))
+    assert python == sorted(p.relative_to(COMMITTED) for p in COMMITTED.glob("*/1/**/*.py"))
+    for rel in python:  # model.py and the package modules vendored next to it
+        assert (COMMITTED / rel).read_text() == (repository / rel).read_text(), f"{rel} is stale: run `tritonbundle repo`"
 
 
 def test_every_committed_config_parses_into_modelconfig() -> None:

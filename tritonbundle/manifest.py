@@ -18,21 +18,73 @@ whose buckets are planned from the traffic sample; integers are static.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from tritonbundle import contract
 from tritonbundle.errors import ConfigError
 from tritonbundle.modelconfig import normalize_dtype
 
-RUNTIMES = ("onnxruntime", "tensorrt", "pytorch")
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 TARGETS = ("cpu", "gpu")
 TASKS = ("text-embedding", "tensor")
-RECIPES = ("minilm", "bert-base-random")
 DIM_NAMES = ("batch", "sequence")
+
+
+def knob(default: Any, schema: dict[str, Any], doc: str = "") -> Any:
+    """A tunable manifest key: its default, its JSON Schema and its description, in one place."""
+    return field(default=default, metadata={"schema": {**schema, **({"description": doc} if doc else {})}})
+
+
+_BUCKETS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 1}, "uniqueItems": True}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tunables:
+    """Keys a model may set and ``defaults`` may set for every model: each defined once, here.
+
+    The schema, the defaults and the typed fields of :class:`ModelSpec` all come from this class.
+    """
+
+    target: str = knob("cpu", {"enum": list(TARGETS)},
+                       "cpu: the wheel's tritonserver (Python backend only); gpu: NGC tritonserver")
+    #: Which runtime plug-in serves the network (``tritonbundle.runtimes``; validated by the build stage).
+    runtime: str = knob("onnxruntime", {"type": "string", "minLength": 1},
+                        "a runtime of tritonbundle.runtimes: onnxruntime, tensorrt, pytorch")
+    precision: str = knob("fp32", {"enum": list(PRECISIONS)})
+    batch_buckets: tuple[int, ...] = knob((1, 8, 32), _BUCKETS, "batch sizes of the optimization profiles")
+    sequence_buckets: int = knob(4, {"type": "integer", "minimum": 1, "maximum": 16})
+    opt_percentile: float = knob(95.0, {"type": "number", "exclusiveMinimum": 0, "maximum": 100})
+    max_queue_delay_us: int = knob(2000, {"type": "integer", "minimum": 0})
+    #: Overload: at most this many requests wait per model; one that waited ``queue_timeout_us`` is
+    #: rejected (UNAVAILABLE / HTTP 503) instead of piling up until clients time out.
+    max_queue_size: int = knob(64, {"type": "integer", "minimum": 0})
+    queue_timeout_us: int = knob(1_000_000, {"type": "integer", "minimum": 0})
+    instances: int = knob(1, {"type": "integer", "minimum": 1})
+    tokenizer_instances: int = knob(2, {"type": "integer", "minimum": 1},
+                                    "Python-backend tokenizer instances (each uses one core)")
+    workspace_mib: int = knob(4096, {"type": "integer", "minimum": 16})
+    builder_optimization_level: int = knob(3, {"type": "integer", "minimum": 0, "maximum": 5})
+    hardware_compatibility: str = knob("none", {"enum": ["none", "ampere+", "same-compute-capability"]})
+    version_compatible: bool = knob(False, {"type": "boolean"})
+    cuda_graphs: bool = knob(True, {"type": "boolean"})
+    multi_arch: bool = knob(False, {"type": "boolean"}, "name plans per compute capability (cc_model_filenames)")
+
+
+def _tunables_schema() -> dict[str, Any]:
+    return {f.name: f.metadata["schema"] for f in fields(Tunables)}
+
+
+_CONVERT: dict[str, Any] = {"int": int, "float": float, "bool": bool, "str": str, "tuple[int, ...]": lambda v: tuple(sorted(v))}
+
+
+def _tunable_value(f: Any, value: Any) -> Any:
+    """A tunable's value in its field's type (YAML's 95 for a float knob becomes 95.0)."""
+    return _CONVERT[f.type](value)
+
 
 _TENSOR = {
     "type": "object",
@@ -48,27 +100,6 @@ _TENSOR = {
         },
     },
 }
-_BUCKETS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 1}, "uniqueItems": True}
-_TUNABLES: dict[str, Any] = {
-    "target": {"enum": list(TARGETS), "description": "cpu: the wheel's tritonserver (Python backend only); gpu: NGC tritonserver"},
-    "runtime": {"enum": list(RUNTIMES)},
-    "precision": {"enum": list(PRECISIONS)},
-    "batch_buckets": _BUCKETS,
-    "sequence_buckets": {"type": "integer", "minimum": 1, "maximum": 16},
-    "opt_percentile": {"type": "number", "exclusiveMinimum": 0, "maximum": 100},
-    "max_queue_delay_us": {"type": "integer", "minimum": 0},
-    "max_queue_size": {"type": "integer", "minimum": 0},
-    "queue_timeout_us": {"type": "integer", "minimum": 0},
-    "instances": {"type": "integer", "minimum": 1},
-    "tokenizer_instances": {"type": "integer", "minimum": 1,
-                            "description": "Python-backend tokenizer instances (each uses one core)"},
-    "workspace_mib": {"type": "integer", "minimum": 16},
-    "builder_optimization_level": {"type": "integer", "minimum": 0, "maximum": 5},
-    "hardware_compatibility": {"enum": ["none", "ampere+", "same-compute-capability"]},
-    "version_compatible": {"type": "boolean"},
-    "cuda_graphs": {"type": "boolean"},
-    "multi_arch": {"type": "boolean", "description": "name plans per compute capability (cc_model_filenames)"},
-}
 SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "tritonbundle models manifest",
@@ -78,7 +109,7 @@ SCHEMA: dict[str, Any] = {
     "properties": {
         "version": {"const": 1},
         "traffic": {"type": "string", "description": "traffic sample (JSON Lines), relative to the manifest"},
-        "defaults": {"type": "object", "additionalProperties": False, "properties": _TUNABLES},
+        "defaults": {"type": "object", "additionalProperties": False, "properties": _tunables_schema()},
         "models": {
             "type": "array",
             "minItems": 1,
@@ -93,7 +124,7 @@ SCHEMA: dict[str, Any] = {
                         "type": "object",
                         "additionalProperties": False,
                         "properties": {
-                            "recipe": {"enum": list(RECIPES)},
+                            "recipe": {"type": "string", "minLength": 1},
                             "onnx": {"type": "string", "minLength": 1},
                         },
                         "oneOf": [{"required": ["recipe"]}, {"required": ["onnx"]}],
@@ -115,33 +146,11 @@ SCHEMA: dict[str, Any] = {
                         "description": "INT8 calibration data: a .npz holding one array per input (first axis: samples)",
                     },
                     "tolerance": {"type": "number", "exclusiveMinimum": 0},
-                    **_TUNABLES,
+                    **_tunables_schema(),
                 },
             },
         },
     },
-}
-
-_DEFAULTS: dict[str, Any] = {
-    "target": "cpu",
-    "runtime": "onnxruntime",
-    "precision": "fp32",
-    "batch_buckets": [1, 8, 32],
-    "sequence_buckets": 4,
-    "opt_percentile": 95.0,
-    "max_queue_delay_us": 2000,
-    # Overload: at most this many requests wait per model; one that waited this long is rejected
-    # (UNAVAILABLE / HTTP 503) instead of piling up until clients time out.
-    "max_queue_size": 64,
-    "queue_timeout_us": 1_000_000,
-    "instances": 1,
-    "tokenizer_instances": 2,
-    "workspace_mib": 4096,
-    "builder_optimization_level": 3,
-    "hardware_compatibility": "none",
-    "version_compatible": False,
-    "cuda_graphs": True,
-    "multi_arch": False,
 }
 
 
@@ -168,36 +177,21 @@ class TensorDecl:
         return tuple(i for i, d in enumerate(self.shape) if d == "sequence")
 
 
-@dataclass(frozen=True)
-class ModelSpec:
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec(Tunables):
+    """One model of the manifest: what it is, where it comes from, and its tunables."""
+
     name: str
     task: str
     recipe: str | None
     onnx_path: Path | None
     inputs: tuple[TensorDecl, ...]
     outputs: tuple[TensorDecl, ...]
-    target: str
-    runtime: str
-    precision: str
-    batch_buckets: tuple[int, ...]
-    sequence_buckets: int
-    opt_percentile: float
-    max_queue_delay_us: int
-    max_queue_size: int
-    queue_timeout_us: int
-    instances: int
     max_sequence_length: int
     tokenizer_file: Path | None
     tokenizer_max_length: int
     traffic: Path | None
     calibration: Path | None
-    workspace_mib: int
-    builder_optimization_level: int
-    hardware_compatibility: str
-    version_compatible: bool
-    cuda_graphs: bool
-    multi_arch: bool = False
-    tokenizer_instances: int = 2
     tolerance: float | None = None
 
     @property
@@ -215,11 +209,11 @@ class ModelSpec:
     @property
     def encoder_name(self) -> str:
         """The name of the model that runs the network (the ensemble keeps the plain name)."""
-        return f"{self.name}_encoder" if self.task == "text-embedding" else self.name
+        return contract.encoder_name(self.name, text=self.task == "text-embedding")
 
     @property
     def tokenizer_name(self) -> str:
-        return f"{self.name}_tokenizer"
+        return contract.tokenizer_name(self.name)
 
 
 @dataclass(frozen=True)
@@ -254,7 +248,7 @@ def _describe(error: Any) -> str:
     if error.validator == "enum":
         return f"{where}: {error.instance!r} is not allowed; allowed values: {', '.join(map(str, schema['enum']))}"
     if error.validator == "oneOf" and "source" in where:
-        return f"{where}: give exactly one of 'recipe' ({', '.join(RECIPES)}) or 'onnx' (a path)"
+        return f"{where}: give exactly one of 'recipe' (a name from tritonbundle.recipes) or 'onnx' (a path)"
     if error.validator == "anyOf" and "shape" in where:
         return f"{where}: {error.instance!r} is not a dimension; use a positive integer, 'batch' or 'sequence'"
     if error.validator == "required":
@@ -262,11 +256,26 @@ def _describe(error: Any) -> str:
     return f"{where}: {error.message}"
 
 
-def validate(data: Any, *, source: str) -> None:
+def schema(*, runtimes: Sequence[str] = (), recipes: Sequence[str] = ()) -> dict[str, Any]:
+    """The manifest's JSON Schema; with the names of the runtimes and recipes that exist (the build
+    stage passes them; this module knows neither), those keys only take those names."""
+    import copy
+
+    out = copy.deepcopy(SCHEMA)
+    model = out["properties"]["models"]["items"]["properties"]
+    if runtimes:
+        for props in (model, out["properties"]["defaults"]["properties"]):
+            props["runtime"] = {"enum": list(runtimes)}
+    if recipes:
+        model["source"]["properties"]["recipe"] = {"enum": list(recipes)}
+    return out
+
+
+def validate(data: Any, *, source: str, runtimes: Sequence[str] = (), recipes: Sequence[str] = ()) -> None:
     """Check ``data`` against the schema; raise one :class:`ConfigError` listing every problem."""
     import jsonschema
 
-    validator = jsonschema.Draft202012Validator(SCHEMA)
+    validator = jsonschema.Draft202012Validator(schema(runtimes=runtimes, recipes=recipes))
     errors = sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
         lines = "\n".join(f"  - {_describe(e)}" for e in errors)
@@ -280,7 +289,7 @@ def _tensor(raw: Mapping[str, Any], *, where: str) -> TensorDecl:
     return TensorDecl(raw["name"], normalize_dtype(raw["dtype"], where=f"{where}.dtype"), shape)
 
 
-def load(path: Path | str) -> Manifest:
+def load(path: Path | str, *, runtimes: Sequence[str] = (), recipes: Sequence[str] = ()) -> Manifest:
     """Read and validate a manifest; relative paths in it are relative to the manifest's folder."""
     path = Path(path)
     try:
@@ -289,13 +298,13 @@ def load(path: Path | str) -> Manifest:
         raise ConfigError(f"manifest {path} does not exist") from e
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from e
-    return from_dict(data, path=path)
+    return from_dict(data, path=path, runtimes=runtimes, recipes=recipes)
 
 
-def from_dict(data: Any, *, path: Path) -> Manifest:
-    validate(data, source=str(path))
+def from_dict(data: Any, *, path: Path, runtimes: Sequence[str] = (), recipes: Sequence[str] = ()) -> Manifest:
+    validate(data, source=str(path), runtimes=runtimes, recipes=recipes)
     base = path.parent
-    defaults = {**_DEFAULTS, **data.get("defaults", {})}
+    defaults = data.get("defaults", {})
     manifest_traffic = base / data["traffic"] if data.get("traffic") else None
     models = []
     seen: set[str] = set()
@@ -304,8 +313,10 @@ def from_dict(data: Any, *, path: Path) -> Manifest:
         if raw["name"] in seen:
             raise ConfigError(f"{path}: {where}.name: {raw['name']!r} is used by two models")
         seen.add(raw["name"])
-        def get(key: str, raw: dict[str, Any] = raw) -> Any:
-            return raw.get(key, defaults.get(key))
+        tunables = {
+            f.name: _tunable_value(f, raw[f.name] if f.name in raw else defaults.get(f.name, f.default))
+            for f in fields(Tunables)
+        }
 
         inputs = tuple(_tensor(t, where=f"{where}.inputs[{i}]") for i, t in enumerate(raw["inputs"]))
         outputs = tuple(_tensor(t, where=f"{where}.outputs[{i}]") for i, t in enumerate(raw["outputs"]))
@@ -327,15 +338,6 @@ def from_dict(data: Any, *, path: Path) -> Manifest:
                 raise ConfigError(f"{path}: {where}.tokenizer.file: a text-embedding model from ONNX needs a tokenizer.json")
         sequence = any(t.sequence_axes for t in inputs)
         max_seq = int(raw.get("max_sequence_length", 512 if sequence else 0))
-        runtime, target, precision = get("runtime"), get("target"), get("precision")
-        if precision == "int8" and runtime == "tensorrt" and not raw.get("calibration"):
-            raise ConfigError(
-                f"{path}: {where}.calibration: precision int8 needs calibration data (a .npz holding one array per input), or an ONNX with explicit Q/DQ and runtime onnxruntime"
-            )
-        if runtime == "tensorrt" and target != "gpu":
-            raise ConfigError(f"{path}: {where}.runtime: tensorrt needs target gpu (the CPU server has no TensorRT backend)")
-        if runtime == "pytorch" and raw["source"].get("recipe") is None:
-            raise ConfigError(f"{path}: {where}.runtime: the pytorch runtime needs a source recipe, not an ONNX file")
         models.append(
             ModelSpec(
                 name=raw["name"],
@@ -344,43 +346,26 @@ def from_dict(data: Any, *, path: Path) -> Manifest:
                 onnx_path=(base / raw["source"]["onnx"]) if raw["source"].get("onnx") else None,
                 inputs=inputs,
                 outputs=outputs,
-                target=target,
-                runtime=runtime,
-                precision=precision,
-                batch_buckets=tuple(sorted(get("batch_buckets"))),
-                sequence_buckets=int(get("sequence_buckets")),
-                opt_percentile=float(get("opt_percentile")),
-                max_queue_delay_us=int(get("max_queue_delay_us")),
-                max_queue_size=int(get("max_queue_size")),
-                queue_timeout_us=int(get("queue_timeout_us")),
-                instances=int(get("instances")),
                 max_sequence_length=max_seq,
                 tokenizer_file=(base / tokenizer["file"]) if tokenizer.get("file") else None,
                 tokenizer_max_length=int(tokenizer.get("max_length", max_seq or 512)),
                 traffic=(base / raw["traffic"]) if raw.get("traffic") else manifest_traffic,
                 calibration=(base / raw["calibration"]) if raw.get("calibration") else None,
-                workspace_mib=int(get("workspace_mib")),
-                builder_optimization_level=int(get("builder_optimization_level")),
-                hardware_compatibility=str(get("hardware_compatibility")),
-                version_compatible=bool(get("version_compatible")),
-                cuda_graphs=bool(get("cuda_graphs")),
-                multi_arch=bool(get("multi_arch")),
-                tokenizer_instances=int(get("tokenizer_instances")),
                 tolerance=raw.get("tolerance"),
+                **tunables,
             )
         )
     return Manifest(path=path, models=tuple(models), traffic=manifest_traffic, raw=data)
 
 
 def override(manifest: Manifest, **changes: Any) -> Manifest:
-    """A copy with fields of every model replaced (``--target gpu`` on the command line, say)."""
-    import dataclasses
-
+    """A copy with tunables of every model replaced (``--target gpu`` on the command line, say).
+    The build stage checks the result with the runtimes, as it does a manifest read from a file."""
     changes = {k: v for k, v in changes.items() if v is not None}
+    known = {f.name for f in fields(Tunables)}
+    unknown = sorted(set(changes) - known)
+    if unknown:
+        raise ConfigError(f"cannot override {', '.join(unknown)}: not a tunable ({', '.join(sorted(known))})")
     if not changes:
         return manifest
-    models = tuple(dataclasses.replace(m, **changes) for m in manifest.models)
-    for m in models:
-        if m.runtime == "tensorrt" and m.target != "gpu":
-            raise ConfigError(f"model {m.name}: runtime tensorrt needs target gpu")
-    return dataclasses.replace(manifest, models=models)
+    return replace(manifest, models=tuple(replace(m, **changes) for m in manifest.models))

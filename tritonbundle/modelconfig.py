@@ -11,11 +11,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2 as pb
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from tritonbundle.errors import ConfigError
+
+if TYPE_CHECKING:
+    from tritonclient.grpc import model_config_pb2 as pb_types
+
+
+def _pb() -> ModuleType:
+    """Triton's ModelConfig protobuf module (imported when a config is written or read, not at startup)."""
+    from tritonclient.grpc import model_config_pb2
+
+    return model_config_pb2
 
 #: Triton tensor data types (``TYPE_`` prefix dropped), as used by the protocol and in manifests.
 DTYPES = (
@@ -187,7 +196,8 @@ class ModelConfig:
             raise ConfigError(f"model {self.name!r}: latest_versions must be >= 1")
 
     # -- protobuf ---------------------------------------------------------------------------
-    def to_proto(self) -> pb.ModelConfig:
+    def to_proto(self) -> pb_types.ModelConfig:
+        pb = _pb()
         cfg = pb.ModelConfig(name=self.name, max_batch_size=self.max_batch_size)
         if self.platform:
             cfg.platform = self.platform
@@ -251,18 +261,23 @@ class ModelConfig:
         return cfg
 
     def to_pbtxt(self) -> str:
+        from google.protobuf import text_format
+
         return text_format.MessageToString(self.to_proto())
 
 
-def parse_pbtxt(text: str, *, source: str = "config.pbtxt") -> pb.ModelConfig:
+def parse_pbtxt(text: str, *, source: str = "config.pbtxt") -> pb_types.ModelConfig:
     """Parse a ``config.pbtxt`` into Triton's ``ModelConfig``; raise :class:`ConfigError` naming the file."""
+    from google.protobuf import text_format
+
     try:
-        return text_format.Parse(text, pb.ModelConfig())
+        config: pb_types.ModelConfig = text_format.Parse(text, _pb().ModelConfig())
+        return config
     except text_format.ParseError as e:
         raise ConfigError(f"{source}: not a valid Triton ModelConfig: {e}") from e
 
 
-def read_config(path: Path) -> pb.ModelConfig:
+def read_config(path: Path) -> pb_types.ModelConfig:
     return parse_pbtxt(path.read_text(), source=str(path))
 
 

@@ -1,17 +1,26 @@
-"""The one wrapper through which every external command runs (trtexec, docker, helm, ...).
+"""External processes, two kinds:
 
-Each command is logged, a ``reproduce.sh`` is written next to its output so a user can run exactly
-the same thing by hand, and a failure raises :class:`CommandError` quoting the command and the tail
-of its output.
+* commands that run to completion (nvidia-smi, trtexec, docker, helm) go through :func:`run`: each is
+  logged, a ``reproduce.sh`` can be written next to its output so a user can run exactly the same
+  thing by hand, and a failure raises :class:`CommandError` quoting the command and the tail of its
+  output;
+* long-lived processes (tritonserver, the benchmark's servers and load generators) are started in
+  their own process group with :func:`start_group` and ended with :func:`stop_group` (SIGTERM to the
+  whole group, SIGKILL after a grace period), so no child outlives its owner.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
+import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+import time
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import IO, Any
 
 from tritonbundle.errors import CommandError
 from tritonbundle.log import LOG
@@ -72,3 +81,75 @@ def run(
             f"command failed with exit code {result.returncode}: {command}\n" + "\n".join(tail)
         )
     return result
+
+
+# -- process groups -----------------------------------------------------------------------------------
+def start_group(
+    argv: Sequence[str | os.PathLike[str]], *, log: Path | IO[bytes] | None = None, env: Mapping[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` as the leader of a new session (its own process group), output to ``log``.
+    Not logged here: the command may carry a secret (tritonserver's API key); callers log it redacted."""
+    out: Any = subprocess.DEVNULL
+    if isinstance(log, Path):
+        log.parent.mkdir(parents=True, exist_ok=True)
+        out = open(log, "ab")  # noqa: SIM115 - the child holds it; closed here after Popen
+    elif log is not None:
+        out = log
+    try:
+        return subprocess.Popen(  # noqa: S603
+            [str(a) for a in argv], stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            env=None if env is None else {**os.environ, **env},
+        )
+    finally:
+        if isinstance(log, Path):
+            out.close()
+
+
+def stop_group(proc: subprocess.Popen[Any], *, grace_s: float = 10.0) -> int | None:
+    """SIGTERM the process's group, wait ``grace_s``, then SIGKILL it; reap leftovers of a dead leader."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            LOG.warning("process %d did not stop within %.0f s; killing its group", proc.pid, grace_s)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    else:
+        # The leader is gone; children it started (Python backend stubs) may not be.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode
+
+
+def http_ok(url: str, *, timeout_s: float = 2.0) -> bool:
+    """True when ``url`` answers 200."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as r:  # noqa: S310 - our own servers
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def wait_until(ready: Callable[[], bool], *, timeout_s: float, proc: subprocess.Popen[Any] | None = None,
+               what: str = "the process", interval_s: float = 0.25) -> None:
+    """Poll ``ready()`` until it holds; raise :class:`CommandError` if ``proc`` exits or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise CommandError(f"{what} exited with code {proc.returncode} before becoming ready")
+        if ready():
+            return
+        if time.monotonic() > deadline:
+            raise CommandError(f"{what} was not ready after {timeout_s:g} s")
+        time.sleep(interval_s)
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    """The last lines of a log file ('(no log)' when there is none)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"

@@ -3,7 +3,7 @@
 Two installations are supported:
 
 * the Triton 2.51 binary inside the ``nvidia-pytriton`` wheel (Python backend only; runs on CPU),
-  prepared as ../shared/ENVIRONMENT.md describes: the wheel's bundled libraries on
+  prepared the way the README's "The CPU server" section describes: the wheel's bundled libraries on
   ``LD_LIBRARY_PATH``, the Python backend stub of this interpreter's version next to the backend, and
   this environment's ``bin/`` first on ``PATH`` so Python models import this environment's packages;
 * any other install (the NGC image's ``/opt/tritonserver``), named by ``$TRITONSERVER`` or
@@ -19,24 +19,19 @@ import contextlib
 import importlib.util
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tritonbundle import proc
+from tritonbundle.contract import RESTRICTED_APIS, RESTRICTED_HEADER
 from tritonbundle.errors import ServerError
 from tritonbundle.log import LOG
-
-RESTRICTED_HEADER = "tritonbundle-key"
-#: Restricted API groups: everything that changes or reveals the server's state beyond inference.
-RESTRICTED_APIS = ("model-repository", "shared-memory", "trace", "logging")
 
 
 @dataclass(frozen=True)
@@ -191,7 +186,6 @@ class TritonServer:
     options: ServerOptions
     installation: Installation | None = None
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
-    _log_file: object | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         o = self.options
@@ -255,29 +249,14 @@ class TritonServer:
         if not repo.is_dir():
             raise ServerError(f"model repository {repo} does not exist (run `tritonbundle repo` first)")
         assert self.installation is not None
-        env = {**os.environ, **self.installation.env}
-        log_path = o.log_path
-        if log_path is not None:
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._log_file = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
-            out: int | object = self._log_file
-        else:
-            out = subprocess.DEVNULL
         LOG.debug("starting %s", redact(" ".join(self.command()), o.restricted_api_key))
-        self.process = subprocess.Popen(  # noqa: S603
-            self.command(), env=env, stdout=out, stderr=subprocess.STDOUT,  # type: ignore[arg-type]
-            start_new_session=True,
-        )
+        self.process = proc.start_group(self.command(), log=o.log_path, env=self.installation.env)
         if wait:
             self.wait_ready(timeout_s=ready_timeout_s)
         return self
 
     def is_ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:  # noqa: S310
-                return bool(r.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
+        return proc.http_ok(f"http://{self.http_url}/v2/health/ready")
 
     def wait_ready(self, *, timeout_s: float = 120.0) -> None:
         """Wait until ``/v2/health/ready`` answers 200; raise with the log's tail if it never does."""
@@ -302,28 +281,10 @@ class TritonServer:
 
     def stop(self, *, timeout_s: float | None = None) -> int | None:
         """SIGTERM, wait for Triton's own drain (``exit_timeout_s`` + margin), then SIGKILL."""
-        proc = self.process
-        if proc is None:
+        if self.process is None:
             return None
-        if proc.poll() is None:
-            wait_s = timeout_s if timeout_s is not None else self.options.exit_timeout_s + 10
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=wait_s)
-            except subprocess.TimeoutExpired:
-                LOG.warning("tritonserver did not stop within %.0f s; killing it", wait_s)
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
-        else:
-            # Reap the stub processes the server may have left behind.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-        if self._log_file is not None:
-            self._log_file.close()  # type: ignore[attr-defined]
-            self._log_file = None
-        return proc.returncode
+        grace = timeout_s if timeout_s is not None else self.options.exit_timeout_s + 10
+        return proc.stop_group(self.process, grace_s=grace)
 
     def __enter__(self) -> TritonServer:
         if self.process is None:

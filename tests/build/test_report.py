@@ -26,13 +26,13 @@ def test_plan_command_writes_table_json_and_histogram(tmp_path: Path, capsys: ob
 
 def test_onnxruntime_gpu_target_uses_the_onnxruntime_backend(tmp_path: Path) -> None:
     from tritonbundle import manifest, traffic
-    from tritonbundle.build import planner
-    from tritonbundle.runtimes.base import BuildContext
-    from tritonbundle.runtimes.onnxruntime import OnnxRuntime
+    from tritonbundle import plan as planner
+    from tritonbundle.runtimes.base import BuildContext, Written
+    from tritonbundle.runtimes.onnxruntime.plugin import OnnxRuntime
 
     spec = manifest.override(manifest.load(ROOT / "build" / "models.yaml"), target="gpu").model("minilm")
-    plan = planner.plan_model(spec, traffic.load(spec.traffic))  # type: ignore[arg-type]
-    cfg = parse_pbtxt(OnnxRuntime().config(BuildContext(spec, plan, None, tmp_path)).to_pbtxt())
+    plan = planner.plan_model(spec, traffic.load(spec.traffic), policy=OnnxRuntime().padding_policy("gpu"))  # type: ignore[arg-type]
+    cfg = parse_pbtxt(OnnxRuntime().config(BuildContext(spec, plan, None, tmp_path), Written()).to_pbtxt())
     assert cfg.platform == "onnxruntime_onnx" and not cfg.backend
     assert cfg.instance_group[0].kind == cfg.instance_group[0].KIND_GPU
     assert plan.policy == "targets"

@@ -12,7 +12,8 @@ import pytest
 
 from tritonbundle.errors import ConfigError
 from tritonbundle.loadtests.report import best_level, evaluate_gates
-from tritonbundle.loadtests.settings import LoadSettings, Slo, shape_users
+from tritonbundle.loadtests.settings import LoadSettings, shape_users
+from tritonbundle.measure.latency import Slo
 
 
 @pytest.fixture
@@ -55,8 +56,8 @@ def _summary(p95: float, p99: float, failures: int = 0) -> dict[str, Any]:
 def test_gates_name_every_broken_threshold() -> None:
     gates = evaluate_gates(_summary(120, 300, failures=2), Slo(p95_ms=100, p99_ms=250, max_failure_ratio=0.01))
     assert not gates["passed"]
-    assert "http: p95 120 ms > SLO 100 ms" in gates["failures"]
-    assert "grpc: p99 300 ms > SLO 250 ms" in gates["failures"]
+    assert "http: p95 120.0 ms > SLO 100 ms" in gates["failures"]
+    assert "grpc: p99 300.0 ms > SLO 250 ms" in gates["failures"]
     assert any("failure ratio 0.020 > 0.01" in f for f in gates["failures"])
     assert evaluate_gates(_summary(50, 90), Slo(p95_ms=100, p99_ms=250))["passed"]
 

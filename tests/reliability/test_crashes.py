@@ -56,7 +56,8 @@ def wait_ready(url: str, timeout_s: float) -> float:
 
 def test_supervisor_restarts_a_killed_server_and_retries_carry_requests_over(repository: Path, tmp_path: Path) -> None:
     from tritonbundle.loadtests import runner
-    from tritonbundle.loadtests.settings import LoadSettings, Slo
+    from tritonbundle.loadtests.settings import LoadSettings
+    from tritonbundle.measure.latency import Slo
 
     http, grpc, metrics = free_port(), free_port(), free_port()
     serve = subprocess.Popen(

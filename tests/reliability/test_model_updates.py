@@ -53,7 +53,8 @@ def _new_version(repo: Path, version: int, *, broken: bool = False) -> None:
 def test_loading_a_new_version_during_a_load_test_drops_nothing(explicit_server: tuple[Any, Path], tmp_path: Path) -> None:
     from tritonbundle.clients import HttpClient
     from tritonbundle.loadtests import runner
-    from tritonbundle.loadtests.settings import LoadSettings, Slo
+    from tritonbundle.loadtests.settings import LoadSettings
+    from tritonbundle.measure.latency import Slo
 
     server, repo = explicit_server
     settings = LoadSettings(http_url=server.http_url, grpc_url=server.grpc_url, users=4, duration_s=20, retries=1,

@@ -1,11 +1,15 @@
-"""``tritonbundle bench``: the serving benchmark (naive PyTorch serving vs the bundle vs the engine's
-ceiling, on one GPU, on the same traffic) and the packing that carries what it needs to a GPU machine.
+"""``tritonbundle bench``: the serving benchmark: naive PyTorch serving vs the bundle vs the engine's
+ceiling, on one GPU, on the same traffic, in one run.
 
-* :mod:`.stats`: pure bookkeeping (percentiles, SLO checks, the rate search, ratios, padding, ceiling)
+* :mod:`.options`: the settings and the time each step gets
+* :mod:`.workspace`: the tokenizer, the repository the build stage writes, the servers' environment
+* :mod:`.phase`: the run's context and the rate search with server-side observations
+* :mod:`.naive` (+ :mod:`.naive_server`), :mod:`.bundle` (+ :mod:`.breakdown`), :mod:`.ceiling`: the systems
+* :mod:`.answers`: every system's answers checked against the FP32 reference before it is measured
 * :mod:`.loadgen`: open-model load generator processes (Poisson arrivals) for gRPC and HTTP
-* :mod:`.naive_server`: the baseline, a plain aiohttp server running the model one request at a time
-* :mod:`.probes`: GPU name/driver/utilisation (NVML or nvidia-smi) and per-process CPU time
-* :mod:`.runner`: the orchestration, phase by phase within a time budget
-* :mod:`.report`: bench.json, bench.md, bench.png and the console table
-* :mod:`.pack`: the trimmed tritonserver, wheels and weights for the GPU machine
+* :mod:`.accounting`: ratios, padding accounting and the ceiling arithmetic (pure)
+* :mod:`.run`: the orchestration, phase by phase within a time budget; :mod:`.report`: its outputs
+
+Latencies, the SLO gate and the rate search are the measurement core's (:mod:`tritonbundle.measure`).
+The GPU machine's tooling (packing the server and weights it lacks) is in ``scripts/``.
 """

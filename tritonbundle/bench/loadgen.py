@@ -27,14 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tritonbundle.bench import stats as st
+from tritonbundle.measure.latency import StepResult, step_result
 
 
 # -- the worker -------------------------------------------------------------------------------------------
 def text_pool(traffic: str, *, seed: int, size: int, max_tokens: int = 512) -> list[tuple[int, str]]:
     """(tokens, text) pairs drawn from the traffic sample; each text tokenizes to exactly ``tokens``."""
     from tritonbundle import traffic as traffic_mod
-    from tritonbundle.loadtests.payloads import PayloadFactory
+    from tritonbundle.payloads import PayloadFactory
 
     factory = PayloadFactory(traffic_mod.load(traffic), seed=seed, max_tokens=max_tokens, max_batch=1)
     out = []
@@ -262,7 +262,7 @@ class LoadPool:
             for i in range(self.processes)
         ], ready_timeout_s)
 
-    def step(self, rate: float, *, warmup_s: float, window_s: float, grace_s: float, seed: int) -> st.StepResult:
+    def step(self, rate: float, *, warmup_s: float, window_s: float, grace_s: float, seed: int) -> StepResult:
         per = rate / self.processes
         start = time.monotonic()
         answers = self._ask_all([
@@ -282,7 +282,7 @@ class LoadPool:
             "client_lag_max_ms": max(a["lag_max_ms"] for a in answers),
             "step_wall_s": round(time.monotonic() - start, 3),
         }
-        return st.step_result(rate, window_s, latencies, sum(errors.values()), sent=sent, extra=extra)
+        return step_result(rate, window_s, latencies, sum(errors.values()), sent=sent, extra=extra)
 
     def stop(self) -> None:
         for proc in self.procs:

@@ -1,9 +1,10 @@
 """The naive baseline: what a team writes on day one.
 
-A plain aiohttp server; ``POST /embed {"text": "..."}`` tokenizes on the server, runs the Hugging Face
-BERT model in PyTorch FP32 eagerly (mean pooling over the mask, L2 normalisation), one request at a
-time (the model call blocks the event loop, so requests are served strictly one by one), and answers
-``{"embedding": [...]}``. No batching, no padding buckets, no graphs.
+A plain aiohttp server; ``POST /embed {"text": "..."}`` tokenizes on the server, runs the recipe's
+encoder (:func:`tritonbundle.recipes.encoder`, the same network every system runs) in PyTorch FP32
+eagerly, one request at a time (the model call blocks the event loop, so requests are served
+strictly one by one), and answers ``{"embedding": [...]}``. No batching, no padding buckets, no
+graphs: naive by how it runs the model, not by running a different one.
 
     python -m tritonbundle.bench.naive_server --weights DIR --tokenizer tokenizer.json --port 8080
 """
@@ -20,27 +21,21 @@ from typing import Any
 def build_app(weights: Path, tokenizer_file: Path, device: str, max_length: int = 512) -> Any:
     import torch
     from aiohttp import web
-    from safetensors.torch import load_file
     from tokenizers import Tokenizer
-    from transformers import BertConfig, BertModel
 
-    config = BertConfig.from_dict(json.loads((weights / "config.json").read_text()))
-    model: Any = BertModel(config, add_pooling_layer=False)
-    model.load_state_dict({k: v.float() for k, v in load_file(str(weights / "model.safetensors")).items()}, strict=False)
-    model = model.to(torch.device(device)).float().eval()
+    from tritonbundle import recipes
+
+    config, state = recipes.load_folder(weights)
+    model = recipes.encoder(config, state, dtype=torch.float32, device=torch.device(device))
     tokenizer = Tokenizer.from_file(str(tokenizer_file))
     tokenizer.no_padding()
     tokenizer.enable_truncation(max_length=max_length)
 
     def embed(text: str) -> list[float]:
         ids = torch.tensor([tokenizer.encode(text).ids], dtype=torch.long, device=device)
-        mask = torch.ones_like(ids)
         with torch.no_grad():
-            hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state
-            m = mask.unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9)
-            vector = torch.nn.functional.normalize(pooled, p=2.0, dim=1)[0]
-        return vector.cpu().tolist()
+            vector = model(ids, torch.ones_like(ids))[0]
+        return vector.cpu().tolist()  # type: ignore[no-any-return]
 
     embed("warm up")
 

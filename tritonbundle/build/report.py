@@ -7,8 +7,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from tritonbundle.build.planner import ModelPlan
 from tritonbundle.manifest import ModelSpec
+from tritonbundle.plan import ModelPlan
 
 
 @dataclass(frozen=True)

@@ -20,47 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tritonbundle import runtimes
-from tritonbundle.build.planner import ModelPlan
+from tritonbundle.contract import TEXT_INPUT, ContractError, Parameters, TokenizerParameters
 from tritonbundle.errors import BuildError, ConfigError
 from tritonbundle.log import LOG
 from tritonbundle.manifest import ModelSpec
-from tritonbundle.modelconfig import (
-    DynamicBatching,
-    EnsembleStep,
-    InstanceGroup,
-    ModelConfig,
-    TensorSpec,
-    read_config,
-    write_config,
-)
-from tritonbundle.runtimes.base import BuildContext, link_or_copy, python_model, queue_policy
-
-TEXT_INPUT = "TEXT"
-
-
-def tokenizer_config(spec: ModelSpec, plan: ModelPlan) -> ModelConfig:
-    ids, mask = spec.inputs
-    return ModelConfig(
-        name=spec.tokenizer_name,
-        backend="python",
-        max_batch_size=spec.max_batch_size,
-        inputs=(TensorSpec(TEXT_INPUT, "STRING", (1,)),),
-        outputs=(TensorSpec(ids.name, ids.dtype, (-1,)), TensorSpec(mask.name, mask.dtype, (-1,))),
-        # Tokenizing is cheap; batching lets one encode_batch call serve every queued request.
-        # The queue is bounded like the encoder's, so overload is refused at the door.
-        dynamic_batching=DynamicBatching(
-            max_queue_delay_us=0,
-            queue_policy=queue_policy(spec),
-        ),
-        instance_groups=(InstanceGroup(count=spec.tokenizer_instances, kind="KIND_CPU"),),
-        parameters={
-            "tokenizer_file": "tokenizer.json",
-            "max_length": str(spec.tokenizer_max_length),
-            "max_text_bytes": str(1 << 20),
-            "padding_targets": ",".join(map(str, plan.padding_targets)),
-            "pad_id": "0",
-        },
-    )
+from tritonbundle.modelconfig import EnsembleStep, ModelConfig, TensorSpec, read_config, write_config
+from tritonbundle.plan import ModelPlan
+from tritonbundle.runtimes.base import BuildContext
+from tritonbundle.runtimes.tokenizer import plugin as tokenizer
 
 
 def ensemble_config(spec: ModelSpec) -> ModelConfig:
@@ -95,37 +62,46 @@ class ModelArtifacts:
 def _stage_model(
     spec: ModelSpec, plan: ModelPlan, artifacts: ModelArtifacts, staging: Path, work_dir: Path, *,
     version: int, force: bool, previous: Path | None,
-) -> list[str]:
-    """Write every Triton model that ``spec`` becomes into ``staging``; return their names."""
+) -> dict[str, type[Parameters] | None]:
+    """Write every Triton model that ``spec`` becomes into ``staging``; return their names and the
+    parameter record each one's config must carry."""
     runtime = runtimes.get(spec.runtime)
     ctx = BuildContext(
         spec=spec, plan=plan, onnx_path=artifacts.onnx_path, work_dir=work_dir, version=version, force=force,
         previous_dir=previous,
     )
     encoder_dir = staging / spec.encoder_name
-    runtime.write_files(ctx, encoder_dir / str(version))
-    write_config(runtime.config(ctx), encoder_dir)
-    names = [spec.encoder_name]
+    written = runtime.write_files(ctx, encoder_dir / str(version))
+    write_config(runtime.config(ctx, written), encoder_dir)
+    names: dict[str, type[Parameters] | None] = {spec.encoder_name: runtime.parameters(spec)}
     if spec.task == "text-embedding":
         if artifacts.tokenizer_path is None:
             raise BuildError(f"model {spec.name}: a text-embedding model needs a tokenizer.json (run export first)")
         tok_dir = staging / spec.tokenizer_name
-        python_model("tokenizer", tok_dir / str(version))
-        link_or_copy(artifacts.tokenizer_path, tok_dir / str(version) / "tokenizer.json")
-        write_config(tokenizer_config(spec, plan), tok_dir)
+        tokenizer.write_files(artifacts.tokenizer_path, tok_dir / str(version))
+        write_config(tokenizer.config(spec, plan), tok_dir)
         ens_dir = staging / spec.name
         (ens_dir / str(version)).mkdir(parents=True, exist_ok=True)
         (ens_dir / str(version) / ".gitkeep").touch()
         write_config(ensemble_config(spec), ens_dir)
-        names += [spec.tokenizer_name, spec.name]
+        names.update({spec.tokenizer_name: TokenizerParameters, spec.name: None})
     return names
 
 
-def _check_staged(staging: Path, names: Sequence[str]) -> None:
-    for name in names:
+def _check_staged(staging: Path, names: dict[str, type[Parameters] | None]) -> None:
+    """Every config parses as Triton's ModelConfig, names its folder, and carries exactly the
+    parameter record its served model (or the clients) will read: a renamed or missing parameter
+    fails here, at build time, not at the first request."""
+    for name, record in names.items():
         config = read_config(staging / name / "config.pbtxt")  # raises ConfigError naming the file
         if config.name != name:
             raise ConfigError(f"{staging / name}: config names the model {config.name!r}")
+        if record is not None:
+            params = {k: v.string_value for k, v in config.parameters.items()}
+            try:
+                record.from_parameters(params, strict=True, model=name)
+            except ContractError as e:
+                raise BuildError(f"{staging / name / 'config.pbtxt'}: {e}") from e
 
 
 def write_repository(
@@ -147,17 +123,17 @@ def write_repository(
     staging = repository.parent / f".{repository.name}.staging-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    names: list[str] = []
+    names: dict[str, type[Parameters] | None] = {}
     try:
         for spec, plan, artifacts in models:
             previous = repository / spec.encoder_name / str(version)
-            names += _stage_model(
+            names |= _stage_model(
                 spec, plan, artifacts, staging, work_root / spec.name, version=version, force=force,
                 previous=previous if previous.is_dir() else None,
             )
         _check_staged(staging, names)
         if before_swap is not None:
-            before_swap(staging, names)
+            before_swap(staging, list(names))
         trash = repository.parent / f".{repository.name}.old-{os.getpid()}"
         trash.mkdir(exist_ok=True)
         for name in names:
@@ -167,6 +143,6 @@ def write_repository(
             (staging / name).rename(target)
         shutil.rmtree(trash, ignore_errors=True)
         LOG.info("    wrote %s: %s", repository, ", ".join(sorted(names)))
-        return names
+        return list(names)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -1,29 +1,36 @@
 """The build stage, end to end: ``tritonbundle export | plan | repo | build``.
 
     manifest + traffic sample -> plan (pure) -> ONNX (export + parity) -> graph check
-        -> engines/model files + config.pbtxt (staged) -> accuracy gates -> swap into the repository
+        -> engines/model files + config.pbtxt (staged) -> checks -> swap into the repository
+
+This module orchestrates; what a model becomes is the runtime plug-in's business
+(:mod:`tritonbundle.runtimes`), how buckets are chosen the planner's (:mod:`tritonbundle.plan`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tritonbundle import manifest as manifest_mod
+from tritonbundle import plan as planner
+from tritonbundle import recipes, runtimes
 from tritonbundle import traffic as traffic_mod
-from tritonbundle.build import onnx_check, planner
+from tritonbundle.build import onnx_check
 from tritonbundle.build.repository import ModelArtifacts, write_repository
 from tritonbundle.errors import ConfigError
 from tritonbundle.log import LOG, step
 from tritonbundle.manifest import Manifest, ModelSpec
+from tritonbundle.runtimes.base import BuildContext
 
 DEFAULT_MANIFEST = Path("build/models.yaml")
 DEFAULT_ARTIFACTS = Path("build/artifacts")
 DEFAULT_REPOSITORY = Path("model_repository")
 
 
-@dataclass
+@dataclass(frozen=True)
 class BuildOptions:
     manifest: Path = DEFAULT_MANIFEST
     repository: Path = DEFAULT_REPOSITORY
@@ -31,20 +38,26 @@ class BuildOptions:
     traffic: Path | None = None
     models: tuple[str, ...] = ()
     overrides: dict[str, object] = field(default_factory=dict)
+    #: Rebuild engines and weights even when their metadata still matches.
     force: bool = False
+    #: Export ONNX from the recipes (else use the exports already in ``artifacts``).
     export: bool = True
 
 
 def load_manifest(options: BuildOptions) -> Manifest:
-    m = manifest_mod.load(options.manifest)
+    """The manifest with the command line's overrides, every model checked by its runtime."""
+    m = manifest_mod.load(options.manifest, runtimes=runtimes.names(), recipes=tuple(recipes.RECIPES))
     m = manifest_mod.override(m, **options.overrides)
     if options.models:
         unknown = sorted(set(options.models) - {s.name for s in m.models})
         if unknown:
             raise ConfigError(f"{options.manifest}: no model named {', '.join(unknown)}")
-        import dataclasses
-
         m = dataclasses.replace(m, models=tuple(s for s in m.models if s.name in options.models))
+    for spec in m.models:
+        try:
+            runtimes.get(spec.runtime).check(spec)
+        except ConfigError as e:
+            raise ConfigError(f"{options.manifest}: {e}") from e
     return m
 
 
@@ -59,11 +72,16 @@ def traffic_for(spec: ModelSpec, options: BuildOptions) -> traffic_mod.TrafficSa
     return traffic_mod.load(path)
 
 
+def plan_model(spec: ModelSpec, options: BuildOptions) -> planner.ModelPlan:
+    policy = runtimes.get(spec.runtime).padding_policy(spec.target)
+    return planner.plan_model(spec, traffic_for(spec, options), policy=policy)
+
+
 def plan_all(options: BuildOptions, manifest: Manifest | None = None) -> list[tuple[ModelSpec, planner.ModelPlan]]:
     m = manifest or load_manifest(options)
     out = []
     for spec in m.models:
-        plan = planner.plan_model(spec, traffic_for(spec, options))
+        plan = plan_model(spec, options)
         out.append((spec, plan))
         work = options.artifacts / spec.name
         work.mkdir(parents=True, exist_ok=True)
@@ -72,29 +90,39 @@ def plan_all(options: BuildOptions, manifest: Manifest | None = None) -> list[tu
 
 
 def export_all(options: BuildOptions, manifest: Manifest | None = None) -> dict[str, ModelArtifacts]:
-    from tritonbundle.export.onnx_export import export
+    """Export (or copy) what each model's runtime serves: the ONNX file when it needs one, the tokenizer."""
+    from tritonbundle.build.export import copy_tokenizer, export
 
     m = manifest or load_manifest(options)
     out = {}
     for spec in m.models:
+        work = options.artifacts / spec.name
+        work.mkdir(parents=True, exist_ok=True)
+        tokenizer = copy_tokenizer(spec, work)
+        if not runtimes.get(spec.runtime).needs_onnx:
+            out[spec.name] = ModelArtifacts(None, tokenizer)
+            continue
         step(f"export {spec.name}")
         # Check the user's file (so errors name it) before copying or exporting anything.
         if spec.onnx_path is not None:
             onnx_check.check_graph(spec, spec.onnx_path)
-        result = export(spec, options.artifacts / spec.name, force=options.force)
+        result = export(spec, work, force=options.force)
         if spec.onnx_path is None:
             onnx_check.check_graph(spec, result.onnx_path)
-        out[spec.name] = ModelArtifacts(result.onnx_path, result.tokenizer_path)
+        out[spec.name] = ModelArtifacts(result.onnx_path, tokenizer)
     return out
 
 
 def existing_artifacts(spec: ModelSpec, options: BuildOptions) -> ModelArtifacts:
     work = options.artifacts / spec.name
-    onnx_path = spec.onnx_path or work / "model.onnx"
-    if not onnx_path.exists():
-        raise ConfigError(
-            f"model {spec.name}: {onnx_path} does not exist; run `tritonbundle export` first (or `tritonbundle build`)"
-        )
+    onnx_path: Path | None = None
+    if runtimes.get(spec.runtime).needs_onnx:
+        onnx_path = spec.onnx_path or work / "model.onnx"
+        if not onnx_path.exists():
+            raise ConfigError(
+                f"model {spec.name}: {onnx_path} does not exist; run `tritonbundle export` first (or `tritonbundle build`)"
+            )
+        onnx_check.check_graph(spec, onnx_path)
     tokenizer = work / "tokenizer.json"
     if spec.task == "text-embedding" and not tokenizer.exists():
         if spec.tokenizer_file is not None:
@@ -120,45 +148,21 @@ def build(options: BuildOptions) -> list[str]:
     if options.export:
         artifacts = export_all(options, m)
     else:
-        artifacts = {}
-        for spec in m.models:
-            artifacts[spec.name] = existing_artifacts(spec, options)
-            onnx_check.check_graph(spec, artifacts[spec.name].onnx_path or Path("-"))
+        artifacts = {spec.name: existing_artifacts(spec, options) for spec in m.models}
     step(f"write {options.repository}")
     entries = [(spec, plans[spec.name], artifacts[spec.name]) for spec in m.models]
     return write_repository(entries, options.repository, work_root=options.artifacts, force=options.force)
 
 
 def check_repository(options: BuildOptions) -> list[str]:
-    """Why the repository's TensorRT plans do not fit this GPU and TensorRT (empty: they all fit).
-
-    For init containers: ``tritonbundle build --check || tritonbundle build``. Models of other
-    runtimes have nothing GPU-specific to check.
-    """
-    from tritonbundle.build import tensorrt_engine as te
-    from tritonbundle.runtimes import tensorrt as trt_runtime
-    from tritonbundle.runtimes.base import BuildContext
-
+    """Why the repository's engine files do not fit this machine (empty: they all fit). Each runtime
+    says what it checks (TensorRT: the plans against this GPU and TensorRT; others: nothing)."""
     m = load_manifest(options)
-    specs = [s for s in m.models if s.runtime == "tensorrt"]
-    if not specs:
-        return []
-    platform = te.current_platform()
     problems = []
-    for spec in specs:
-        plan = planner.plan_model(spec, traffic_for(spec, options))
-        version_dir = options.repository / spec.encoder_name / "1"
-        plan_path = version_dir / trt_runtime.plan_name(platform.compute_capability, multi_arch=spec.multi_arch)
-        if not plan_path.exists():
-            problems.append(f"{spec.name}: no plan for {platform.fingerprint} ({plan_path} is missing)")
-            continue
-        metadata = te.EngineMetadata.read(plan_path.with_name(plan_path.name + ".json"))
-        onnx_path = spec.onnx_path or options.artifacts / spec.name / "model.onnx"
-        ctx = BuildContext(spec=spec, plan=plan, onnx_path=onnx_path, work_dir=options.artifacts / spec.name)
-        reasons = te.mismatches(
-            metadata, platform=platform,
-            onnx_sha256=te.sha256_file(onnx_path) or (metadata.onnx_sha256 if metadata else ""),
-            options=trt_runtime.engine_options(ctx), calibration_sha256=te.sha256_file(spec.calibration),
+    for spec in m.models:
+        ctx = BuildContext(
+            spec=spec, plan=plan_model(spec, options),
+            onnx_path=spec.onnx_path or options.artifacts / spec.name / "model.onnx", work_dir=options.artifacts / spec.name,
         )
-        problems += [f"{spec.name}: {plan_path.name}: {reason}" for reason in reasons]
+        problems += runtimes.get(spec.runtime).problems(ctx, options.repository)
     return problems

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from tritonbundle import contract
 from tritonbundle.errors import (
     ClientError,
     DeadlineExceededError,
@@ -23,9 +24,6 @@ from tritonbundle.errors import (
 )
 
 PROTOCOLS = ("http", "grpc")
-RESTRICTED_HEADER = "tritonbundle-key"
-#: Triton's gRPC server reads a restricted-protocol key from this prefix + the header name.
-GRPC_RESTRICTED_PREFIX = "triton-grpc-protocol-"
 
 
 @dataclass(frozen=True)
@@ -145,14 +143,21 @@ class ModelInfo:
         raise KeyError(name)
 
     @property
+    def encoder(self) -> contract.EncoderParameters | None:
+        """What the encoder's config says about token input (None for a model the build did not write)."""
+        try:
+            return contract.EncoderParameters.from_parameters(self.parameters, model=self.name)
+        except contract.ContractError:
+            return None
+
+    @property
     def padding_targets(self) -> tuple[int, ...]:
-        """Lengths the build stage's plan pads to (config parameter ``padding_targets``)."""
-        raw = self.parameters.get("padding_targets", "")
-        return tuple(sorted(int(x) for x in raw.split(",") if x.strip()))
+        """Lengths the build stage's plan pads to."""
+        return tuple(sorted(self.encoder.padding_targets)) if self.encoder else ()
 
     @property
     def max_sequence_length(self) -> int:
-        return int(self.parameters.get("max_sequence_length", "0") or 0)
+        return self.encoder.max_sequence_length if self.encoder else 0
 
 
 def model_info(metadata: dict[str, Any], config: dict[str, Any]) -> ModelInfo:
@@ -260,7 +265,7 @@ def pad_tokens(
     longest = max(1, max(used(r, m) for r, m in zip(rows, masks)))
     if max_length and longest > max_length:
         raise InvalidInputError(f"a row has {longest} tokens; the model takes at most {max_length}")
-    length = next((t for t in sorted(targets) if t >= longest), longest)
+    length = contract.pad_length(longest, targets)
     out_ids = np.full((len(rows), length), pad_id, dtype=np.int64)
     out_mask = np.zeros((len(rows), length), dtype=np.int64)
     for i, (r, m) in enumerate(zip(rows, masks)):
@@ -288,7 +293,7 @@ class ClientBase:
         *,
         model: str = "minilm",
         token_model: str | None = None,
-        text_input: str = "TEXT",
+        text_input: str = contract.TEXT_INPUT,
         token_inputs: tuple[str, str] = ("input_ids", "attention_mask"),
         output: str | None = None,
         timeout_s: float = 30.0,
@@ -308,7 +313,7 @@ class ClientBase:
             raise ValueError("pool_size must be >= 1")
         self.url = url.removeprefix("http://").removeprefix("https://")
         self.model = model
-        self.token_model = token_model or f"{model}_encoder"
+        self.token_model = token_model or contract.encoder_name(model)
         self.text_input = text_input
         self.token_inputs = token_inputs
         self.output = output
@@ -329,8 +334,8 @@ class ClientBase:
         """Headers for the restricted APIs (repository, model control, shared memory)."""
         headers = dict(self.headers)
         if self.api_key:
-            prefix = GRPC_RESTRICTED_PREFIX if self.protocol == "grpc" else ""
-            headers[prefix + RESTRICTED_HEADER] = self.api_key
+            prefix = contract.GRPC_RESTRICTED_PREFIX if self.protocol == "grpc" else ""
+            headers[prefix + contract.RESTRICTED_HEADER] = self.api_key
         return headers
 
     def _not_ready(self) -> ServerUnavailableError:

@@ -26,10 +26,10 @@ from locust.env import Environment
 
 from tritonbundle.clients import RetryPolicy, connect
 from tritonbundle.errors import ClientError
-from tritonbundle.loadtests import metrics
-from tritonbundle.loadtests.payloads import PayloadFactory
-from tritonbundle.loadtests.report import evaluate_gates, summarize
+from tritonbundle.loadtests.report import Recorder, evaluate_gates, finite, summarize
 from tritonbundle.loadtests.settings import LoadSettings, shape_users
+from tritonbundle.measure import triton_metrics as metrics
+from tritonbundle.payloads import PayloadFactory
 from tritonbundle.traffic import TrafficSample, load, synthetic
 
 SETTINGS = LoadSettings.from_env()
@@ -47,6 +47,8 @@ def _sample(settings: LoadSettings) -> TrafficSample:
 
 
 SAMPLE = _sample(SETTINGS)
+#: Every request's latency or failure (the summary's percentiles come from here).
+RECORDER = Recorder()
 _user_ids = itertools.count()
 
 
@@ -94,8 +96,10 @@ class TritonUser(User):
             size = int(result.nbytes)
         except ClientError as e:
             error = e
+        elapsed_ms = (time.perf_counter() - start) * 1000
+        RECORDER.add(self.protocol, kind, elapsed_ms, error is None)
         self.environment.events.request.fire(
-            request_type=self.protocol, name=kind, response_time=(time.perf_counter() - start) * 1000,
+            request_type=self.protocol, name=kind, response_time=elapsed_ms,
             response_length=size, exception=error, context={"tokens": payload.tokens, "batch": payload.batch},
         )
 
@@ -121,6 +125,7 @@ class OpenModel(TritonUser):
         rate = self.settings.rate / max(1, self.environment.runner.user_count if self.environment.runner else 1)
         gevent.sleep(self.factory.rng.exponential(1.0 / rate))
         if self.in_flight >= self.settings.max_in_flight:
+            RECORDER.add(self.protocol, "client saturated", 0.0, False)
             self.environment.events.request.fire(
                 request_type=self.protocol, name="client saturated", response_time=0, response_length=0,
                 exception=RuntimeError(f"{self.in_flight} requests already in flight"), context={},
@@ -198,7 +203,11 @@ def _gate(environment: Environment, **_: Any) -> None:
             _scrapes.append((time.time(), metrics.scrape(SETTINGS.metrics_url or "")))
         except OSError:
             pass
-    summary = summarize(environment.stats, SETTINGS)
+    stats = environment.stats
+    duration = max((stats.total.last_request_timestamp or stats.total.start_time) - stats.total.start_time, 1e-9)
+    errors = [{"method": e.method, "name": e.name, "error": str(e.error), "occurrences": e.occurrences}
+              for e in stats.errors.values()]
+    summary = summarize(RECORDER, SETTINGS, duration, errors)
     if len(_scrapes) >= 2:
         summary["server"] = [v.to_json() for v in metrics.view(_scrapes[0][1], _scrapes[-1][1])]
         summary["server_timeline"] = {
@@ -208,5 +217,5 @@ def _gate(environment: Environment, **_: Any) -> None:
     summary["gates"] = gates
     report = Path(SETTINGS.report_dir)
     report.mkdir(parents=True, exist_ok=True)
-    (report / "summary.json").write_text(json.dumps(summary, indent=2))
+    (report / "summary.json").write_text(json.dumps(finite(summary), indent=2))
     environment.process_exit_code = 0 if gates["passed"] else 1

@@ -4,72 +4,79 @@ from __future__ import annotations
 
 import csv
 import math
+from array import array
+from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-PERCENTILES = (0.5, 0.9, 0.95, 0.99)
+from tritonbundle.measure.latency import Slo, latency_summary
 
 
-def _entry(entry: Any, duration_s: float) -> dict[str, Any]:
-    requests = int(entry.num_requests)
-    failures = int(entry.num_failures)
-    row: dict[str, Any] = {
-        "requests": requests,
-        "failures": failures,
-        "failure_ratio": failures / (requests + failures) if requests + failures else 0.0,
-        "throughput_rps": requests / duration_s if duration_s > 0 else 0.0,
-        "avg_ms": float(entry.avg_response_time) if requests else None,
-    }
-    for p in PERCENTILES:
-        row[f"p{int(p * 100)}_ms"] = float(entry.get_response_time_percentile(p)) if requests else None
-    return row
+class Recorder:
+    """Every request's outcome, per protocol and request name: answered latencies and failures.
+
+    Percentiles come from these raw latencies through :mod:`tritonbundle.measure.latency` (the
+    convention the benchmark and the tuner use), not from Locust's rounded histogram.
+    """
+
+    def __init__(self) -> None:
+        self.latencies: dict[tuple[str, str], array[float]] = defaultdict(lambda: array("d"))
+        self.failures: dict[tuple[str, str], int] = defaultdict(int)
+
+    def add(self, protocol: str, name: str, latency_ms: float, ok: bool) -> None:
+        if ok:
+            self.latencies[(protocol, name)].append(latency_ms)
+        else:
+            self.failures[(protocol, name)] += 1
+
+    def row(self, keys: Sequence[tuple[str, str]], duration_s: float) -> dict[str, Any]:
+        answered = [x for k in keys for x in self.latencies.get(k, ())]
+        failures = sum(self.failures.get(k, 0) for k in keys)
+        requests = len(answered) + failures
+        return {
+            "requests": requests, "failures": failures,
+            "failure_ratio": failures / requests if requests else 0.0,
+            "throughput_rps": len(answered) / duration_s if duration_s > 0 else 0.0,
+            **latency_summary(answered, failures),
+        }
+
+    def keys(self) -> list[tuple[str, str]]:
+        return sorted(set(self.latencies) | set(self.failures))
 
 
-def summarize(stats: Any, settings: Any) -> dict[str, Any]:
-    """Requests, failures, throughput and p50/p90/p95/p99 per request type (protocol) and name."""
-    start = stats.total.start_time
-    end = stats.total.last_request_timestamp or start
-    duration = max(end - start, 1e-9)
-    by_type: dict[str, Any] = {}
-    by_name: dict[str, Any] = {}
-    for (name, method), entry in stats.entries.items():
-        by_name[f"{method} {name}"] = _entry(entry, duration)
-    # Locust keys entries by (name, method); per protocol totals aggregate over names.
-    for method in sorted({m for _, m in stats.entries}):
-        from locust.stats import StatsEntry
-
-        total = StatsEntry(stats, method, method, use_response_times_cache=False)
-        for (_, m), entry in stats.entries.items():
-            if m == method:
-                total.extend(entry)
-        by_type[method] = _entry(total, duration)
+def summarize(recorder: Recorder, settings: Any, duration_s: float, errors: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """Requests, failures, throughput and p50/p90/p95/p99 per protocol, per request and in total."""
+    keys = recorder.keys()
+    protocols = sorted({p for p, _ in keys})
     return {
         "settings": {k: v for k, v in vars(settings).items() if k != "slo"} | {"slo": settings.slo.to_json()},
-        "duration_s": duration,
-        "total": _entry(stats.total, duration),
-        "by_protocol": by_type,
-        "by_request": by_name,
-        "errors": [{"method": e.method, "name": e.name, "error": str(e.error), "occurrences": e.occurrences}
-                   for e in stats.errors.values()],
+        "duration_s": duration_s,
+        "total": recorder.row(keys, duration_s),
+        "by_protocol": {p: recorder.row([k for k in keys if k[0] == p], duration_s) for p in protocols},
+        "by_request": {f"{p} {n}": recorder.row([(p, n)], duration_s) for p, n in keys},
+        "errors": list(errors),
     }
 
 
-def evaluate_gates(summary: dict[str, Any], slo: Any) -> dict[str, Any]:
-    """Check every protocol's p95/p99 and failure ratio against the SLO."""
+def evaluate_gates(summary: dict[str, Any], slo: Slo) -> dict[str, Any]:
+    """Check every protocol's p95/p99 and failure ratio against the SLO (:meth:`Slo.violations`)."""
     failures: list[str] = []
     groups = summary["by_protocol"] or {"total": summary["total"]}
     for name, row in groups.items():
-        if row["requests"] == 0:
-            failures.append(f"{name}: no successful requests")
-            continue
-        if slo.p95_ms is not None and row["p95_ms"] > slo.p95_ms:
-            failures.append(f"{name}: p95 {row['p95_ms']:.0f} ms > SLO {slo.p95_ms:g} ms")
-        if slo.p99_ms is not None and row["p99_ms"] > slo.p99_ms:
-            failures.append(f"{name}: p99 {row['p99_ms']:.0f} ms > SLO {slo.p99_ms:g} ms")
-        if row["failure_ratio"] > slo.max_failure_ratio:
-            failures.append(f"{name}: failure ratio {row['failure_ratio']:.3f} > {slo.max_failure_ratio:g}")
+        failures += slo.violations(row, sent=row["requests"], failed=row["failures"], label=name)
     return {"passed": not failures, "failures": failures, "slo": slo.to_json()}
+
+
+def finite(value: Any) -> Any:
+    """``value`` with non-finite floats as None (JSON has no infinity)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite(v) for v in value]
+    return value
 
 
 def read_history(path: Path) -> list[dict[str, Any]]:

@@ -17,10 +17,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tritonbundle.errors import TritonBundleError
+from tritonbundle.errors import ConfigError, TritonBundleError
 from tritonbundle.loadtests import report
 from tritonbundle.loadtests.settings import ENV, LoadSettings
 from tritonbundle.log import LOG, step
+from tritonbundle.measure.latency import StepResult
+from tritonbundle.measure.search import Sweep, search_rate
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 PREFIX = "locust"
@@ -117,3 +119,40 @@ def sweep(settings: LoadSettings, levels: Sequence[float]) -> tuple[int, list[di
         indent=2))
     report.plot_sweep(base / "sweep.png", results, settings.slo.p99_ms, "requests/s" if settings.mode == "open" else "users")
     return (0 if best is not None else 1), results, best
+
+
+def step_from(summary: dict[str, Any], offered_rps: float) -> StepResult:
+    """A run's totals as one load level of the rate search (percentiles as the summary computed them)."""
+    total = summary["total"]
+
+    def value(key: str) -> float:
+        v = total.get(key)
+        return float("inf") if v is None else float(v)
+
+    sent, failed = int(total["requests"]), int(total["failures"])
+    return StepResult(
+        offered_rps=offered_rps, window_s=float(summary["duration_s"]), sent=sent, completed=sent - failed,
+        failed=failed, p50_ms=value("p50_ms"), p90_ms=value("p90_ms"), p95_ms=value("p95_ms"), p99_ms=value("p99_ms"),
+        mean_ms=value("mean_ms"), max_ms=value("max_ms"), achieved_rps=float(total["throughput_rps"]),
+    )
+
+
+def search(settings: LoadSettings, *, start: float, factor: float = 2.0, refine: int = 2, max_rate: float = 1e5) -> Sweep:
+    """The highest open-model rate that meets the SLO: :func:`tritonbundle.measure.search.search_rate`
+    with one bounded Locust run per level (``level-<rate>/`` report folders, ``search.json``)."""
+    if settings.mode != "open":
+        raise ConfigError("a rate search needs the open model (--mode open): the level is a rate")
+    if settings.slo.p99_ms is None and settings.slo.p95_ms is None:
+        raise ConfigError("a rate search needs a latency objective: --slo-p99-ms or --slo-p95-ms")
+    base = Path(settings.report_dir)
+
+    def measure(rate: float) -> StepResult:
+        step(f"search: {rate:.1f} requests/s")
+        result = run(dataclasses.replace(settings, rate=rate, report_dir=str(base / f"level-{rate:.1f}")))
+        level = step_from(result.summary, rate)
+        LOG.info("    %s", describe(result.summary).splitlines()[-1])
+        return level
+
+    found = search_rate(measure, slo=settings.slo, start=start, factor=factor, refine=refine, max_rate=max_rate)
+    (base / "search.json").write_text(json.dumps(report.finite(found.to_json()), indent=2))
+    return found

@@ -7,26 +7,14 @@ import json
 import math
 import os
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
 
 from tritonbundle.errors import ConfigError
+from tritonbundle.measure.latency import Slo
 
 ENV = "TRITONBUNDLE_LOADTEST"
 MODES = ("closed", "open")
 SHAPES = ("constant", "step", "spike", "soak")
 INPUTS = ("text", "tokens", "both")
-
-
-@dataclass
-class Slo:
-    """Gates: a run fails (exit code 1) when any request type breaks one."""
-
-    p95_ms: float | None = None
-    p99_ms: float | None = None
-    max_failure_ratio: float = 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass

@@ -1,49 +1,85 @@
-"""What every runtime shares: the build context, dynamic batching and warm-up from the plan."""
+"""What every runtime shares: the protocol the build stage talks to, the build context, and the
+config fields that come from the plan (tensors, dynamic batching, queue policy, warm-up)."""
 
 from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
-from tritonbundle.build.planner import ModelPlan
+from tritonbundle.contract import Parameters
 from tritonbundle.manifest import ModelSpec
 from tritonbundle.modelconfig import (
     DynamicBatching,
+    InstanceGroup,
     ModelConfig,
     QueuePolicy,
     TensorSpec,
     Warmup,
     WarmupInput,
 )
+from tritonbundle.plan import ModelPlan
 
 
 @dataclass(frozen=True)
 class BuildContext:
+    """Everything a runtime needs to write one encoder model."""
+
     spec: ModelSpec
     plan: ModelPlan
+    #: The exported (or given) ONNX file; None for runtimes that do not read ONNX.
     onnx_path: Path | None
     #: Folder for logs, timing caches and engine metadata of this model (build/artifacts/<model>).
     work_dir: Path
     version: int = 1
-    #: Skip engine work whose metadata still matches (TensorRT); force rebuilds everything.
+    #: Rebuild engines and weights even when their metadata still matches.
     force: bool = False
-    #: The version folder of this model in the repository being replaced (engines to reuse).
+    #: The version folder of this model in the repository being replaced (files to reuse).
     previous_dir: Path | None = None
-    extra: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Written:
+    """What :meth:`Runtime.write_files` wrote that :meth:`Runtime.config` must name."""
+
+    #: Compute capability -> plan file (one repository serving several GPU architectures).
+    cc_model_filenames: Mapping[str, str] = field(default_factory=dict)
+    default_model_filename: str = ""
 
 
 class Runtime(Protocol):
-    name: str
+    """A runtime plug-in: everything the build stage asks about one way of running the encoder."""
 
-    def config(self, ctx: BuildContext) -> ModelConfig:
-        """The encoder model's config."""
+    #: The name in the manifest (``runtime: tensorrt``).
+    name: str
+    #: Whether it serves the ONNX export (else it never needs one).
+    needs_onnx: bool
+
+    def parameters(self, spec: ModelSpec) -> type[Parameters]:
+        """The parameter record its config carries (the served model, or the clients, read it back)."""
         ...
 
-    def write_files(self, ctx: BuildContext, version_dir: Path) -> None:
+    def check(self, spec: ModelSpec) -> None:
+        """Refuse, with a :class:`ConfigError` naming the manifest key, a spec this runtime cannot serve."""
+        ...
+
+    def padding_policy(self, target: str) -> str:
+        """``targets`` (requests arrive padded to the plan's edges) or ``ragged`` (the model pads)."""
+        ...
+
+    def problems(self, ctx: BuildContext, repository: Path) -> list[str]:
+        """Why the installed files of this model do not fit this machine (empty: they do)."""
+        ...
+
+    def write_files(self, ctx: BuildContext, version_dir: Path) -> Written:
         """Write the model's files into ``<model>/<version>/`` (engine builds happen here)."""
+        ...
+
+    def config(self, ctx: BuildContext, written: Written) -> ModelConfig:
+        """The encoder model's config."""
         ...
 
 
@@ -58,8 +94,7 @@ def link_or_copy(src: Path, dst: Path) -> None:
         shutil.copy2(src, dst)
 
 
-def tensor_specs(ctx: BuildContext, *, ragged: bool) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
-    spec = ctx.spec
+def tensor_specs(spec: ModelSpec, *, ragged: bool) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
     inputs = tuple(
         TensorSpec(t.name, t.dtype, t.dims, allow_ragged_batch=ragged and bool(t.sequence_axes)) for t in spec.inputs
     )
@@ -114,13 +149,14 @@ def warmups(ctx: BuildContext, *, every_bucket: bool) -> tuple[Warmup, ...]:
     return tuple(out)
 
 
-def python_model(name: str, version_dir: Path) -> None:
-    """Copy the Python-backend model ``name`` (from tritonbundle.triton_models) to ``model.py``."""
-    from tritonbundle.triton_models import source
-
-    version_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(source(name), version_dir / "model.py")
-
-
-def base_config(ctx: BuildContext, **fields: object) -> ModelConfig:
-    return ModelConfig(name=ctx.spec.encoder_name, max_batch_size=ctx.spec.max_batch_size, **fields)  # type: ignore[arg-type]
+def encoder_config(
+    ctx: BuildContext, parameters: Parameters, *, ragged: bool, kind: str, **fields: Any,
+) -> ModelConfig:
+    """The encoder's config: the manifest's tensors, the plan's batching, ``instances`` of ``kind``."""
+    spec = ctx.spec
+    inputs, outputs = tensor_specs(spec, ragged=ragged)
+    fields.setdefault("instance_groups", (InstanceGroup(count=spec.instances, kind=kind),))
+    return ModelConfig(
+        name=spec.encoder_name, max_batch_size=spec.max_batch_size, inputs=inputs, outputs=outputs,
+        dynamic_batching=dynamic_batching(ctx), parameters=parameters.to_parameters(), **fields,
+    )

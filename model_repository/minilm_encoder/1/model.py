@@ -6,19 +6,33 @@ dynamic batcher are run as one batch. Inputs with a dynamic (-1) non-batch dimen
 policy the build stage's plan picks for Python-backend runtimes), and outputs that carry that
 dimension are cut back to each request's own length.
 
-Settings (config ``parameters``):
-  onnx_file            model file in the version directory (default model.onnx)
+Settings: :class:`tritonbundle.contract.OnnxRuntimeParameters` in the config's ``parameters``:
+  onnx_file            model file in the version directory
   intra_op_threads     ONNX Runtime threads per instance (0: ONNX Runtime's default)
   max_sequence_length  longest dynamic dimension accepted (0: no limit); longer requests get INVALID_ARG
-  pad_values           JSON object input name -> padding value (default 0)
+  pad_values           input name -> padding value (default 0)
 """
 
-import json
-from pathlib import Path
+from __future__ import annotations
 
-import numpy as np
-import onnxruntime as ort
-import triton_python_backend_utils as pb_utils
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+_HERE = Path(__file__).resolve().parent
+if (_HERE / "tritonbundle").is_dir() and sys.path[:1] != [str(_HERE)]:
+    sys.path.insert(0, str(_HERE))  # the package modules the build copied next to this file
+
+import numpy as np  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+
+from tritonbundle.contract import OnnxRuntimeParameters  # noqa: E402
+
+try:
+    import triton_python_backend_utils as pb_utils
+except ImportError:  # imported outside Triton (tests, type checks)
+    pb_utils = None
 
 _NP = {
     "TYPE_BOOL": np.bool_, "TYPE_INT8": np.int8, "TYPE_INT16": np.int16, "TYPE_INT32": np.int32,
@@ -27,7 +41,7 @@ _NP = {
 }
 
 
-def _error(message, code_name="INVALID_ARG"):
+def _error(message: str, code_name: str = "INVALID_ARG") -> Any:
     code = getattr(pb_utils.TritonError, code_name, None)
     return pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
 
@@ -37,21 +51,20 @@ class RequestError(ValueError):
 
 
 class TritonPythonModel:
-    def initialize(self, args):
+    def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
-        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        params = OnnxRuntimeParameters.from_config(config)
         version_dir = Path(args["model_repository"]) / args["model_version"]
         options = ort.SessionOptions()
-        threads = int(params.get("intra_op_threads", "0"))
-        if threads > 0:
-            options.intra_op_num_threads = threads
+        if params.intra_op_threads > 0:
+            options.intra_op_num_threads = params.intra_op_threads
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         self.session = ort.InferenceSession(
-            str(version_dir / params.get("onnx_file", "model.onnx")), options, providers=["CPUExecutionProvider"]
+            str(version_dir / params.onnx_file), options, providers=["CPUExecutionProvider"]
         )
         self.batched = int(config.get("max_batch_size", 0)) > 0
-        self.max_seq = int(params.get("max_sequence_length", "0"))
-        self.pad_values = json.loads(params.get("pad_values", "{}"))
+        self.max_seq = params.max_sequence_length
+        self.pad_values = params.pad_values
         self.inputs = [(i["name"], _NP[i["data_type"]], [int(d) for d in i["dims"]]) for i in config["input"]]
         self.outputs = [o["name"] for o in config["output"]]
         graph_inputs = {i.name for i in self.session.get_inputs()}
@@ -61,7 +74,7 @@ class TritonPythonModel:
                 f"config inputs {missing} are not inputs of the ONNX graph (graph inputs: {sorted(graph_inputs)})"
             )
 
-    def _read(self, request):
+    def _read(self, request: Any) -> dict[str, np.ndarray]:
         arrays = {}
         for name, dtype, dims in self.inputs:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
@@ -86,7 +99,7 @@ class TritonPythonModel:
             raise RequestError(f"inputs disagree on [batch, length]: {sorted(shapes)}")
         return arrays
 
-    def _pad(self, name, arrays):
+    def _pad(self, name: str, arrays: list[np.ndarray]) -> np.ndarray:
         """Concatenate one input over requests, padding dynamic dims to the batch's longest."""
         target = list(np.max([a.shape for a in arrays], axis=0))
         pad_value = self.pad_values.get(name, 0)
@@ -98,7 +111,7 @@ class TritonPythonModel:
             padded.append(a)
         return np.concatenate(padded, axis=0)
 
-    def execute(self, requests):
+    def execute(self, requests: list[Any]) -> list[Any]:
         responses = [None] * len(requests)
         good = []
         for index, request in enumerate(requests):
@@ -113,7 +126,7 @@ class TritonPythonModel:
                 self._run(group, responses)
         return responses
 
-    def _run(self, group, responses):
+    def _run(self, group: list[tuple[int, dict[str, np.ndarray]]], responses: list[Any]) -> None:
         if self.batched:
             feed = {name: self._pad(name, [arrays[name] for _, arrays in group]) for name, _, _ in self.inputs}
         else:

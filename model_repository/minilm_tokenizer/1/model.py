@@ -1,26 +1,41 @@
 """Triton Python-backend model: text in, ``input_ids``/``attention_mask`` out.
 
-Settings (config ``parameters``):
+Settings: :class:`tritonbundle.contract.TokenizerParameters` in the config's ``parameters``:
   tokenizer_file     tokenizer.json in the version directory (Hugging Face ``tokenizers`` format)
   max_length         longer texts are truncated to this many tokens (documented behaviour)
   max_text_bytes     longer texts are refused (INVALID_ARG) before tokenizing: a guard against
                      multi-megabyte bodies, far beyond what truncation to max_length keeps anyway
-  padding_targets    comma-separated lengths; each request is padded to the smallest target that
-                     holds its longest text, so that same-shape requests meet in the dynamic batcher
-                     (TensorRT profiles). Empty: pad to the request's own longest text (ragged policy).
+  padding_targets    each request is padded to the smallest target that holds its longest text
+                     (:func:`tritonbundle.contract.pad_length`), so that same-shape requests meet in
+                     the dynamic batcher (TensorRT profiles). Empty: pad to the request's own longest
+                     text (ragged policy).
 Bad input (empty text, bytes that are not UTF-8, wrong rank) gets an INVALID_ARG error naming the
 problem and the position of the text in the request.
 """
 
+from __future__ import annotations
+
 import json
+import sys
 from pathlib import Path
+from typing import Any
 
-import numpy as np
-import triton_python_backend_utils as pb_utils
-from tokenizers import Tokenizer
+_HERE = Path(__file__).resolve().parent
+if (_HERE / "tritonbundle").is_dir() and sys.path[:1] != [str(_HERE)]:
+    sys.path.insert(0, str(_HERE))  # the package modules the build copied next to this file
+
+import numpy as np  # noqa: E402
+from tokenizers import Tokenizer  # noqa: E402
+
+from tritonbundle.contract import TokenizerParameters, pad_length  # noqa: E402
+
+try:
+    import triton_python_backend_utils as pb_utils
+except ImportError:  # imported outside Triton (tests, type checks)
+    pb_utils = None
 
 
-def _error(message):
+def _error(message: str) -> Any:
     code = getattr(pb_utils.TritonError, "INVALID_ARG", None)
     if code is None:
         return pb_utils.TritonError(message)
@@ -32,22 +47,21 @@ class RequestError(ValueError):
 
 
 class TritonPythonModel:
-    def initialize(self, args):
+    def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
-        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        params = TokenizerParameters.from_config(config)
         version_dir = Path(args["model_repository"]) / args["model_version"]
-        self.max_length = int(params.get("max_length", "512"))
-        self.max_text_bytes = int(params.get("max_text_bytes", str(1 << 20)))
-        targets = params.get("padding_targets", "").strip()
-        self.targets = sorted(int(t) for t in targets.split(",") if t.strip()) if targets else []
-        self.tokenizer = Tokenizer.from_file(str(version_dir / params.get("tokenizer_file", "tokenizer.json")))
+        self.max_length = params.max_length
+        self.max_text_bytes = params.max_text_bytes
+        self.targets = params.padding_targets
+        self.tokenizer = Tokenizer.from_file(str(version_dir / params.tokenizer_file))
         self.tokenizer.enable_truncation(max_length=self.max_length)
         self.tokenizer.no_padding()
-        self.pad_id = int(params.get("pad_id", "0"))
+        self.pad_id = params.pad_id
         self.input_name = config["input"][0]["name"]
         self.ids_name, self.mask_name = (o["name"] for o in config["output"][:2])
 
-    def _texts(self, request):
+    def _texts(self, request: Any) -> list[str]:
         array = pb_utils.get_input_tensor_by_name(request, self.input_name).as_numpy()
         if array.ndim == 0:
             raise RequestError(f"{self.input_name} must have a batch dimension, got a scalar")
@@ -76,13 +90,7 @@ class TritonPythonModel:
             texts.append(text)
         return texts
 
-    def _pad_length(self, longest):
-        for target in self.targets:
-            if target >= longest:
-                return target
-        return longest
-
-    def execute(self, requests):
+    def execute(self, requests: list[Any]) -> list[Any]:
         responses = []
         for request in requests:
             try:
@@ -91,7 +99,7 @@ class TritonPythonModel:
                 responses.append(pb_utils.InferenceResponse(output_tensors=[], error=_error(str(e))))
                 continue
             encodings = self.tokenizer.encode_batch(texts)
-            length = self._pad_length(max(len(e.ids) for e in encodings))
+            length = pad_length(max(len(e.ids) for e in encodings), self.targets)
             ids = np.full((len(texts), length), self.pad_id, dtype=np.int64)
             mask = np.zeros((len(texts), length), dtype=np.int64)
             for row, enc in enumerate(encodings):

@@ -1,0 +1,209 @@
+"""The contract between the build stage and the models it serves: one home for what both sides read.
+
+* model names (the ensemble keeps the manifest's name; ``<name>_tokenizer``, ``<name>_encoder``),
+* the restricted-API header the server and the clients agree on,
+* the padding rule (a row of ``n`` tokens is padded to the smallest target that holds it),
+* one typed parameter record per served model: the build writes a record into ``config.pbtxt`` with
+  :meth:`Parameters.to_parameters`, the served ``model.py`` reads it back with
+  :meth:`Parameters.from_config`, and the build reads every written config back through the same
+  record (strictly) before it installs anything, so a renamed or missing parameter fails the build,
+  not the first request.
+
+The build copies this file next to every served ``model.py`` (see :mod:`tritonbundle.runtimes.served`),
+so it imports nothing from the project: only the standard library and numpy, which every Python
+backend has.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import json
+import typing
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+
+# -- names -------------------------------------------------------------------------------------------
+#: The ensemble's text input.
+TEXT_INPUT = "TEXT"
+#: Header that unlocks the restricted APIs (model control, repository, shared memory, trace, logging).
+RESTRICTED_HEADER = "tritonbundle-key"
+#: Triton's gRPC server reads a restricted-protocol key from this prefix + the header name.
+GRPC_RESTRICTED_PREFIX = "triton-grpc-protocol-"
+#: Restricted API groups: everything that changes or reveals the server's state beyond inference.
+RESTRICTED_APIS = ("model-repository", "shared-memory", "trace", "logging")
+
+
+def encoder_name(model: str, *, text: bool = True) -> str:
+    """The Triton model that runs the network: ``<model>_encoder`` behind a text ensemble, else ``model``."""
+    return f"{model}_encoder" if text else model
+
+
+def tokenizer_name(model: str) -> str:
+    return f"{model}_tokenizer"
+
+
+# -- the padding rule ----------------------------------------------------------------------------------
+def target_index(lengths: Sequence[int] | np.ndarray, targets: Sequence[int]) -> np.ndarray:
+    """Per length, the index of the smallest target that holds it; a length above the last target is an error."""
+    index = np.searchsorted(np.asarray(targets, dtype=np.int64), np.asarray(lengths, dtype=np.int64), side="left")
+    if index.size and int(index.max()) >= len(targets):
+        raise ValueError(f"a row of {int(np.max(lengths))} tokens is longer than the longest padding target {targets[-1]}")
+    return index
+
+
+def pad_length(longest: int, targets: Sequence[int]) -> int:
+    """The length a request whose longest row has ``longest`` tokens is padded to: the smallest target
+    that holds it, or ``longest`` itself when there are no targets (the ragged policy) or none holds it."""
+    ordered = sorted(targets)
+    i = bisect.bisect_left(ordered, longest)
+    return int(ordered[i]) if i < len(ordered) else int(longest)
+
+
+# -- parameter records ---------------------------------------------------------------------------------
+class ContractError(ValueError):
+    """A config's parameters do not match the record its model reads."""
+
+
+P = TypeVar("P", bound="Parameters")
+
+
+def _encode(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value)
+    if isinstance(value, dict):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
+
+
+def _decode(raw: str, kind: Any, where: str) -> Any:
+    try:
+        if kind is bool:
+            if raw not in ("true", "false"):
+                raise ValueError(f"expected true or false, got {raw!r}")
+            return raw == "true"
+        if kind is int:
+            return int(raw)
+        if kind is float:
+            return float(raw)
+        if kind is str:
+            return raw
+        origin = typing.get_origin(kind)
+        if origin is tuple:
+            return tuple(int(x) for x in raw.split(",") if x.strip())
+        if origin is dict:
+            value = json.loads(raw or "{}")
+            if not isinstance(value, dict):
+                raise ValueError(f"expected a JSON object, got {raw!r}")
+            return value
+    except ValueError as e:
+        raise ContractError(f"{where}: {e}") from None
+    raise TypeError(f"{where}: no codec for {kind!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Parameters:
+    """Base of the parameter records: each field is one ``parameters`` entry of ``config.pbtxt``
+    (a string on the wire: ints and floats as text, booleans as true/false, tuples of ints
+    comma-separated, dicts as JSON)."""
+
+    def to_parameters(self) -> dict[str, str]:
+        return {f.name: _encode(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def from_parameters(cls: type[P], params: Mapping[str, str], *, strict: bool = False, model: str = "") -> P:
+        """Decode a record; missing keys are an error, and with ``strict`` so are unknown ones."""
+        where = f"model {model!r}" if model else cls.__name__
+        hints = typing.get_type_hints(cls)
+        missing = [k for k in cls.keys() if k not in params]
+        if missing:
+            raise ContractError(
+                f"{where}: config parameters lack {', '.join(missing)} (the served model reads {cls.__name__}: "
+                f"{', '.join(cls.keys())}); rebuild the repository with the same tritonbundle as the model"
+            )
+        unknown = sorted(set(params) - set(cls.keys()))
+        if strict and unknown:
+            raise ContractError(f"{where}: config parameters {', '.join(unknown)} are not in {cls.__name__} "
+                                f"({', '.join(cls.keys())})")
+        values = {k: _decode(params[k], hints[k], f"{where}: parameter {k}") for k in cls.keys()}
+        return cls(**values)
+
+    @classmethod
+    def from_config(cls: type[P], config: Mapping[str, Any]) -> P:
+        """Decode from the model config as JSON (what the Python backend passes to ``initialize``)."""
+        raw = config.get("parameters") or {}
+        params = {k: (v.get("string_value", "") if isinstance(v, dict) else str(v)) for k, v in raw.items()}
+        return cls.from_parameters(params, model=str(config.get("name", "")))
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderParameters(Parameters):
+    """What every encoder's config says about its inputs (clients read it to pad token input)."""
+
+    #: ``targets``: requests arrive padded to a target; ``ragged``: the model pads each batch itself.
+    padding_policy: str
+    #: The plan's sequence bucket edges (empty under the ragged policy).
+    padding_targets: tuple[int, ...]
+    #: Longer token input is refused.
+    max_sequence_length: int
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorRTParameters(EncoderParameters):
+    #: Read by Triton's TensorRT backend (``src/model_state.cc``): ``ON_PROFILE_CHANGE`` sizes the
+    #: activation memory of each execution context for its own profile, not the largest.
+    execution_context_allocation_strategy: str
+
+
+@dataclasses.dataclass(frozen=True)
+class OnnxRuntimeParameters(EncoderParameters):
+    """The CPU server's ONNX Runtime model (``runtimes/onnxruntime/model.py``)."""
+
+    onnx_file: str
+    #: ONNX Runtime threads per instance (0: ONNX Runtime's default).
+    intra_op_threads: int
+    #: Input name -> padding value (default 0).
+    pad_values: dict[str, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class PyTorchParameters(EncoderParameters):
+    """The pytorch runtime's model (``runtimes/pytorch/model.py``)."""
+
+    weights_file: str
+    config_file: str
+    recipe: str
+    random_weights: bool
+    #: fp32 | fp16 | bf16 (GPU only; the CPU always computes in FP32).
+    precision: str
+    cuda_graphs: bool
+    #: Batch sizes CUDA graphs are captured for.
+    batch_buckets: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerParameters(Parameters):
+    """The tokenizer model (``runtimes/tokenizer/model.py``)."""
+
+    tokenizer_file: str
+    #: Longer texts are truncated to this many tokens.
+    max_length: int
+    #: Longer texts are refused before tokenizing.
+    max_text_bytes: int
+    padding_targets: tuple[int, ...]
+    pad_id: int
+
+
+#: Every record a served model reads, by the name the build stage records in the config.
+RECORDS: dict[str, type[Parameters]] = {
+    cls.__name__: cls
+    for cls in (EncoderParameters, TensorRTParameters, OnnxRuntimeParameters, PyTorchParameters, TokenizerParameters)
+}

@@ -1,0 +1,127 @@
+"""The benchmark's report (tables, ratios last, plot) from a synthetic result; its options and the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tritonbundle.bench import options as bench_options
+from tritonbundle.bench import report, workspace
+from tritonbundle.bench.run import ratios
+from tritonbundle.measure import latency as st
+from tritonbundle.measure.latency import Slo
+from tritonbundle.measure.search import Sweep
+
+
+def _sweep(rates: list[float], limit: float) -> dict[str, Any]:
+    steps = []
+    for r in rates:
+        s = st.judge(st.step_result(r, 1.0, [10.0 if r <= limit else 80.0] * max(1, int(r)), 0), Slo(p99_ms=50))
+        s.extra = {"gpu_util_mean": 40.0}
+        steps.append(s)
+    best = max((s for s in steps if s.passed), key=lambda s: s.achieved_rps)
+    return Sweep(steps, best, "bracketed").to_json()
+
+
+def _result() -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "description": "d", "build": {"status": "ok", "padding_targets": [32, 512], "batch_buckets": [1, 8],
+                                      "plan_computed_per_useful": 1.1},
+        "systems": {
+            "naive": {"status": "ok", "sweep": _sweep([50, 200, 800], 300), "best_rps": 200.0, "computed_per_useful": 1.0},
+            "bundle": {"status": "ok", "sweep": _sweep([50, 200, 800, 3200], 3000), "best_rps": 800.0,
+                       "computed_per_useful": 1.2, "breakdown": {"at_offered_rps": 800, "achieved_rps": 800,
+                                                                 "hints": ["a reading"], "padding": {}}},
+            "ceiling": {"status": "failed", "error": "RuntimeError: boom"},
+        },
+    }
+    entry["ratios"] = ratios(entry)
+    return {"options": {"slo_ms": 50, "device": "cuda"}, "environment": {"date": "2026-01-01", "gpu": {"name": "G"}},
+            "models": {"minilm": entry}, "status": "done", "traffic": {"source": "s", "requests": 10}}
+
+
+def test_ratios_and_targets() -> None:
+    r = _result()["models"]["minilm"]["ratios"]
+    assert r["bundle_over_naive"] == pytest.approx(4.0)
+    assert r["bundle_over_ceiling"] is None  # the ceiling failed: no ratio, not a crash
+    assert r["targets"]["bundle_over_naive >= 8"] is False
+    assert r["targets"]["computed_per_useful <= 1.15"] is False
+
+
+def test_report_files_and_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    result = _result()
+    work = tmp_path / "work"
+    (work / "logs").mkdir(parents=True)
+    (work / "logs" / "x.log").write_text("hello")
+    (work / "big.safetensors").write_bytes(b"0" * 100)
+    files = report.write_all(result, tmp_path / "out", work)
+    assert sorted(p.name for p in files) == ["bench.json", "bench.md", "bench.png", "logs.tar.gz"]
+    data = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert data["models"]["minilm"]["systems"]["ceiling"]["status"] == "failed"
+    md = (tmp_path / "out" / "bench.md").read_text()
+    assert "| minilm | bundle | 800.0 |" in md and "failed: RuntimeError: boom" in md and "reading: a reading" in md
+    import tarfile
+
+    with tarfile.open(tmp_path / "out" / "logs.tar.gz") as tar:
+        assert tar.getnames() == ["logs/x.log"]  # logs yes, weights no
+    report.print_summary(result)
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1].startswith("minilm: bundle/naive = 4.00") and "bundle/ceiling = -" in out[-1]
+
+
+def test_json_has_no_infinities() -> None:
+    step = st.step_result(10, 1.0, [], failed=10)
+    text = json.dumps(report._clean(step.to_json()))
+    assert "Infinity" not in text and '"inf"' in text
+
+
+def test_bench_help_is_quick_and_imports_no_torch() -> None:
+    code = ("import sys; from tritonbundle.cli import main\ntry: main(['bench', 'gpu', '--help'])\nexcept SystemExit: pass\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'tritonclient') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "--budget-s" in out and out.strip().endswith("[]")
+
+
+def test_options_are_checked() -> None:
+    from tritonbundle.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown model"):
+        bench_options.BenchOptions(out=Path("x"), models=("gpt",))
+    with pytest.raises(ConfigError, match="budget"):
+        bench_options.BenchOptions(out=Path("x"), budget_s=5)
+
+
+def test_step_timing_scales_with_the_time_left() -> None:
+    o = bench_options.BenchOptions(out=Path("x"))
+    assert bench_options.step_timing(o, 200, 8)[1] == 5.0  # plenty of time: 5 s windows
+    assert bench_options.step_timing(o, 20, 8)[1] == 1.0  # little: the shortest window
+    assert bench_options.client_timeout_s(o) == 1.0
+
+
+def test_the_manifest_the_bench_builds_is_valid(tmp_path: Path) -> None:
+    from tritonbundle import manifest
+
+    o = bench_options.BenchOptions(out=tmp_path, device="cuda")
+    from tritonbundle.recipes import BENCH_MODELS
+
+    raw = workspace.manifest_for(BENCH_MODELS["bert-base"], o, tmp_path / "t.jsonl", tmp_path / "tok.json")
+    spec = manifest.from_dict(raw, path=tmp_path / "m.yaml").models[0]
+    assert (spec.runtime, spec.target, spec.precision, spec.sequence_buckets) == ("pytorch", "gpu", "fp16", 16)
+    assert spec.recipe == "bert-base-random" and spec.outputs[0].dims == (768,)
+
+
+def test_the_plan_with_16_buckets_meets_the_padding_target_on_the_chat_sample() -> None:
+    from tritonbundle import plan as planner
+    from tritonbundle import traffic
+    from tritonbundle.bench.accounting import padding_accounting
+
+    rows = traffic.synthetic("chat", n=10_000, seed=0).clipped(512).row_lengths()
+    edges = planner.choose_edges(rows, 16, 512)
+    assert padding_accounting(rows, edges)["computed_per_useful"] <= 1.15
+    edges4 = planner.choose_edges(rows, 4, 512)
+    assert padding_accounting(rows, edges4)["computed_per_useful"] > 1.4

@@ -1,0 +1,82 @@
+"""The measurement core's rate search against an M/M/1 server model (exact answers known)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+
+from tritonbundle.measure.latency import Slo, StepResult, step_result
+from tritonbundle.measure.search import search_rate
+
+
+def mm1(capacity: float, calls: list[float] | None = None):  # type: ignore[no-untyped-def]
+    """An M/M/1 server: p99 of the time in system is ln(100) / (capacity - rate) seconds."""
+
+    def measure(rate: float) -> StepResult:
+        if calls is not None:
+            calls.append(rate)
+        if rate >= capacity:
+            return step_result(rate, 1.0, [], failed=int(rate))
+        p99_ms = 1000.0 * math.log(100) / (capacity - rate)
+        latencies = [p99_ms] * 100
+        step = step_result(rate, 1.0, latencies, 0)
+        step.achieved_rps = rate  # a perfectly steady answer rate, for exact assertions
+        return step
+
+    return measure
+
+
+def test_search_brackets_then_bisects_to_the_slo_limit() -> None:
+    calls: list[float] = []
+    capacity, slo = 1000.0, 50.0
+    true_limit = capacity - math.log(100) / (slo / 1000.0)  # 907.9 req/s
+    sweep = search_rate(mm1(capacity, calls), slo=Slo(p99_ms=slo, max_failure_ratio=0.01), start=50, factor=4, refine=5)
+    assert calls[:4] == [50, 200, 800, 3200]
+    assert len(calls) == 4 + 5
+    assert sweep.stopped == "bracketed"
+    assert sweep.best is not None and sweep.best.passed
+    assert true_limit / 4 ** (1 / 2**5) <= sweep.best_rps <= true_limit
+
+
+@settings(max_examples=60, deadline=None)
+@given(capacity=hs.floats(min_value=20, max_value=50_000), start=hs.floats(min_value=1, max_value=100),
+       factor=hs.sampled_from([2.0, 3.0, 4.0]), refine=hs.integers(min_value=0, max_value=6))
+def test_search_never_reports_a_rate_that_misses_the_slo_and_gets_within_the_bisection_precision(
+    capacity: float, start: float, factor: float, refine: int
+) -> None:
+    slo = 50.0
+    limit = capacity - math.log(100) / (slo / 1000.0)
+    sweep = search_rate(mm1(capacity), slo=Slo(p99_ms=slo, max_failure_ratio=0.01), start=start, factor=factor, refine=refine)
+    if limit < start:
+        # Missed at the start: the search steps down (at most 3 times by ``factor``).
+        lowest = start / factor**3
+        if limit < lowest:
+            assert sweep.best is None and sweep.stopped == "missed at the lowest rate"
+        else:
+            assert sweep.best is not None and sweep.best_rps <= limit * (1 + 1e-9)
+            assert sweep.best.offered_rps * factor > limit
+        return
+    assert sweep.best is not None
+    assert sweep.best_rps <= limit * (1 + 1e-9)
+    assert sweep.best_rps >= limit / factor ** (1 / 2**refine) * (1 - 1e-9)
+    for s in sweep.steps:
+        assert s.passed == (s.offered_rps <= limit * (1 + 1e-12))
+
+
+def test_search_stops_at_the_max_rate_and_on_the_time_budget() -> None:
+    sweep = search_rate(mm1(1e9), slo=Slo(p99_ms=50), start=10, factor=10, max_rate=1000)
+    assert [s.offered_rps for s in sweep.steps] == [10, 100, 1000]
+    assert sweep.stopped == "max rate"
+    left = iter([True, True, False])
+    sweep = search_rate(mm1(1e9), slo=Slo(p99_ms=50), start=10, factor=10, can_continue=lambda: next(left))
+    assert len(sweep.steps) == 2 and sweep.stopped == "time budget"
+
+
+def test_search_checks_its_arguments() -> None:
+    with pytest.raises(ValueError):
+        search_rate(mm1(100), slo=Slo(p99_ms=50), start=0)
+    with pytest.raises(ValueError):
+        search_rate(mm1(100), slo=Slo(p99_ms=50), start=1, factor=1)

@@ -1,0 +1,132 @@
+"""The pytorch runtime's engine (runtimes/pytorch/engine.py) on the CPU: eager, and through the
+static-buffer "graph" path with graphs that run eagerly, since this machine has no GPU. Every
+answer is checked against the recipe's encoder run one row at a time at the row's own length."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tritonbundle.runtimes.pytorch.engine import Engine
+from tritonbundle.runtimes.pytorch.launch import LaunchPlanner, launch_tokens
+from tritonbundle.runtimes.pytorch.stats import new_stats
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """MiniLM in FP16 as the pytorch runtime writes it."""
+    from tritonbundle import manifest
+    from tritonbundle import plan as planner
+    from tritonbundle.runtimes.base import BuildContext
+    from tritonbundle.runtimes.pytorch.plugin import write_weights
+    from tritonbundle.traffic import synthetic
+
+    root = tmp_path_factory.mktemp("weights")
+    m = manifest.from_dict({
+        "version": 1, "defaults": {"runtime": "pytorch", "precision": "fp16", "target": "gpu"},
+        "models": [{"name": "minilm", "task": "text-embedding", "source": {"recipe": "minilm"},
+                    "inputs": [{"name": "input_ids", "dtype": "INT64", "shape": ["batch", "sequence"]},
+                               {"name": "attention_mask", "dtype": "INT64", "shape": ["batch", "sequence"]}],
+                    "outputs": [{"name": "embedding", "dtype": "FP32", "shape": ["batch", 384]}]}],
+    }, path=root / "models.yaml")
+    spec = m.models[0]
+    plan = planner.plan_model(spec, synthetic("chat", n=500))
+    folder = root / "1"
+    folder.mkdir()
+    write_weights(BuildContext(spec=spec, plan=plan, onnx_path=None, work_dir=root), folder)
+    return folder
+
+
+def _rows(lengths: list[int], seed: int = 0) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
+    rng = np.random.default_rng(seed)
+    rows, masks = [], []
+    for n in lengths:
+        width = n + int(rng.integers(0, 5))  # some rows arrive padded already (as from the tokenizer)
+        ids = np.zeros(width, dtype=np.int64)
+        ids[:n] = rng.integers(1000, 20000, size=n)
+        ids[0] = 101
+        mask = np.zeros(width, dtype=np.int64)
+        mask[:n] = 1
+        rows.append(ids)
+        masks.append(mask)
+    return rows, masks, np.array(lengths)
+
+
+def _reference(weights: Path, rows: list[np.ndarray], masks: list[np.ndarray]) -> np.ndarray:
+    """The recipe's encoder in FP32, one row at a time, each at its own length (no padding at all)."""
+    import torch
+
+    from tritonbundle import recipes
+
+    module = recipes.encoder(*recipes.load_folder(weights), dtype=torch.float32)
+    out = []
+    with torch.no_grad():
+        for ids, mask in zip(rows, masks):
+            n = int(mask.sum())
+            out.append(module(torch.from_numpy(ids[None, :n]), torch.ones((1, n), dtype=torch.long)).numpy()[0])
+    return np.stack(out)
+
+
+@pytest.mark.slow
+def test_the_engine_matches_the_encoder_run_row_by_row_unpadded(weights: Path) -> None:
+    engine = Engine(weights, device="cpu", precision="fp16", targets=(16, 64, 512)).prepare()
+    assert engine.precision == "fp32" and not engine.use_graphs  # the CPU always runs eager FP32
+    rows, masks, lengths = _rows([5, 16, 17, 40, 63, 200, 3])
+    stats = new_stats()
+    got = engine.embed(rows, masks, lengths, stats)
+    expected = _reference(weights, rows, masks)
+    cosine = (got * expected).sum(axis=1)
+    assert cosine.min() > 0.9999
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+    assert stats["useful_tokens"] == lengths.sum()
+    assert stats["computed_tokens"] >= stats["seq_tokens"] >= stats["useful_tokens"]
+
+
+class _EagerGraph:
+    """Stands in for a captured CUDA graph: static buffers, replay() runs the module on them."""
+
+    def __init__(self, module: Any, batch: int, target: int, hidden: int) -> None:
+        import torch
+
+        self.module = module
+        self.ids = torch.zeros((batch, target), dtype=torch.long)
+        self.mask = torch.zeros((batch, target), dtype=torch.long)
+        self.out = torch.full((batch, hidden), float("nan"))
+
+    def replay(self) -> None:
+        import torch
+
+        with torch.no_grad():
+            self.out.copy_(self.module(self.ids, self.mask))
+
+
+@pytest.mark.slow
+def test_the_graph_path_pads_batches_to_buckets_and_returns_rows_in_order(weights: Path) -> None:
+    targets, buckets = (16, 64, 512), (1, 2, 4, 8)
+    engine = Engine(weights, device="cpu", targets=targets).prepare()
+    engine.use_graphs, engine.buckets = True, buckets
+    engine.graphs = {(b, s): _EagerGraph(engine.module, b, s, engine.hidden) for b in buckets for s in targets}
+    cost = {(b, s): 1e-3 + 1e-6 * b * s for b in buckets for s in targets}
+    engine.planner = LaunchPlanner(targets, buckets, cost)
+    lengths = [5, 16, 17, 40, 63, 200, 3, 9, 9, 9, 12, 33]
+    rows, masks, arr = _rows(lengths, seed=3)
+    stats = new_stats()
+    got = engine.embed(rows, masks, arr, stats)
+    expected = _reference(weights, rows, masks)
+    assert not np.isnan(got).any()
+    assert ((got * expected).sum(axis=1)).min() > 0.9999
+    assert stats["computed_tokens"] == launch_tokens(engine.planner.plan(arr))
+    assert stats["launches"] == len(engine.planner.plan(arr))
+
+
+@pytest.mark.slow
+def test_describe_reports_the_engine_setup(weights: Path) -> None:
+    engine = Engine(weights, device="cpu", targets=(32, 512), batch_buckets=(1, 8), cuda_graphs=True)
+    info = engine.describe()
+    assert info["cuda_graphs"] is False  # no CUDA here: eager, and it says so
+    assert info["padding_targets"] == [32, 512]
+    with pytest.raises(ValueError, match="precision"):
+        Engine(weights, device="cpu", precision="int8")

@@ -1,0 +1,178 @@
+"""The pytorch runtime served for real: `tritonbundle build --runtime pytorch --target cpu`, the CPU
+tritonserver from the nvidia-pytriton wheel, answers compared with ONNX Runtime on the exported
+graph; and the trimmed server that `scripts/device_pack.py` carries to the GPU machine."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.conftest import ARTIFACTS, MANIFEST
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+TEXTS = [
+    "hi",
+    "A man is playing a guitar.",
+    "The quick brown fox jumps over the lazy dog " * 6,
+    "Triton serves models over HTTP and gRPC; " * 20,
+    "word " * 480,  # truncated to 512 tokens by the tokenizer
+]
+
+
+@pytest.fixture(scope="module")
+def server_env() -> Iterator[None]:
+    """What the benchmark sets up for servers: this interpreter's bin/ and libpython first."""
+    from tritonbundle.bench.workspace import prepare_process_env
+
+    with pytest.MonkeyPatch.context() as mp:
+        for key in ("PATH", "LD_LIBRARY_PATH", "HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM"):
+            mp.setenv(key, os.environ.get(key, ""))
+        prepare_process_env()
+        yield
+
+
+@pytest.fixture(scope="module")
+def pytorch_repository(exported_minilm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tritonbundle.cli import main
+
+    repo = tmp_path_factory.mktemp("pytorch") / "model_repository"
+    code = main(["build", "--manifest", str(MANIFEST), "--artifacts", str(ARTIFACTS), "--repository", str(repo),
+                 "--runtime", "pytorch", "--target", "cpu"])
+    assert code == 0
+    return repo
+
+
+def _serve(repo: Path, log: Path, stats: Path | None = None, installation: Any = None) -> Any:
+    from tritonbundle.server import ServerOptions, TritonServer
+
+    if stats is not None:
+        os.environ["TRITONBUNDLE_STATS_DIR"] = str(stats)
+    try:
+        server = TritonServer(ServerOptions(repo, http_port=0, grpc_port=0, metrics_port=0, log_path=log, exit_timeout_s=5),
+                              installation=installation)
+        server.start(ready_timeout_s=240)
+    finally:
+        os.environ.pop("TRITONBUNDLE_STATS_DIR", None)
+    return server
+
+
+@pytest.fixture(scope="module")
+def pytorch_server(pytorch_repository: Path, server_env: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    folder = tmp_path_factory.mktemp("pytorch-server")
+    server = _serve(pytorch_repository, folder / "tritonserver.log", stats=folder / "stats")
+    server.stats_dir = folder / "stats"
+    yield server
+    server.stop()
+
+
+def _onnx_reference(texts: list[str]) -> np.ndarray:
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(ARTIFACTS / "minilm" / "tokenizer.json"))
+    tok.no_padding()
+    tok.enable_truncation(max_length=512)
+    session = ort.InferenceSession(str(ARTIFACTS / "minilm" / "model.onnx"), providers=["CPUExecutionProvider"])
+    out = []
+    for text in texts:
+        ids = np.array([tok.encode(text).ids], dtype=np.int64)
+        out.append(session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})[0][0])
+    return np.stack(out)
+
+
+def test_the_config_is_the_pytorch_runtimes(pytorch_repository: Path) -> None:
+    text = (pytorch_repository / "minilm_encoder" / "config.pbtxt").read_text()
+    assert 'backend: "python"' in text and "KIND_CPU" in text and "allow_ragged_batch: true" in text
+    assert (pytorch_repository / "minilm_encoder" / "1" / "model.safetensors").exists()
+    version = pytorch_repository / "minilm_encoder" / "1"
+    assert (version / "model.py").read_text().startswith('"""Triton Python-backend model: the recipe\'s encoder run by PyTorch')
+    vendored = sorted(str(p.relative_to(version)) for p in version.glob("tritonbundle/**/*.py") if p.name != "__init__.py")
+    assert vendored == ["tritonbundle/contract.py", "tritonbundle/errors.py", "tritonbundle/recipes.py",
+                        "tritonbundle/runtimes/pytorch/engine.py", "tritonbundle/runtimes/pytorch/launch.py",
+                        "tritonbundle/runtimes/pytorch/stats.py"]
+
+
+def test_embeddings_match_onnx_runtime_in_one_batch_and_one_by_one(pytorch_server: Any) -> None:
+    from tritonbundle.clients import AsyncGrpcClient, HttpClient
+
+    expected = _onnx_reference(TEXTS)
+    with HttpClient(pytorch_server.http_url) as client:
+        batch = client.embed(TEXTS)
+
+    async def concurrently() -> np.ndarray:
+        async with AsyncGrpcClient(pytorch_server.grpc_url) as client:
+            parts = await asyncio.gather(*(client.embed([t]) for t in TEXTS * 3))
+        return np.concatenate(parts)
+
+    singles = asyncio.run(concurrently())
+    assert batch.shape == (len(TEXTS), 384)
+    for got in (batch, singles[: len(TEXTS)], singles[len(TEXTS) : 2 * len(TEXTS)]):
+        cosine = (got * expected).sum(axis=1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)
+        assert cosine.min() >= 0.999, cosine
+
+
+def test_token_input_longer_than_the_limit_is_refused_by_name(pytorch_server: Any) -> None:
+    from tritonbundle.clients import GrpcClient, InvalidInputError
+
+    ids = np.full((1, 600), 1000, dtype=np.int64)
+    with GrpcClient(pytorch_server.grpc_url) as client, pytest.raises(InvalidInputError, match="512"):
+        client.infer({"input_ids": ids, "attention_mask": np.ones_like(ids)}, model="minilm_encoder")
+
+
+def test_the_encoder_writes_its_statistics_for_the_benchmark(pytorch_server: Any) -> None:
+    from tritonbundle.clients import GrpcClient
+    from tritonbundle.runtimes.pytorch.stats import read_stats, read_stats_info
+
+    with GrpcClient(pytorch_server.grpc_url) as client:
+        client.embed(["one two three", "four five six seven"])
+    time.sleep(0.6)
+    stats = read_stats(pytorch_server.stats_dir)
+    assert stats["rows"] >= 2 and stats["useful_tokens"] > 0
+    assert stats["computed_tokens"] >= stats["seq_tokens"] >= stats["useful_tokens"]
+    assert stats["t_execute_s"] > 0
+    info = read_stats_info(pytorch_server.stats_dir)
+    assert info and info[0]["device"] == "cpu" and info[0]["cuda_graphs"] is False
+
+
+def test_the_trimmed_server_that_is_carried_to_the_gpu_machine_serves_the_repository(
+    pytorch_repository: Path, server_env: None, tmp_path: Path
+) -> None:
+    """`scripts/device_pack.py` keeps tritonserver, the Python backend, one stub and the libraries they load,
+    strips them and stubs out ICU's data; here with this interpreter's stub instead of 3.12's."""
+    import sys
+
+    from tests.scripts.test_device_pack import load_device_pack
+
+    stage_server = load_device_pack().stage_server
+
+    from tritonbundle.server import Installation
+
+    stage = tmp_path / "server"
+    info = stage_server(stage, python_version=f"{sys.version_info.major}.{sys.version_info.minor}")
+    assert any(name.startswith("libicudata") for name in info["libraries"])
+    assert (stage / "lib" / next(n for n in info["libraries"] if n.startswith("libicudata"))).stat().st_size < 100_000
+    installation = Installation(
+        binary=stage / "tritonserver" / "bin" / "tritonserver", backend_dir=stage / "tritonserver" / "backends",
+        env={"LD_LIBRARY_PATH": os.pathsep.join(p for p in (str(stage / "lib"), os.environ.get("LD_LIBRARY_PATH", "")) if p)},
+        description="trimmed",
+    )
+    server = _serve(pytorch_repository, tmp_path / "tritonserver.log", installation=installation)
+    try:
+        from tritonbundle.clients import GrpcClient
+
+        with GrpcClient(server.grpc_url) as client:
+            got = client.embed(TEXTS[:2])
+        expected = _onnx_reference(TEXTS[:2])
+        assert ((got * expected).sum(axis=1)).min() >= 0.999
+    finally:
+        server.stop()
+    assert json.loads(json.dumps(info))["stripped"] is True

@@ -1,0 +1,53 @@
+"""Correctness before speed: every server's answers are checked against the FP32 reference first."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tritonbundle.bench.phase import Context
+from tritonbundle.bench.workspace import Built
+from tritonbundle.errors import TritonBundleError
+
+MIN_COSINE = 0.99
+
+
+def reference(texts: list[str], built: Built, tokenizer: Any) -> Any:
+    """The texts' embeddings from the same engine in FP32 on the CPU (eager, no batching tricks)."""
+    from tritonbundle.runtimes.pytorch.engine import Engine
+
+    rows = [np.array(tokenizer.encode(t).ids, dtype=np.int64) for t in texts]
+    engine = Engine(built.version_dir, device="cpu", precision="fp32", targets=built.plan.padding_targets or (512,),
+                    cuda_graphs=False)
+    return engine.embed(rows, [np.ones_like(r) for r in rows], np.array([len(r) for r in rows]))
+
+
+def check_answers(system: str, got: Any, expected: Any) -> dict[str, Any]:
+    """Cosine of each answer with the FP32 reference; raise when a system computes something else."""
+    got = np.asarray(got, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    if got.shape != expected.shape:
+        raise TritonBundleError(f"{system} answered shape {list(got.shape)}, expected {list(expected.shape)}")
+    cosine = (got * expected).sum(axis=1) / np.maximum(np.linalg.norm(got, axis=1) * np.linalg.norm(expected, axis=1), 1e-12)
+    worst = float(np.nan_to_num(cosine, nan=-1.0).min())
+    if not worst >= MIN_COSINE:
+        raise TritonBundleError(f"{system} answers differ from the FP32 reference (min cosine {worst:.4f} < {MIN_COSINE}): "
+                                "its throughput would mean nothing")
+    return {"texts": int(got.shape[0]), "min_cosine": worst}
+
+
+def references(ctx: Context, built: Built) -> tuple[list[str], Any]:
+    """A few texts from the traffic sample and their FP32 reference embeddings (computed once per model)."""
+    key = built.spec.name
+    if key not in ctx.references:
+        from tokenizers import Tokenizer
+
+        from tritonbundle.bench.loadgen import text_pool
+
+        texts = [t for _, t in text_pool(str(ctx.traffic_path), seed=12345, size=8)]
+        tok = Tokenizer.from_file(str(ctx.tokenizer))
+        tok.no_padding()
+        tok.enable_truncation(max_length=512)
+        ctx.references[key] = (texts, reference(texts, built, tok))
+    return ctx.references[key]

@@ -1,0 +1,80 @@
+"""Where a request's time goes at one load level, and a plain-language reading of it."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from tritonbundle import contract
+from tritonbundle.bench.accounting import tokens_ratio
+from tritonbundle.bench.options import BenchOptions
+from tritonbundle.measure.latency import StepResult
+from tritonbundle.recipes import Recipe
+
+
+def breakdown(recipe: Recipe, s: StepResult, options: BenchOptions) -> dict[str, Any]:
+    """The bundle's breakdown at one load level (the best passing one, else the highest tried)."""
+    views = s.extra.get("triton", {})
+    enc = s.extra.get("encoder", {})
+    name = recipe.model_name
+    ens = views.get(name, {})
+    out: dict[str, Any] = {
+        "at_offered_rps": s.offered_rps, "achieved_rps": s.achieved_rps, "client_mean_ms": s.mean_ms,
+        "client_p99_ms": s.p99_ms, "client_lag_mean_ms": s.extra.get("client_lag_mean_ms"),
+        "ensemble_request_ms": ens.get("request_ms_per_request"),
+    }
+    if ens.get("request_ms_per_request") is not None and math.isfinite(s.mean_ms):
+        out["client_grpc_ms"] = s.mean_ms - ens["request_ms_per_request"]
+    for role, model in (("tokenizer", contract.tokenizer_name(name)), ("encoder", contract.encoder_name(name))):
+        v = views.get(model)
+        if v:
+            out[role] = {k: v[k] for k in ("queue_ms_per_request", "compute_ms_per_request", "request_ms_per_request",
+                                           "avg_batch_size", "executions")}
+    executes = enc.get("executes", 0) or 0
+    requests = enc.get("requests", 0) or 0
+    if executes:
+        phases = ("t_read_s", "t_plan_s", "t_fill_s", "t_launch_s", "t_wait_s", "t_respond_s", "t_execute_s", "gpu_s")
+        out["encoder_execute_ms"] = {k.removeprefix("t_").removesuffix("_s"): 1000.0 * enc.get(k, 0.0) / executes for k in phases}
+        out["encoder_rows_per_execute"] = enc.get("rows", 0) / executes
+        out["encoder_launches_per_execute"] = enc.get("launches", 0) / executes
+        if requests:
+            out["encoder_execute_ms_per_request"] = 1000.0 * enc.get("t_execute_s", 0.0) / requests
+    out["padding"] = tokens_ratio(enc)
+    out["cpu_cores"] = s.extra.get("cpu_cores", {})
+    out["gpu_util_mean"] = s.extra.get("gpu_util_mean")
+    out["hints"] = hints(out, options)
+    return out
+
+
+def hints(b: dict[str, Any], options: BenchOptions) -> list[str]:
+    """Plain-language reading of a breakdown."""
+    out = []
+    for role, cores in sorted((b.get("cpu_cores") or {}).items(), key=lambda kv: -kv[1]):
+        if "stub[" in role and cores >= 0.85:
+            out.append(f"{role.split(':', 1)[1]} used {cores:.0%} of one core: that single-threaded Python-backend "
+                       "instance is saturated (a bottleneck; more instances or less Python per request would help)")
+    loads = [c for r, c in (b.get("cpu_cores") or {}).items() if r.startswith("load")]
+    if loads and max(loads) >= 0.9:
+        out.append(f"a load generator process used {max(loads):.0%} of a core: the client side may limit the rate")
+    lag = b.get("client_lag_mean_ms")
+    if lag is not None and lag > 2.0:
+        out.append(f"the load generators sent {lag:.1f} ms late on average: client-bound at this rate")
+    gpu = b.get("gpu_util_mean")
+    if gpu is not None and gpu < 50:
+        out.append(f"GPU busy only {gpu:.0f}% of the time: the limit is on the CPU side (server, Python, client), not kernels")
+    pad = (b.get("padding") or {}).get("computed_per_useful")
+    seq = (b.get("padding") or {}).get("seq_padded_per_useful")
+    if pad is not None and pad > 1.15:
+        if seq is not None and pad > 1.01 * seq:
+            out.append(f"computed/useful tokens {pad:.2f}, of which sequence padding {seq:.2f}: the rest is empty rows "
+                       "padding batches up to their bucket and length groups merged into one launch (fewer launches)")
+        else:
+            out.append(f"computed/useful tokens {pad:.2f}: sequence padding to the plan's targets (more sequence "
+                       "buckets would lower it)")
+    enc = b.get("encoder") or {}
+    if enc and enc.get("queue_ms_per_request", 0) > options.slo_ms / 2:
+        out.append(f"requests wait {enc['queue_ms_per_request']:.1f} ms in the encoder's queue, more than half the SLO")
+    elif enc and enc.get("queue_ms_per_request", 0) > enc.get("compute_ms_per_request", 0) > 0:
+        out.append("requests wait longer in the encoder's queue than they compute: the encoder instance(s) are the "
+                   "bottleneck at this rate")
+    return out

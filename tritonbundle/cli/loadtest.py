@@ -1,0 +1,85 @@
+"""``tritonbundle loadtest``: a bounded Locust load test with SLO gates, a level sweep or a rate search."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from tritonbundle.cli import defaults
+from tritonbundle.traffic import SHAPES
+
+Subparsers = argparse._SubParsersAction  # type: ignore[type-arg]
+
+
+def cmd_loadtest(args: argparse.Namespace) -> int:
+    from tritonbundle.loadtests import runner
+    from tritonbundle.loadtests.settings import LoadSettings
+    from tritonbundle.measure.latency import Slo
+
+    traffic = args.traffic or (defaults.TRAFFIC if defaults.TRAFFIC.exists() else None)
+    settings = LoadSettings(
+        http_url=args.http_url if args.protocol in ("http", "both") else None,
+        grpc_url=args.grpc_url if args.protocol in ("grpc", "both") else None,
+        metrics_url=args.metrics_url, model=args.model, input=args.input,
+        traffic=str(traffic) if traffic else None, synthetic=args.synthetic, seed=args.seed, mode=args.mode,
+        users=args.users, rate=args.rate, spawn_rate=args.spawn_rate, duration_s=args.duration_s,
+        shape=args.shape, timeout_s=args.timeout_s, retries=args.retries, report_dir=str(args.out),
+        slo=Slo(p95_ms=args.slo_p95_ms, p99_ms=args.slo_p99_ms, max_failure_ratio=args.max_failure_ratio),
+    )
+    if args.search:
+        found = runner.search(settings, start=args.search)
+        for s in found.steps:
+            print(f"{s.offered_rps:9.1f} req/s offered: {s.achieved_rps:9.1f} answered/s, p99 {s.p99_ms:.1f} ms, "
+                  f"SLO {'met' if s.passed else 'missed'}")
+        print(f"best: {found.best_rps:.1f} req/s ({found.stopped})" if found.best_rps else f"no rate met the SLO ({found.stopped})")
+        print(f"report: {args.out}/search.json")
+        return 0 if found.best is not None else 1
+    if args.sweep:
+        levels = [float(x) for x in args.sweep.split(",") if x.strip()]
+        code, results, best = runner.sweep(settings, levels)
+        for r in results:
+            print(f"level {r['level']:g}: {r['total']['throughput_rps']:.1f} req/s, p99 {r['total']['p99_ms']} ms, "
+                  f"SLO {'met' if r['gates']['passed'] else 'missed'}")
+        print(f"best: level {best['level']:g} at {best['total']['throughput_rps']:.1f} req/s" if best
+              else "no level met the SLO")
+        print(f"report: {args.out}/sweep.json {args.out}/sweep.png")
+        return code
+    result = runner.run(settings)
+    print(runner.describe(result.summary))
+    print(f"report: {result.report_dir}")
+    return 0 if result.summary["gates"]["passed"] else 1
+
+
+def register(sub: Subparsers) -> None:
+    p = sub.add_parser("loadtest", help="run a bounded Locust load test (HTTP and gRPC) and write a report with SLO gates")
+    p.add_argument("--protocol", choices=("http", "grpc", "both"), default="both")
+    p.add_argument("--http-url", default=defaults.HTTP_URL)
+    p.add_argument("--grpc-url", default=defaults.GRPC_URL)
+    p.add_argument("--metrics-url", help="Triton's metrics endpoint, scraped for the server-side view "
+                   f"(e.g. http://127.0.0.1:{defaults.METRICS_PORT}/metrics)")
+    p.add_argument("--model", default=defaults.MODEL)
+    p.add_argument("--input", choices=("text", "tokens", "both"), default="text",
+                   help="text through the ensemble, tokens to the encoder, or both")
+    p.add_argument("--traffic", type=Path, default=None,
+                   help=f"traffic sample the requests are drawn from (default {defaults.TRAFFIC} when present)")
+    p.add_argument("--synthetic", choices=SHAPES, default="chat", help="synthetic traffic when no sample is given")
+    p.add_argument("--mode", choices=("closed", "open"), default="closed",
+                   help="closed: USERS send back-to-back; open: Poisson arrivals at RATE requests/s")
+    p.add_argument("--users", type=int, default=8)
+    p.add_argument("--rate", type=float, default=20.0, help="open model: requests per second")
+    p.add_argument("--spawn-rate", type=float, default=100.0)
+    p.add_argument("--duration-s", type=float, default=20.0)
+    p.add_argument("--shape", choices=("constant", "step", "spike", "soak"), default="constant")
+    p.add_argument("--timeout-s", type=float, default=10.0, help="deadline per request")
+    p.add_argument("--retries", type=int, default=1, help="attempts per request (1: report raw failures)")
+    p.add_argument("--slo-p95-ms", type=float)
+    p.add_argument("--slo-p99-ms", type=float)
+    p.add_argument("--max-failure-ratio", type=float, default=0.0)
+    p.add_argument("--sweep", help="comma-separated levels (users, or requests/s with --mode open); "
+                   "reports the highest throughput that meets the SLO")
+    p.add_argument("--search", type=float, metavar="START",
+                   help="open model: find the highest rate that meets the SLO, from START requests/s (x2 ladder, "
+                        "then bisection; one --duration-s run per level)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=defaults.LOADTEST_REPORT, help="report folder")
+    p.set_defaults(func=cmd_loadtest)

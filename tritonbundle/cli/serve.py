@@ -1,0 +1,74 @@
+"""``tritonbundle serve``: run tritonserver on a model repository until Ctrl-C / SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import threading
+from pathlib import Path
+
+from tritonbundle.cli import defaults
+from tritonbundle.log import LOG, step
+
+Subparsers = argparse._SubParsersAction  # type: ignore[type-arg]
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from tritonbundle.server import ServerOptions, TritonServer, supervise
+
+    key = os.environ.get(args.api_key_env) if args.api_key_env else None
+    if not key:
+        LOG.info("$%s is not set: the model-repository, shared-memory, trace and logging APIs are locked with "
+                 "a random key (set the variable to use them)", args.api_key_env)
+    server = TritonServer(
+        ServerOptions(
+            model_repository=args.repository, http_port=args.http_port, grpc_port=args.grpc_port,
+            metrics_port=args.metrics_port, address=args.address, log_path=args.log_file,
+            model_control_mode=args.model_control_mode, load_models=args.load_model or (),
+            exit_timeout_s=args.exit_timeout_s, restricted_api_key=key, log_verbose=args.log_verbose,
+            tritonserver=args.tritonserver,
+        )
+    )
+    stop = threading.Event()
+
+    def _on_signal(signum: int, _frame: object) -> None:
+        LOG.info("received %s: stopping tritonserver (drains in-flight requests for up to %d s)",
+                 signal.Signals(signum).name, args.exit_timeout_s)
+        stop.set()
+
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
+    step(f"starting {server.installation.description if server.installation else 'tritonserver'}")
+    server.start(wait=False)
+    server.wait_ready(timeout_s=args.ready_timeout_s)
+    LOG.info("ready: HTTP %s  gRPC %s  metrics %s%s", server.http_url, server.grpc_url, server.metrics_url,
+             f"  (log: {args.log_file})" if args.log_file else "")
+    if args.ready_file:
+        args.ready_file.write_text(json.dumps({"http": server.http_url, "grpc": server.grpc_url, "metrics": server.metrics_url}))
+    return supervise(server, restart=args.restart, max_restarts=args.max_restarts, stop_event=stop,
+                     ready_timeout_s=args.ready_timeout_s, already_started=True)
+
+
+def register(sub: Subparsers) -> None:
+    p = sub.add_parser("serve", help="run tritonserver on a model repository until Ctrl-C/SIGTERM")
+    p.add_argument("--repository", type=Path, default=defaults.REPOSITORY)
+    p.add_argument("--address", default=defaults.ADDRESS, help="address to bind (0.0.0.0 exposes the server)")
+    p.add_argument("--http-port", type=int, default=defaults.HTTP_PORT, help="0 picks a free port")
+    p.add_argument("--grpc-port", type=int, default=defaults.GRPC_PORT, help="0 picks a free port")
+    p.add_argument("--metrics-port", type=int, default=defaults.METRICS_PORT, help="0 picks a free port")
+    p.add_argument("--log-file", type=Path, help="write the server log here")
+    p.add_argument("--log-verbose", type=int, default=0)
+    p.add_argument("--model-control-mode", choices=("none", "poll", "explicit"), default="none")
+    p.add_argument("--load-model", action="append", help="with explicit control: load this model at start")
+    p.add_argument("--exit-timeout-s", type=int, default=defaults.EXIT_TIMEOUT_S,
+                   help="how long Triton drains in-flight requests on stop")
+    p.add_argument("--ready-timeout-s", type=float, default=defaults.READY_TIMEOUT_S)
+    p.add_argument("--restart", action="store_true", help="restart the server when it crashes (with backoff)")
+    p.add_argument("--max-restarts", type=int, default=defaults.MAX_RESTARTS)
+    p.add_argument("--api-key-env", default=defaults.API_KEY_ENV,
+                   help="environment variable holding the key that unlocks the repository/shared-memory APIs")
+    p.add_argument("--tritonserver", help="tritonserver binary (default: $TRITONSERVER, else the nvidia-pytriton wheel's)")
+    p.add_argument("--ready-file", type=Path, help="write the server's addresses as JSON here once ready")
+    p.set_defaults(func=cmd_serve)

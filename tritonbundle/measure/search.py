@@ -1,0 +1,86 @@
+"""The open-model rate search: the highest throughput whose p99 meets the SLO."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tritonbundle.measure.latency import Slo, StepResult, judge
+
+
+@dataclass
+class Sweep:
+    steps: list[StepResult]
+    best: StepResult | None
+    #: Why the search ended ("bracketed", "max rate", "time budget", "missed at the lowest rate"...).
+    stopped: str
+
+    @property
+    def best_rps(self) -> float | None:
+        return self.best.achieved_rps if self.best is not None else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"steps": [s.to_json() for s in self.steps], "best": self.best.to_json() if self.best else None,
+                "best_rps": self.best_rps, "stopped": self.stopped}
+
+
+def search_rate(
+    measure: Callable[[float], StepResult], *, slo: Slo, start: float, factor: float = 4.0,
+    refine: int = 3, max_rate: float = math.inf, can_continue: Callable[[], bool] | None = None, max_down: int = 3,
+) -> Sweep:
+    """Highest throughput that meets ``slo``: a geometric ladder up from ``start`` (x ``factor``)
+    until a level fails (when the first one fails: down by ``factor``, at most ``max_down`` times,
+    until one passes), then ``refine`` bisections (geometric midpoints) between the last level that
+    passed and the first that failed. At most ``log(max/start)/log(factor) + 1 + refine`` levels.
+    ``can_continue()`` is asked before every level (the time budget).
+    """
+    if start <= 0 or factor <= 1:
+        raise ValueError("start must be > 0 and factor > 1")
+    steps: list[StepResult] = []
+    ok = can_continue or (lambda: True)
+
+    def run(rate: float) -> StepResult:
+        step = judge(measure(rate), slo)
+        steps.append(step)
+        return step
+
+    lo: float | None = None
+    hi: float | None = None
+    rate = start
+    stopped = "max rate"
+    while rate <= max_rate * (1 + 1e-9):
+        if not ok():
+            stopped = "time budget"
+            break
+        if run(rate).passed:
+            lo = rate
+            rate *= factor
+        else:
+            hi = rate
+            if lo is None:
+                # Missed at the start: step down (bounded) until a level passes, then refine above it.
+                for _ in range(max_down):
+                    if not ok():
+                        break
+                    rate /= factor
+                    if run(rate).passed:
+                        lo = rate
+                        break
+                    hi = rate
+            stopped = "bracketed" if lo is not None else "missed at the lowest rate"
+            break
+    if lo is not None and hi is not None:
+        for _ in range(refine):
+            if not ok():
+                stopped = "time budget"
+                break
+            mid = math.sqrt(lo * hi)
+            if run(mid).passed:
+                lo = mid
+            else:
+                hi = mid
+    passing = [s for s in steps if s.passed]
+    best = max(passing, key=lambda s: s.achieved_rps) if passing else None
+    return Sweep(steps, best, stopped)

@@ -1,0 +1,271 @@
+"""Profile planning: pure functions from a traffic sample and a model spec to a build plan.
+
+Sequence buckets are chosen by an exact dynamic program over the length histogram that minimises
+the expected number of computed (padded) tokens. Each bucket's TensorRT ``opt`` length is a
+percentile (default P95) of the lengths that fall in it, as NVIDIA's guidance for optimization
+profiles recommends (tune kernels for the shapes that actually occur, not the range's maximum).
+Optimization profiles are batch buckets x sequence buckets.
+
+Two padding policies exist; the runtime says which one it uses (``Runtime.padding_policy``) and
+the plan records it:
+
+* ``targets``: the tokenizer (or the client) pads every request to its bucket's upper edge, so
+  same-shape requests meet in Triton's dynamic batcher and every batch matches a profile (or a
+  captured CUDA graph) exactly (TensorRT, ONNX Runtime's GPU backend, the pytorch runtime).
+* ``ragged``: requests arrive unpadded, the batcher groups them anyway (``allow_ragged_batch``) and
+  the Python-backend model pads each batch to its own longest request (the CPU server's ONNX
+  Runtime model, where there is no per-shape compilation to amortise).
+
+This module needs only the manifest and the traffic sample: it knows nothing of runtimes or files.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tritonbundle.errors import ConfigError
+from tritonbundle.manifest import ModelSpec
+from tritonbundle.traffic import TrafficSample
+
+POLICIES = ("targets", "ragged")
+
+
+# -- sequence buckets ------------------------------------------------------------------------------
+def histogram(lengths: np.ndarray, max_len: int) -> np.ndarray:
+    """Counts per length 0..max_len (index = length); lengths above max_len are truncated to it."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if lengths.size == 0:
+        raise ConfigError("cannot plan buckets from an empty traffic sample")
+    if lengths.min() < 1:
+        raise ConfigError("sequence lengths must be >= 1")
+    return np.bincount(np.minimum(lengths, max_len), minlength=max_len + 1)
+
+
+def padded_tokens(counts: np.ndarray, edges: Sequence[int]) -> int:
+    """Tokens computed when every length is padded up to the first edge that holds it."""
+    total, low = 0, 0
+    for edge in edges:
+        total += int(counts[low + 1 : edge + 1].sum()) * int(edge)
+        low = edge
+    if low < len(counts) - 1 and counts[low + 1 :].sum() > 0:
+        raise ConfigError(f"lengths above the last edge {low} are not covered")
+    return total
+
+
+def choose_edges(lengths: np.ndarray, buckets: int, max_len: int) -> tuple[int, ...]:
+    """Upper edges of at most ``buckets`` sequence buckets, the last one ``max_len``.
+
+    Exact: dynamic programming over the distinct observed lengths (an optimal edge always sits on
+    an observed length, or on ``max_len``), minimising the padded tokens of the sample.
+    ``f[k][j]`` is the least cost of covering candidates ``1..j`` with ``k`` buckets, the last of
+    which ends at candidate ``j``. O(buckets x n^2) for n distinct lengths (n <= max_len).
+    """
+    if buckets < 1:
+        raise ConfigError("the number of sequence buckets must be >= 1")
+    counts = histogram(lengths, max_len)
+    candidates = np.array(sorted(set(np.nonzero(counts)[0].tolist()) | {max_len}), dtype=np.int64)
+    cumulative = np.concatenate([[0], np.cumsum(counts)])  # cumulative[l + 1] = rows with length <= l
+    covered = cumulative[candidates + 1]  # rows with length <= candidate j
+    n = len(candidates)
+    k_max = min(buckets, n)
+    inf = np.iinfo(np.int64).max // 4
+    f = np.full((k_max + 1, n), inf, dtype=np.int64)
+    back = np.zeros((k_max + 1, n), dtype=np.int64)
+    f[1] = covered * candidates  # one bucket from length 1 up to candidate j
+    for k in range(2, k_max + 1):
+        for j in range(k - 1, n):
+            # previous bucket ends at candidate i < j; this one holds (u_i, u_j]
+            i = np.arange(k - 2, j)
+            costs = f[k - 1, i] + (covered[j] - covered[i]) * candidates[j]
+            best = int(np.argmin(costs))
+            f[k, j] = costs[best]
+            back[k, j] = i[best]
+    last = n - 1
+    k_best = int(np.argmin(f[1:, last])) + 1  # fewer buckets never cost more; ties -> fewest
+    edges, j = [], last
+    for k in range(k_best, 0, -1):
+        edges.append(int(candidates[j]))
+        j = int(back[k, j])
+    return tuple(sorted(edges))
+
+
+def brute_force_edges(lengths: np.ndarray, buckets: int, max_len: int) -> int:
+    """The least padded-token cost over every choice of edges (for tests; exponential)."""
+    import itertools
+
+    counts = histogram(lengths, max_len)
+    inner = range(1, max_len)
+    best = padded_tokens(counts, (max_len,))
+    for k in range(1, buckets):
+        for combo in itertools.combinations(inner, k):
+            best = min(best, padded_tokens(counts, (*combo, max_len)))
+    return best
+
+
+@dataclass(frozen=True)
+class SequenceBucket:
+    min: int
+    opt: int
+    max: int
+    #: Share of the sample's rows in this bucket.
+    share: float
+
+
+def sequence_buckets(lengths: np.ndarray, buckets: int, max_len: int, percentile: float = 95.0) -> tuple[SequenceBucket, ...]:
+    edges = choose_edges(lengths, buckets, max_len)
+    clipped = np.minimum(np.asarray(lengths), max_len)
+    out, low = [], 0
+    for edge in edges:
+        inside = clipped[(clipped > low) & (clipped <= edge)]
+        opt = int(math.ceil(np.percentile(inside, percentile))) if inside.size else edge
+        out.append(SequenceBucket(min=low + 1, opt=min(max(opt, low + 1), edge), max=edge, share=inside.size / clipped.size))
+        low = edge
+    return tuple(out)
+
+
+# -- batch buckets and profiles ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class BatchBucket:
+    min: int
+    opt: int
+    max: int
+
+
+def batch_buckets(sizes: Sequence[int]) -> tuple[BatchBucket, ...]:
+    sizes = sorted(set(int(s) for s in sizes))
+    if not sizes or sizes[0] < 1:
+        raise ConfigError("batch buckets must be integers >= 1")
+    out: list[BatchBucket] = []
+    low = 0
+    for size in sizes:
+        out.append(BatchBucket(min=low + 1, opt=size, max=size))
+        low = size
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One TensorRT optimization profile: per input, its min/opt/max shape (batch included)."""
+
+    index: int
+    shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]
+    batch: BatchBucket
+    sequence: SequenceBucket | None
+
+
+def _shape(decl_shape: Sequence[int | str], batch: int, seq: int) -> tuple[int, ...]:
+    return tuple(batch if d == "batch" else seq if d == "sequence" else int(d) for d in decl_shape)
+
+
+def profiles(spec: ModelSpec, batches: Sequence[BatchBucket], seqs: Sequence[SequenceBucket | None]) -> tuple[Profile, ...]:
+    out: list[Profile] = []
+    for b in batches:
+        for s in seqs:
+            lo, mid, hi = (s.min, s.opt, s.max) if s else (1, 1, 1)
+            shapes = {
+                t.name: (_shape(t.shape, b.min, lo), _shape(t.shape, b.opt, mid), _shape(t.shape, b.max, hi))
+                for t in spec.inputs
+            }
+            out.append(Profile(len(out), shapes, b, s))
+    return tuple(out)
+
+
+# -- padding waste ----------------------------------------------------------------------------------
+def expected_batch_max(lengths: np.ndarray, batch: int) -> float:
+    """E[max of ``batch`` lengths drawn from the sample]: what padding to the batch's longest costs."""
+    values, counts = np.unique(np.asarray(lengths), return_counts=True)
+    cdf = np.cumsum(counts) / counts.sum()
+    prev = np.concatenate([[0.0], cdf[:-1]])
+    return float(np.sum(values * (cdf**batch - prev**batch)))
+
+
+@dataclass(frozen=True)
+class Waste:
+    """Computed tokens per useful token (1.0 = no padding) under each strategy."""
+
+    bucketed: float
+    pad_to_max: float
+    #: One dynamic profile [1, max]; batches padded to their longest request (also the ragged policy).
+    single_profile: dict[int, float]
+
+
+def waste(lengths: np.ndarray, edges: Sequence[int], max_len: int, batch_sizes: Sequence[int]) -> Waste:
+    clipped = np.minimum(np.asarray(lengths), max_len)
+    useful = float(clipped.sum())
+    counts = histogram(clipped, max_len)
+    return Waste(
+        bucketed=padded_tokens(counts, edges) / useful,
+        pad_to_max=max_len * clipped.size / useful,
+        single_profile={int(b): expected_batch_max(clipped, int(b)) / float(clipped.mean()) for b in batch_sizes},
+    )
+
+
+# -- the plan -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelPlan:
+    model: str
+    runtime: str
+    target: str
+    policy: str
+    max_batch_size: int
+    max_sequence_length: int
+    batch_buckets: tuple[BatchBucket, ...]
+    sequence_buckets: tuple[SequenceBucket, ...]
+    profiles: tuple[Profile, ...]
+    preferred_batch_sizes: tuple[int, ...]
+    max_queue_delay_us: int
+    waste: Waste | None
+    traffic: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def padding_targets(self) -> tuple[int, ...]:
+        """Lengths the tokenizer/client pads to (empty under the ragged policy)."""
+        return tuple(s.max for s in self.sequence_buckets) if self.policy == "targets" else ()
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["padding_targets"] = list(self.padding_targets)
+        return data
+
+
+def plan_model(spec: ModelSpec, sample: TrafficSample | None, *, policy: str = "targets") -> ModelPlan:
+    """Plan one model under a padding policy. A model without a sequence dimension needs no traffic sample."""
+    if policy not in POLICIES:
+        raise ConfigError(f"padding policy {policy!r} is not one of {', '.join(POLICIES)}")
+    batches = batch_buckets(spec.batch_buckets) if spec.batched else (BatchBucket(1, 1, 1),)
+    seqs: tuple[SequenceBucket, ...] = ()
+    plan_waste = None
+    summary: dict[str, float] = {}
+    if spec.has_sequence:
+        if sample is None:
+            raise ConfigError(
+                f"model {spec.name}: it has a sequence dimension, so planning needs a traffic sample "
+                "(manifest key 'traffic', or --traffic; make one with `tritonbundle traffic`)"
+            )
+        sample = sample.clipped(spec.max_sequence_length)
+        rows = sample.row_lengths()
+        seqs = sequence_buckets(rows, spec.sequence_buckets, spec.max_sequence_length, spec.opt_percentile)
+        plan_waste = waste(rows, [s.max for s in seqs], spec.max_sequence_length, [b.max for b in batches])
+        summary = sample.summary()
+    profs = profiles(spec, batches, seqs or (None,))
+    preferred = tuple(b.max for b in batches if b.max > 1) if spec.batched else ()
+    return ModelPlan(
+        model=spec.name,
+        runtime=spec.runtime,
+        target=spec.target,
+        policy=policy if spec.has_sequence else "targets",
+        max_batch_size=spec.max_batch_size,
+        max_sequence_length=spec.max_sequence_length,
+        batch_buckets=batches,
+        sequence_buckets=seqs,
+        profiles=profs,
+        preferred_batch_sizes=preferred,
+        max_queue_delay_us=spec.max_queue_delay_us,
+        waste=plan_waste,
+        traffic=summary,
+    )

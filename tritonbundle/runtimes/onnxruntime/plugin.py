@@ -1,0 +1,65 @@
+"""ONNX Runtime: ``platform: "onnxruntime_onnx"`` on GPU servers (NGC image), and on the CPU server
+(which has only the Python backend) the Python-backend model ``model.py`` next to this file, which
+runs ONNX Runtime itself and pads each dynamic batch to its longest request (the ``ragged`` policy)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tritonbundle.contract import EncoderParameters, OnnxRuntimeParameters
+from tritonbundle.manifest import ModelSpec
+from tritonbundle.modelconfig import ModelConfig
+from tritonbundle.runtimes import served
+from tritonbundle.runtimes.base import BuildContext, Written, encoder_config, link_or_copy, warmups
+
+MODEL_PY = Path(__file__).with_name("model.py")
+
+
+class OnnxRuntime:
+    name = "onnxruntime"
+    needs_onnx = True
+
+    def parameters(self, spec: ModelSpec) -> type[EncoderParameters]:
+        return OnnxRuntimeParameters if spec.target == "cpu" else EncoderParameters
+
+    def check(self, spec: ModelSpec) -> None:
+        """ONNX Runtime serves any ONNX model the manifest describes (the graph check comes later)."""
+
+    def padding_policy(self, target: str) -> str:
+        # On the CPU there is no per-shape compilation to amortise: pad each batch to its longest.
+        return "ragged" if target == "cpu" else "targets"
+
+    def problems(self, ctx: BuildContext, repository: Path) -> list[str]:
+        return []  # nothing in its files depends on the machine
+
+    def config(self, ctx: BuildContext, written: Written) -> ModelConfig:
+        spec, plan = ctx.spec, ctx.plan
+        if spec.target == "cpu":
+            threads = max(1, (len(_cpus()) // spec.instances)) if spec.instances > 1 else 0
+            params = OnnxRuntimeParameters(
+                padding_policy=plan.policy, padding_targets=plan.padding_targets,
+                max_sequence_length=spec.max_sequence_length, onnx_file="model.onnx", intra_op_threads=threads,
+                pad_values={},
+            )
+            return encoder_config(ctx, params, ragged=plan.policy == "ragged", kind="KIND_CPU", backend="python",
+                                  warmups=warmups(ctx, every_bucket=False))
+        params_gpu = EncoderParameters(
+            padding_policy=plan.policy, padding_targets=plan.padding_targets, max_sequence_length=spec.max_sequence_length,
+        )
+        return encoder_config(ctx, params_gpu, ragged=False, kind="KIND_GPU", platform="onnxruntime_onnx",
+                              warmups=warmups(ctx, every_bucket=True))
+
+    def write_files(self, ctx: BuildContext, version_dir: Path) -> Written:
+        assert ctx.onnx_path is not None, "the onnxruntime runtime needs an ONNX file"
+        link_or_copy(ctx.onnx_path, version_dir / "model.onnx")
+        if ctx.spec.target == "cpu":
+            served.install(MODEL_PY, version_dir)
+        return Written()
+
+
+def _cpus() -> set[int]:
+    try:
+        return os.sched_getaffinity(0)
+    except AttributeError:  # pragma: no cover - not Linux
+        return set(range(os.cpu_count() or 1))

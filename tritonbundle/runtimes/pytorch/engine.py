@@ -1,0 +1,225 @@
+"""The pytorch runtime's engine: the recipe's encoder plus its launch plan.
+
+On a GPU it runs in the configured precision and replays CUDA graphs captured at :meth:`Engine.prepare`
+for every (batch bucket, padding target) of the build plan, the way a TensorRT engine has one
+optimization profile per shape; the launch planner's costs are the graphs' measured replay times.
+On the CPU it runs eagerly in FP32 (no graphs), so the same engine is tested on the CPU server.
+Also used outside Triton: the benchmark's ceiling runs it in-process.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from tritonbundle import recipes
+from tritonbundle.contract import target_index
+from tritonbundle.runtimes.pytorch.launch import EAGER_COST, LaunchPlanner, launch_tokens
+
+#: Host-side cost of one graph launch (input copies + replay call), added to its measured GPU time.
+LAUNCH_OVERHEAD_S = 30e-6
+PRECISIONS = ("fp32", "fp16", "bf16")
+Shape = tuple[int, int]
+
+
+class _Graph:
+    """A captured graph and the static tensors it reads and writes."""
+
+    __slots__ = ("graph", "ids", "mask", "out")
+
+    def __init__(self, graph: Any, ids: Any, mask: Any, out: Any) -> None:
+        self.graph, self.ids, self.mask, self.out = graph, ids, mask, out
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+class Engine:
+    """The encoder plus its launch plan: eager, or CUDA graphs per (batch bucket, padding target)."""
+
+    def __init__(
+        self, weights_dir: Path | str, *, device: str = "cpu", precision: str = "fp16", targets: Sequence[int] = (512,),
+        batch_buckets: Sequence[int] = (), cuda_graphs: bool = True, max_sequence_length: int = 512,
+    ) -> None:
+        import torch
+
+        self.torch: Any = torch
+        self.device = torch.device(device)
+        on_gpu = self.device.type == "cuda"
+        if on_gpu and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision {precision!r} is not supported by the pytorch runtime ({', '.join(PRECISIONS)})")
+        self.precision = precision if on_gpu else "fp32"
+        self.dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[self.precision]
+        if on_gpu:
+            torch.cuda.set_device(self.device)
+        config, state = recipes.load_folder(Path(weights_dir))
+        self.module: Any = recipes.encoder(config, state, dtype=self.dtype, device=self.device)
+        self.hidden = int(config["hidden_size"])
+        self.max_sequence_length = int(max_sequence_length)
+        self.targets = tuple(sorted(int(t) for t in targets)) or (self.max_sequence_length,)
+        self.use_graphs = bool(cuda_graphs and on_gpu and batch_buckets)
+        self.buckets = tuple(sorted(int(b) for b in batch_buckets)) if self.use_graphs else ()
+        self.graphs: dict[Shape, _Graph] = {}
+        self.timings: dict[Shape, float] = {}
+        self.capture_s = 0.0
+        self.graph_error = ""
+        self.eager_cost = EAGER_COST["cuda" if on_gpu else "cpu"]
+        self.planner = LaunchPlanner(self.targets, eager_cost=self.eager_cost)
+
+    # -- preparation ---------------------------------------------------------------------------------
+    def prepare(self) -> Engine:
+        """Warm up; capture a graph per (bucket, target) and time each (the launch planner's costs)."""
+        torch = self.torch
+        start = time.monotonic()
+        with torch.no_grad():
+            ids, mask = self._dummy(1, self.targets[0])
+            self.module(ids, mask)
+        if self.use_graphs:
+            try:
+                self._capture()
+                self.timings = self.time_shapes(reps=3)
+                cost = {shape: t + LAUNCH_OVERHEAD_S for shape, t in self.timings.items()}
+                self.planner = LaunchPlanner(self.targets, self.buckets, cost)
+            except Exception as e:  # noqa: BLE001 - fall back to eager, and say so
+                self.graph_error = f"{type(e).__name__}: {e}"
+                self.graphs.clear()
+                self.use_graphs = False
+                self.buckets = ()
+                self.planner = LaunchPlanner(self.targets, eager_cost=self.eager_cost)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.capture_s = time.monotonic() - start
+        return self
+
+    def _dummy(self, batch: int, target: int) -> tuple[Any, Any]:
+        torch = self.torch
+        ids = torch.zeros((batch, target), dtype=torch.long, device=self.device)
+        ids[:, 0] = recipes.CLS_ID
+        mask = torch.ones((batch, target), dtype=torch.long, device=self.device)
+        return ids, mask
+
+    def shapes(self) -> list[Shape]:
+        return sorted(((b, s) for b in self.buckets for s in self.targets), key=lambda bs: -bs[0] * bs[1])
+
+    def _capture(self) -> None:
+        torch = self.torch
+        shapes = self.shapes()
+        statics = {}
+        side = torch.cuda.Stream(device=self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side), torch.no_grad():
+            for shape in shapes:
+                ids, mask = self._dummy(*shape)
+                for _ in range(2):
+                    self.module(ids, mask)
+                statics[shape] = (ids, mask)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        torch.cuda.synchronize(self.device)
+        pool = torch.cuda.graph_pool_handle()
+        for shape in shapes:  # largest first, so smaller graphs reuse the shared pool's memory
+            ids, mask = statics[shape]
+            graph = torch.cuda.CUDAGraph()
+            with torch.no_grad(), torch.cuda.graph(graph, pool=pool):
+                out = self.module(ids, mask)
+            self.graphs[shape] = _Graph(graph, ids, mask, out)
+        torch.cuda.synchronize(self.device)
+
+    def time_shapes(self, reps: int = 3, shapes: Iterable[Shape] | None = None) -> dict[Shape, float]:
+        """Seconds per launch of each captured shape (mean of ``reps`` replays, timed with CUDA events)."""
+        torch = self.torch
+        out = {}
+        for shape in shapes or self.shapes():
+            g = self.graphs[shape]
+            g.replay()
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            for _ in range(reps):
+                g.replay()
+            end.record()
+            end.synchronize()
+            out[shape] = begin.elapsed_time(end) / 1000.0 / reps
+        return out
+
+    # -- running -------------------------------------------------------------------------------------
+    def embed(
+        self, rows: Sequence[npt.NDArray[np.int64]], masks: Sequence[npt.NDArray[np.int64]],
+        lengths: npt.NDArray[np.int64], stats: dict[str, float] | None = None,
+    ) -> npt.NDArray[np.float32]:
+        """Embeddings [n, hidden] (float32) for ``n`` token rows (1-D arrays) with their masks and lengths."""
+        torch = self.torch
+        n = len(rows)
+        out = np.empty((n, self.hidden), dtype=np.float32)
+        if n == 0:
+            return out
+        t0 = time.perf_counter()
+        launches = self.planner.plan(lengths)
+        t_plan = time.perf_counter() - t0
+        gpu = self.device.type == "cuda"
+        events = None
+        if gpu and stats is not None:
+            events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        parts, order = [], []
+        t_fill = t_launch = 0.0
+        with torch.no_grad():
+            if events:
+                events[0].record()
+            for batch, target, members in launches:
+                f0 = time.perf_counter()
+                host = np.zeros((2, batch, target), dtype=np.int64)  # token ids, attention mask
+                for j, r in enumerate(members):
+                    length = min(rows[r].shape[0], target)
+                    host[0, j, :length] = rows[r][:length]
+                    host[1, j, :length] = masks[r][:length]
+                f1 = time.perf_counter()
+                staged = torch.from_numpy(host)
+                if gpu:
+                    # Pinned (from PyTorch's caching host allocator, which keeps a block until its copy is
+                    # done), so the copies are asynchronous: the host prepares the next launch while the
+                    # GPU runs this one. A copy from pageable memory would wait for the stream each time.
+                    staged = staged.pin_memory()
+                if self.use_graphs:
+                    g = self.graphs[(batch, target)]
+                    g.ids.copy_(staged[0], non_blocking=True)
+                    g.mask.copy_(staged[1], non_blocking=True)
+                    g.replay()
+                    parts.append(g.out[: len(members)].clone())
+                else:
+                    staged = staged.to(self.device, non_blocking=True)
+                    result = self.module(staged[0], staged[1])
+                    parts.append(result[: len(members)])
+                order.append(members)
+                t_fill += f1 - f0
+                t_launch += time.perf_counter() - f1
+            if events:
+                events[1].record()
+            w0 = time.perf_counter()
+            values = torch.cat(parts).to("cpu").numpy() if len(parts) > 1 else parts[0].to("cpu").numpy()
+            t_wait = time.perf_counter() - w0
+        out[np.concatenate(order)] = values
+        if stats is not None:
+            index = target_index(lengths, self.targets)
+            stats["launches"] += len(launches)
+            stats["useful_tokens"] += int(np.sum(lengths))
+            stats["seq_tokens"] += int(np.sum(np.asarray(self.targets)[index]))
+            stats["computed_tokens"] += launch_tokens(launches)
+            stats["t_plan_s"] += t_plan
+            stats["t_fill_s"] += t_fill
+            stats["t_launch_s"] += t_launch
+            stats["t_wait_s"] += t_wait
+            if events:
+                stats["gpu_s"] += events[0].elapsed_time(events[1]) / 1000.0
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "device": str(self.device), "precision": self.precision, "cuda_graphs": self.use_graphs,
+            "graphs": len(self.graphs), "batch_buckets": list(self.buckets), "padding_targets": list(self.targets),
+            "prepare_s": round(self.capture_s, 3), "graph_error": self.graph_error,
+        }

@@ -1,0 +1,147 @@
+"""Triton Python-backend model: the recipe's encoder run by PyTorch (the ``pytorch`` runtime).
+
+Loads ``config.json`` + ``model.safetensors`` from the version folder (written by the build stage)
+into :class:`~tritonbundle.runtimes.pytorch.engine.Engine`: on a GPU in the configured precision
+with CUDA graphs per (batch bucket, padding target), on the CPU eagerly in FP32.
+
+Shapes (the plan's ``targets`` padding policy): the tokenizer pads each request to its bucket's edge;
+the inputs allow ragged batching, so requests of different targets share one ``execute``, and the
+engine's launch planner groups rows by target. Outputs are cut back per request. Settings come from
+the config's parameters as :class:`tritonbundle.contract.PyTorchParameters`. Statistics for the
+benchmark: :mod:`tritonbundle.runtimes.pytorch.stats`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+_HERE = Path(__file__).resolve().parent
+if (_HERE / "tritonbundle").is_dir() and sys.path[:1] != [str(_HERE)]:
+    sys.path.insert(0, str(_HERE))  # the package modules the build copied next to this file
+
+import numpy as np  # noqa: E402
+import numpy.typing as npt  # noqa: E402
+
+from tritonbundle.contract import PyTorchParameters  # noqa: E402
+from tritonbundle.runtimes.pytorch.engine import Engine  # noqa: E402
+from tritonbundle.runtimes.pytorch.launch import used_lengths  # noqa: E402
+from tritonbundle.runtimes.pytorch.stats import new_stats, writer_for  # noqa: E402
+
+try:
+    import triton_python_backend_utils as pb_utils
+except ImportError:  # imported outside Triton (tests, type checks)
+    pb_utils = None
+
+
+def _error(message: str, code_name: str = "INVALID_ARG") -> Any:
+    code = getattr(pb_utils.TritonError, code_name, None)
+    return pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
+
+
+class RequestError(ValueError):
+    pass
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, str]) -> None:
+        config = json.loads(args["model_config"])
+        params = PyTorchParameters.from_config(config)
+        version_dir = Path(args["model_repository"]) / args["model_version"]
+        gpu = args.get("model_instance_kind", "CPU") == "GPU"
+        device = f"cuda:{args.get('model_instance_device_id', '0')}" if gpu else "cpu"
+        self.max_seq = params.max_sequence_length
+        self.name = args.get("model_name", config.get("name", "encoder"))
+        self.input_names = [i["name"] for i in config["input"]]
+        self.output_name = config["output"][0]["name"]
+        if len(self.input_names) != 2:
+            raise pb_utils.TritonModelException(f"{self.name}: expects two inputs (token ids, attention mask)")
+        self.engine = Engine(
+            version_dir, device=device, precision=params.precision,
+            targets=params.padding_targets or (self.max_seq,), batch_buckets=params.batch_buckets,
+            cuda_graphs=params.cuda_graphs, max_sequence_length=self.max_seq,
+        ).prepare()
+        self.stats = new_stats()
+        info = {"model": self.name, "instance": args.get("model_instance_name", ""), **self.engine.describe()}
+        self._log(f"{self.name}: {json.dumps(info)}")
+        self.writer = writer_for(self.name, self.stats, info)
+
+    def _log(self, message: str) -> None:
+        logger = getattr(pb_utils, "Logger", None)
+        if logger is not None:
+            logger.log_info(message)
+        else:
+            print(message, flush=True)
+
+    def _read(self, request: Any) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        arrays = []
+        for name in self.input_names:
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            if tensor is None:
+                raise RequestError(f"input {name} is missing")
+            array = tensor.as_numpy()
+            if array.ndim != 2:
+                raise RequestError(f"input {name} must have shape [batch, sequence], got {list(array.shape)}")
+            if array.dtype != np.int64:
+                raise RequestError(f"input {name} must be int64, got {array.dtype.name}")
+            arrays.append(array)
+        ids, mask = arrays
+        if ids.shape != mask.shape:
+            raise RequestError(f"inputs disagree on [batch, length]: {list(ids.shape)} vs {list(mask.shape)}")
+        if ids.shape[0] == 0:
+            raise RequestError(f"input {self.input_names[0]} has no rows")
+        if ids.shape[1] > self.max_seq:
+            raise RequestError(
+                f"input {self.input_names[0]} has shape {list(ids.shape)}: longer than the largest supported "
+                f"sequence length {self.max_seq}"
+            )
+        return ids, mask
+
+    def execute(self, requests: list[Any]) -> list[Any]:
+        t0 = time.perf_counter()
+        stats = self.stats
+        responses: list[Any] = [None] * len(requests)
+        good: list[tuple[int, int, int]] = []
+        rows: list[npt.NDArray[np.int64]] = []
+        masks: list[npt.NDArray[np.int64]] = []
+        lengths = []
+        for index, request in enumerate(requests):
+            try:
+                ids, mask = self._read(request)
+            except RequestError as e:
+                responses[index] = pb_utils.InferenceResponse(output_tensors=[], error=_error(str(e)))
+                stats["errors"] += 1
+                continue
+            good.append((index, len(rows), ids.shape[0]))
+            rows.extend(ids)
+            masks.extend(mask)
+            lengths.append(used_lengths(mask))
+        t1 = time.perf_counter()
+        stats["t_read_s"] += t1 - t0
+        if good:
+            try:
+                out = self.engine.embed(rows, masks, np.concatenate(lengths), stats)
+            except Exception as e:  # noqa: BLE001 - every request of the batch gets the error
+                for index, _, _ in good:
+                    responses[index] = pb_utils.InferenceResponse(
+                        output_tensors=[], error=_error(f"{self.name}: inference failed: {e}", "INTERNAL")
+                    )
+                stats["errors"] += len(good)
+            else:
+                t2 = time.perf_counter()
+                for index, start, count in good:
+                    tensor = pb_utils.Tensor(self.output_name, out[start : start + count])
+                    responses[index] = pb_utils.InferenceResponse(output_tensors=[tensor])
+                stats["t_respond_s"] += time.perf_counter() - t2
+                stats["rows"] += len(rows)
+        stats["executes"] += 1
+        stats["requests"] += len(requests)
+        stats["t_execute_s"] += time.perf_counter() - t0
+        return responses
+
+    def finalize(self) -> None:
+        if self.writer is not None:
+            self.writer.stop()

@@ -1,0 +1,1 @@
+"""TensorRT: ``plugin.py`` (config, engine builds), ``engine.py`` (TensorRT API steps), ``check.py`` (plans)."""

@@ -1,0 +1,44 @@
+"""The tokenizer model of a text-embedding model: ``<name>_tokenizer``, a Python-backend model
+(``model.py`` next to this file) that turns text into the encoder's token ids and attention mask,
+padded to the plan's targets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tritonbundle.contract import TEXT_INPUT, TokenizerParameters
+from tritonbundle.manifest import ModelSpec
+from tritonbundle.modelconfig import DynamicBatching, InstanceGroup, ModelConfig, TensorSpec
+from tritonbundle.plan import ModelPlan
+from tritonbundle.runtimes import served
+from tritonbundle.runtimes.base import link_or_copy, queue_policy
+
+MODEL_PY = Path(__file__).with_name("model.py")
+TOKENIZER_FILE = "tokenizer.json"
+#: Longer texts are refused before tokenizing (they are truncated to max_length tokens anyway).
+MAX_TEXT_BYTES = 1 << 20
+
+
+def config(spec: ModelSpec, plan: ModelPlan) -> ModelConfig:
+    ids, mask = spec.inputs
+    params = TokenizerParameters(
+        tokenizer_file=TOKENIZER_FILE, max_length=spec.tokenizer_max_length, max_text_bytes=MAX_TEXT_BYTES,
+        padding_targets=plan.padding_targets, pad_id=0,
+    )
+    return ModelConfig(
+        name=spec.tokenizer_name,
+        backend="python",
+        max_batch_size=spec.max_batch_size,
+        inputs=(TensorSpec(TEXT_INPUT, "STRING", (1,)),),
+        outputs=(TensorSpec(ids.name, ids.dtype, (-1,)), TensorSpec(mask.name, mask.dtype, (-1,))),
+        # Tokenizing is cheap; batching lets one encode_batch call serve every queued request.
+        # The queue is bounded like the encoder's, so overload is refused at the door.
+        dynamic_batching=DynamicBatching(max_queue_delay_us=0, queue_policy=queue_policy(spec)),
+        instance_groups=(InstanceGroup(count=spec.tokenizer_instances, kind="KIND_CPU"),),
+        parameters=params.to_parameters(),
+    )
+
+
+def write_files(tokenizer_json: Path, version_dir: Path) -> None:
+    served.install(MODEL_PY, version_dir)
+    link_or_copy(tokenizer_json, version_dir / TOKENIZER_FILE)
