@@ -11,10 +11,10 @@ PYTEST_ARGS ?=
 
 help:
 	@echo "make demo       export MiniLM, write the repository, serve it, embed sentences over HTTP and gRPC"
-	@echo "make test       the whole test suite (slow and docker tests included), as CI runs it"
+	@echo "make test       lint (ruff, mypy --strict) then the whole test suite (slow and docker tests included), as CI runs it"
 	@echo "make test-fast  unit tests only (no server, no docker)"
 	@echo "make test-docker the docker tests (starts a Docker engine, builds the images, runs the CPU stack)"
-	@echo "make lint       ruff and mypy (mypy checks the TensorRT path against tensorrt-stubs)"
+	@echo "make lint       ruff and mypy --strict over the package (the TensorRT path against tensorrt-stubs)"
 	@echo "make audit      pip-audit over the pinned dependencies"
 	@echo "make lock       re-pin requirements/constraints.txt from the current environment"
 
@@ -37,6 +37,7 @@ demo: $(VENV)/.installed
 	$(BIN)/tritonbundle demo
 
 test: $(VENV)/.installed
+	@$(MAKE) --no-print-directory lint
 	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
 
@@ -48,7 +49,7 @@ test-docker: $(VENV)/.installed
 	$(BIN)/python -m pytest -m docker $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
-	$(BIN)/ruff check tritonbundle tests
+	$(BIN)/ruff check tritonbundle tests scripts
 	MYPYPATH=$(TOOLS)/stubs $(BIN)/mypy tritonbundle
 
 audit: $(VENV)/.installed

@@ -8,6 +8,7 @@ with its cosine similarity, and stop the server.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +29,7 @@ SENTENCES = (
 )
 
 
-def nearest_neighbours(embeddings: np.ndarray) -> list[tuple[int, float]]:
+def nearest_neighbours(embeddings: np.ndarray[Any, Any]) -> list[tuple[int, float]]:
     """For each row, the index of the most similar other row and their cosine similarity."""
     unit = embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)
     sims = unit @ unit.T

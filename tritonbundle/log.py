@@ -10,7 +10,7 @@ from collections.abc import Iterator
 LOG = logging.getLogger("tritonbundle")
 
 
-class _StderrHandler(logging.StreamHandler):
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """Writes to whatever ``sys.stderr`` is now (pytest and rich swap it), not the one at setup."""
 
     @property

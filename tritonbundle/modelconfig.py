@@ -24,7 +24,8 @@ def _pb() -> ModuleType:
     """Triton's ModelConfig protobuf module (imported when a config is written or read, not at startup)."""
     from tritonclient.grpc import model_config_pb2
 
-    return model_config_pb2
+    module: ModuleType = model_config_pb2
+    return module
 
 #: Triton tensor data types (``TYPE_`` prefix dropped), as used by the protocol and in manifests.
 DTYPES = (
@@ -263,7 +264,7 @@ class ModelConfig:
     def to_pbtxt(self) -> str:
         from google.protobuf import text_format
 
-        return text_format.MessageToString(self.to_proto())
+        return str(text_format.MessageToString(self.to_proto()))
 
 
 def parse_pbtxt(text: str, *, source: str = "config.pbtxt") -> pb_types.ModelConfig:

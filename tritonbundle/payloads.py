@@ -8,6 +8,7 @@ length of N tokens becomes a text that tokenizes to exactly N tokens ([CLS] and 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -27,7 +28,7 @@ class Payload:
     tokens: int
     batch: int
     texts: list[str] | None = None
-    ids: np.ndarray | None = None
+    ids: np.ndarray[Any, Any] | None = None
 
 
 class PayloadFactory:
@@ -49,7 +50,7 @@ class PayloadFactory:
         words = self.rng.choice(ONE_TOKEN_WORDS, size=max(1, tokens - 2))
         return " ".join(words)
 
-    def token_ids(self, tokens: int, batch: int) -> np.ndarray:
+    def token_ids(self, tokens: int, batch: int) -> np.ndarray[Any, Any]:
         ids = self.rng.integers(1000, 30000, size=(batch, tokens), dtype=np.int64)
         ids[:, 0] = 101  # [CLS]
         ids[:, -1] = 102  # [SEP]

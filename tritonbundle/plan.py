@@ -36,7 +36,7 @@ POLICIES = ("targets", "ragged")
 
 
 # -- sequence buckets ------------------------------------------------------------------------------
-def histogram(lengths: np.ndarray, max_len: int) -> np.ndarray:
+def histogram(lengths: np.ndarray[Any, Any], max_len: int) -> np.ndarray[Any, Any]:
     """Counts per length 0..max_len (index = length); lengths above max_len are truncated to it."""
     lengths = np.asarray(lengths, dtype=np.int64)
     if lengths.size == 0:
@@ -46,7 +46,7 @@ def histogram(lengths: np.ndarray, max_len: int) -> np.ndarray:
     return np.bincount(np.minimum(lengths, max_len), minlength=max_len + 1)
 
 
-def padded_tokens(counts: np.ndarray, edges: Sequence[int]) -> int:
+def padded_tokens(counts: np.ndarray[Any, Any], edges: Sequence[int]) -> int:
     """Tokens computed when every length is padded up to the first edge that holds it."""
     total, low = 0, 0
     for edge in edges:
@@ -57,7 +57,7 @@ def padded_tokens(counts: np.ndarray, edges: Sequence[int]) -> int:
     return total
 
 
-def choose_edges(lengths: np.ndarray, buckets: int, max_len: int) -> tuple[int, ...]:
+def choose_edges(lengths: np.ndarray[Any, Any], buckets: int, max_len: int) -> tuple[int, ...]:
     """Upper edges of at most ``buckets`` sequence buckets, the last one ``max_len``.
 
     Exact: dynamic programming over the distinct observed lengths (an optimal edge always sits on
@@ -94,7 +94,7 @@ def choose_edges(lengths: np.ndarray, buckets: int, max_len: int) -> tuple[int, 
     return tuple(sorted(edges))
 
 
-def brute_force_edges(lengths: np.ndarray, buckets: int, max_len: int) -> int:
+def brute_force_edges(lengths: np.ndarray[Any, Any], buckets: int, max_len: int) -> int:
     """The least padded-token cost over every choice of edges (for tests; exponential)."""
     import itertools
 
@@ -116,7 +116,7 @@ class SequenceBucket:
     share: float
 
 
-def sequence_buckets(lengths: np.ndarray, buckets: int, max_len: int, percentile: float = 95.0) -> tuple[SequenceBucket, ...]:
+def sequence_buckets(lengths: np.ndarray[Any, Any], buckets: int, max_len: int, percentile: float = 95.0) -> tuple[SequenceBucket, ...]:
     edges = choose_edges(lengths, buckets, max_len)
     clipped = np.minimum(np.asarray(lengths), max_len)
     out, low = [], 0
@@ -176,7 +176,7 @@ def profiles(spec: ModelSpec, batches: Sequence[BatchBucket], seqs: Sequence[Seq
 
 
 # -- padding waste ----------------------------------------------------------------------------------
-def expected_batch_max(lengths: np.ndarray, batch: int) -> float:
+def expected_batch_max(lengths: np.ndarray[Any, Any], batch: int) -> float:
     """E[max of ``batch`` lengths drawn from the sample]: what padding to the batch's longest costs."""
     values, counts = np.unique(np.asarray(lengths), return_counts=True)
     cdf = np.cumsum(counts) / counts.sum()
@@ -194,7 +194,7 @@ class Waste:
     single_profile: dict[int, float]
 
 
-def waste(lengths: np.ndarray, edges: Sequence[int], max_len: int, batch_sizes: Sequence[int]) -> Waste:
+def waste(lengths: np.ndarray[Any, Any], edges: Sequence[int], max_len: int, batch_sizes: Sequence[int]) -> Waste:
     clipped = np.minimum(np.asarray(lengths), max_len)
     useful = float(clipped.sum())
     counts = histogram(clipped, max_len)

@@ -19,6 +19,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -44,14 +45,14 @@ class TrafficSample:
             raise ConfigError(f"{self.source}: the traffic sample is empty: it needs at least one request")
 
     @property
-    def lengths(self) -> np.ndarray:
+    def lengths(self) -> np.ndarray[Any, Any]:
         return np.array([r.tokens for r in self.requests], dtype=np.int64)
 
     @property
-    def batches(self) -> np.ndarray:
+    def batches(self) -> np.ndarray[Any, Any]:
         return np.array([r.batch for r in self.requests], dtype=np.int64)
 
-    def row_lengths(self) -> np.ndarray:
+    def row_lengths(self) -> np.ndarray[Any, Any]:
         """One entry per row (a request of batch 4 counts its length 4 times): what the engine sees."""
         return np.repeat(self.lengths, self.batches)
 

@@ -81,7 +81,8 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
         save()
         for index, key in enumerate(options.models):
             model_deadline = time.monotonic() + max(10.0, (clock.left() - 15.0) / (len(options.models) - index))
-            entry = result["models"][BENCH_MODELS[key].model_name] = {}
+            entry: dict[str, Any] = {}
+            result["models"][BENCH_MODELS[key].model_name] = entry
             run_model(ctx, BENCH_MODELS[key], model_deadline, entry)
             save()
         result["status"] = "done"

@@ -12,6 +12,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -48,7 +49,7 @@ class ExportResult:
         return max((p.max_abs_diff for p in self.parity), default=0.0)
 
 
-def sample_inputs(batch: int, length: int, vocab: int, seed: int) -> dict[str, np.ndarray]:
+def sample_inputs(batch: int, length: int, vocab: int, seed: int) -> dict[str, np.ndarray[Any, Any]]:
     """Random token ids with ragged attention masks (row 0 full, other rows padded at random)."""
     rng = np.random.default_rng(seed)
     ids = rng.integers(1000, vocab, size=(batch, length), dtype=np.int64)

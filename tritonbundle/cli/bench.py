@@ -7,8 +7,6 @@ from pathlib import Path
 
 from tritonbundle.cli import defaults
 
-Subparsers = argparse._SubParsersAction  # type: ignore[type-arg]
-
 
 def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",") if x.strip())
@@ -42,7 +40,7 @@ def cmd_gpu(args: argparse.Namespace) -> int:
     return 0 if result.get("status") == "done" and not failed else 1
 
 
-def register(sub: Subparsers) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("bench", help="serving benchmark: naive PyTorch vs the bundle vs the engine ceiling (GPU)")
     bench_sub = p.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
     g = bench_sub.add_parser(

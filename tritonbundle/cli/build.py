@@ -16,7 +16,6 @@ from tritonbundle.traffic import SHAPES
 if TYPE_CHECKING:
     from tritonbundle.build.stage import BuildOptions
 
-Subparsers = argparse._SubParsersAction  # type: ignore[type-arg]
 
 
 def options(args: argparse.Namespace, *, export: bool = True) -> BuildOptions:
@@ -106,7 +105,7 @@ def _inputs(p: argparse.ArgumentParser, *, repository: bool = True) -> None:
         p.add_argument("--repository", type=Path, default=defaults.REPOSITORY, help="model repository to write")
 
 
-def register(sub: Subparsers) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("export", help="export the manifest's models to ONNX and check parity with PyTorch")
     _inputs(p, repository=False)
     p.add_argument("--force", action="store_true", help="export again even when the export is up to date")

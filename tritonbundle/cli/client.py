@@ -14,7 +14,6 @@ from tritonbundle.errors import TritonBundleError
 if TYPE_CHECKING:
     from tritonbundle.clients.sync import _BaseClient
 
-Subparsers = argparse._SubParsersAction  # type: ignore[type-arg]
 
 
 def url(args: argparse.Namespace) -> str:
@@ -86,7 +85,7 @@ def _connection(p: argparse.ArgumentParser) -> None:
                    help="environment variable holding the key for the restricted APIs (repository index, model control)")
 
 
-def register(sub: Subparsers) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("infer", help="embed texts (arguments, or one per line on stdin); prints JSON")
     _connection(p)
     p.add_argument("texts", nargs="*")

@@ -7,8 +7,6 @@ from pathlib import Path
 
 from tritonbundle.cli import defaults
 
-Subparsers = argparse._SubParsersAction  # type: ignore[type-arg]
-
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from tritonbundle.demo import run_demo
@@ -16,7 +14,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(manifest=args.manifest, repository=args.repository, artifacts=args.artifacts, log_file=args.log_file)
 
 
-def register(sub: Subparsers) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("demo", help="export, write the repository, serve, embed sentences over HTTP and gRPC, stop")
     p.add_argument("--manifest", type=Path, default=defaults.MANIFEST)
     p.add_argument("--repository", type=Path, default=defaults.REPOSITORY)

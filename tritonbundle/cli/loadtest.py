@@ -8,8 +8,6 @@ from pathlib import Path
 from tritonbundle.cli import defaults
 from tritonbundle.traffic import SHAPES
 
-Subparsers = argparse._SubParsersAction  # type: ignore[type-arg]
-
 
 def cmd_loadtest(args: argparse.Namespace) -> int:
     from tritonbundle.loadtests import runner
@@ -50,7 +48,7 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     return 0 if result.summary["gates"]["passed"] else 1
 
 
-def register(sub: Subparsers) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("loadtest", help="run a bounded Locust load test (HTTP and gRPC) and write a report with SLO gates")
     p.add_argument("--protocol", choices=("http", "grpc", "both"), default="both")
     p.add_argument("--http-url", default=defaults.HTTP_URL)

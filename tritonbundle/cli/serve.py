@@ -12,8 +12,6 @@ from pathlib import Path
 from tritonbundle.cli import defaults
 from tritonbundle.log import LOG, step
 
-Subparsers = argparse._SubParsersAction  # type: ignore[type-arg]
-
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from tritonbundle.server import ServerOptions, TritonServer, supervise
@@ -51,7 +49,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                      ready_timeout_s=args.ready_timeout_s, already_started=True)
 
 
-def register(sub: Subparsers) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("serve", help="run tritonserver on a model repository until Ctrl-C/SIGTERM")
     p.add_argument("--repository", type=Path, default=defaults.REPOSITORY)
     p.add_argument("--address", default=defaults.ADDRESS, help="address to bind (0.0.0.0 exposes the server)")

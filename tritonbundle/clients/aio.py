@@ -53,8 +53,8 @@ class _AsyncBaseClient(core.ClientBase):
         raise NotImplementedError
 
     async def _infer(
-        self, model: str, arrays: Mapping[str, np.ndarray], outputs: Sequence[str], timeout_s: float
-    ) -> dict[str, np.ndarray]:
+        self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str], timeout_s: float
+    ) -> dict[str, np.ndarray[Any, Any]]:
         raise NotImplementedError
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -79,7 +79,7 @@ class _AsyncBaseClient(core.ClientBase):
         await self._close()
 
     async def __aenter__(self: T) -> T:
-        return await self.connect()  # type: ignore[attr-defined]
+        return await self.connect()  # type: ignore[attr-defined,no-any-return]
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
@@ -100,23 +100,23 @@ class _AsyncBaseClient(core.ClientBase):
         info = await self._call(model, lambda: self._describe(model), deadline=time.monotonic() + self.timeout_s)
         return self._remember(model, info)
 
-    async def embed(self, texts: Sequence[str | bytes], *, timeout_s: float | None = None) -> np.ndarray:
+    async def embed(self, texts: Sequence[str | bytes], *, timeout_s: float | None = None) -> np.ndarray[Any, Any]:
         info = await self.model_info(self.model)
         arrays, output = self._embed_request(info, texts)
         return await self._batched(self.model, arrays, output, info.max_batch_size, timeout_s)
 
     async def embed_tokens(
-        self, ids: Sequence[Sequence[int]] | np.ndarray, mask: Sequence[Sequence[int]] | np.ndarray | None = None,
+        self, ids: Sequence[Sequence[int]] | np.ndarray[Any, Any], mask: Sequence[Sequence[int]] | np.ndarray[Any, Any] | None = None,
         *, timeout_s: float | None = None,
-    ) -> np.ndarray:
+    ) -> np.ndarray[Any, Any]:
         info = await self.model_info(self.token_model)
         arrays, output = self._token_request(info, ids, mask)
         return await self._batched(self.token_model, arrays, output, info.max_batch_size, timeout_s)
 
     async def infer(
-        self, inputs: Mapping[str, np.ndarray], *, model: str | None = None, outputs: Sequence[str] | None = None,
+        self, inputs: Mapping[str, np.ndarray[Any, Any]], *, model: str | None = None, outputs: Sequence[str] | None = None,
         timeout_s: float | None = None,
-    ) -> dict[str, np.ndarray]:
+    ) -> dict[str, np.ndarray[Any, Any]]:
         model = model or self.model
         names = self._output_names(await self.model_info(model) if self.check_model else None, outputs)
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
@@ -125,12 +125,12 @@ class _AsyncBaseClient(core.ClientBase):
 
     # -- internals ------------------------------------------------------------------------------
     async def _batched(
-        self, model: str, arrays: Mapping[str, np.ndarray], output: str, max_batch_size: int, timeout_s: float | None
-    ) -> np.ndarray:
+        self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], output: str, max_batch_size: int, timeout_s: float | None
+    ) -> np.ndarray[Any, Any]:
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         n = next(iter(arrays.values())).shape[0]
 
-        async def one(rows: slice) -> np.ndarray:
+        async def one(rows: slice) -> np.ndarray[Any, Any]:
             part = {k: v[rows] for k, v in arrays.items()}
             result = await self._call(
                 model, lambda: self._infer(model, part, [output], self._remaining(deadline)), deadline=deadline
@@ -178,8 +178,8 @@ class AsyncHttpClient(_AsyncBaseClient):
         return core.model_info(metadata, config)
 
     async def _infer(
-        self, model: str, arrays: Mapping[str, np.ndarray], outputs: Sequence[str], timeout_s: float
-    ) -> dict[str, np.ndarray]:
+        self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str], timeout_s: float
+    ) -> dict[str, np.ndarray[Any, Any]]:
         import tritonclient.http.aio as aiohttpclient
         from tritonclient.utils import np_to_triton_dtype
 
@@ -217,8 +217,8 @@ class AsyncGrpcClient(_AsyncBaseClient):
         return core.model_info(metadata, config)
 
     async def _infer(
-        self, model: str, arrays: Mapping[str, np.ndarray], outputs: Sequence[str], timeout_s: float
-    ) -> dict[str, np.ndarray]:
+        self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str], timeout_s: float
+    ) -> dict[str, np.ndarray[Any, Any]]:
         import tritonclient.grpc.aio as aiogrpcclient
         from tritonclient.utils import np_to_triton_dtype
 

@@ -228,7 +228,7 @@ def chunks(n: int, max_batch_size: int) -> list[slice]:
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
-def text_array(texts: Sequence[str | bytes]) -> np.ndarray:
+def text_array(texts: Sequence[str | bytes]) -> np.ndarray[Any, Any]:
     """A [N, 1] BYTES array; str is UTF-8 encoded, bytes are sent as given (the server checks them)."""
     if isinstance(texts, (str, bytes)):
         raise TypeError("texts must be a sequence of strings, not a single string")
@@ -240,9 +240,9 @@ def text_array(texts: Sequence[str | bytes]) -> np.ndarray:
 
 
 def pad_tokens(
-    ids: Sequence[Sequence[int]] | np.ndarray, mask: Sequence[Sequence[int]] | np.ndarray | None,
+    ids: Sequence[Sequence[int]] | np.ndarray[Any, Any], mask: Sequence[Sequence[int]] | np.ndarray[Any, Any] | None,
     targets: Sequence[int], *, max_length: int = 0, pad_id: int = 0,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     """Pad token rows to the smallest padding target that holds the longest row.
 
     With no targets (the ragged policy) rows are padded to the longest row only. Rows longer than
@@ -258,7 +258,7 @@ def pad_tokens(
     if not rows:
         raise InvalidInputError("no token rows: send at least one")
 
-    def used(row: np.ndarray, row_mask: np.ndarray) -> int:
+    def used(row: np.ndarray[Any, Any], row_mask: np.ndarray[Any, Any]) -> int:
         nonzero = np.flatnonzero(row_mask)
         return int(nonzero[-1]) + 1 if nonzero.size else 0
 
@@ -359,7 +359,7 @@ class ClientBase:
         self._infos[model] = info
         return info
 
-    def _embed_request(self, info: ModelInfo, texts: Sequence[str | bytes]) -> tuple[dict[str, np.ndarray], str]:
+    def _embed_request(self, info: ModelInfo, texts: Sequence[str | bytes]) -> tuple[dict[str, np.ndarray[Any, Any]], str]:
         array = text_array(texts)
         if array.shape[0] == 0:
             raise InvalidInputError("no texts: send at least one", model=self.model, protocol=self.protocol)
@@ -367,15 +367,15 @@ class ClientBase:
         return {self.text_input: array}, output
 
     def _token_request(
-        self, info: ModelInfo, ids: Sequence[Sequence[int]] | np.ndarray, mask: Sequence[Sequence[int]] | np.ndarray | None
-    ) -> tuple[dict[str, np.ndarray], str]:
+        self, info: ModelInfo, ids: Sequence[Sequence[int]] | np.ndarray[Any, Any], mask: Sequence[Sequence[int]] | np.ndarray[Any, Any] | None
+    ) -> tuple[dict[str, np.ndarray[Any, Any]], str]:
         """Pad token rows to the plan's padding targets (read from the model config)."""
         check_inputs(info, dict.fromkeys(self.token_inputs, "INT64"), protocol=self.protocol, url=self.url)
         output = check_output(info, self.output, protocol=self.protocol, url=self.url)
         padded_ids, padded_mask = pad_tokens(ids, mask, info.padding_targets, max_length=info.max_sequence_length)
         return {self.token_inputs[0]: padded_ids, self.token_inputs[1]: padded_mask}, output
 
-    def _outputs(self, result: Any, names: Sequence[str], model: str) -> dict[str, np.ndarray]:
+    def _outputs(self, result: Any, names: Sequence[str], model: str) -> dict[str, np.ndarray[Any, Any]]:
         """The requested outputs of a response; a response without one is an error, not None."""
         out = {}
         for name in names:

@@ -18,7 +18,7 @@ import numpy as np
 PREFIX = "tritonbundle"
 
 
-def _payload(array: np.ndarray) -> tuple[np.ndarray, int]:
+def _payload(array: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any], int]:
     """The array to copy into the region and its size in bytes (BYTES tensors are serialized
     into a 0-d object array holding the wire bytes, which tritonclient copies as is)."""
     if array.dtype == object:
@@ -35,7 +35,7 @@ class SharedMemoryInputs:
 
     @staticmethod
     @contextlib.contextmanager
-    def maybe(client: Any, inputs: Sequence[Any], arrays: Mapping[str, np.ndarray]) -> Iterator[str | None]:
+    def maybe(client: Any, inputs: Sequence[Any], arrays: Mapping[str, np.ndarray[Any, Any]]) -> Iterator[str | None]:
         """Use shared memory when the client asks for it and the request is big enough; yield the
         region's name (or None, and the caller sends the tensors in the request body)."""
         payloads = [_payload(a) for a in arrays.values()]

@@ -59,8 +59,8 @@ class _BaseClient(core.ClientBase):
         raise NotImplementedError
 
     def _infer(
-        self, model: str, arrays: Mapping[str, np.ndarray], outputs: Sequence[str], timeout_s: float
-    ) -> dict[str, np.ndarray]:
+        self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str], timeout_s: float
+    ) -> dict[str, np.ndarray[Any, Any]]:
         raise NotImplementedError
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -95,7 +95,7 @@ class _BaseClient(core.ClientBase):
             self._close()
 
     def __enter__(self: T) -> T:
-        return self.connect()  # type: ignore[attr-defined]
+        return self.connect()  # type: ignore[attr-defined,no-any-return]
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -154,16 +154,16 @@ class _BaseClient(core.ClientBase):
         with self._lock:
             return self._remember(model, info)
 
-    def embed(self, texts: Sequence[str | bytes], *, timeout_s: float | None = None) -> np.ndarray:
+    def embed(self, texts: Sequence[str | bytes], *, timeout_s: float | None = None) -> np.ndarray[Any, Any]:
         """Embed texts through the server-side ensemble (tokenizer + encoder). Returns [N, dim]."""
         info = self.model_info(self.model)
         arrays, output = self._embed_request(info, texts)
         return self._batched(self.model, arrays, output, info.max_batch_size, timeout_s)
 
     def embed_tokens(
-        self, ids: Sequence[Sequence[int]] | np.ndarray, mask: Sequence[Sequence[int]] | np.ndarray | None = None,
+        self, ids: Sequence[Sequence[int]] | np.ndarray[Any, Any], mask: Sequence[Sequence[int]] | np.ndarray[Any, Any] | None = None,
         *, timeout_s: float | None = None,
-    ) -> np.ndarray:
+    ) -> np.ndarray[Any, Any]:
         """Embed pre-tokenized rows with the encoder model directly.
 
         Rows are padded to the repository's padding targets (the build stage's plan, read from the
@@ -174,9 +174,9 @@ class _BaseClient(core.ClientBase):
         return self._batched(self.token_model, arrays, output, info.max_batch_size, timeout_s)
 
     def infer(
-        self, inputs: Mapping[str, np.ndarray], *, model: str | None = None, outputs: Sequence[str] | None = None,
+        self, inputs: Mapping[str, np.ndarray[Any, Any]], *, model: str | None = None, outputs: Sequence[str] | None = None,
         timeout_s: float | None = None,
-    ) -> dict[str, np.ndarray]:
+    ) -> dict[str, np.ndarray[Any, Any]]:
         """Any model, any tensors: one request (no splitting), with deadline and retries."""
         model = model or self.model
         names = self._output_names(self.model_info(model) if self.check_model else None, outputs)
@@ -187,14 +187,14 @@ class _BaseClient(core.ClientBase):
 
     # -- internals ------------------------------------------------------------------------------
     def _batched(
-        self, model: str, arrays: Mapping[str, np.ndarray], output: str, max_batch_size: int, timeout_s: float | None
-    ) -> np.ndarray:
+        self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], output: str, max_batch_size: int, timeout_s: float | None
+    ) -> np.ndarray[Any, Any]:
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         n = next(iter(arrays.values())).shape[0]
         parts = []
         for rows in core.chunks(n, max_batch_size):
             part = {k: v[rows] for k, v in arrays.items()}
-            def request(part: Mapping[str, np.ndarray] = part) -> dict[str, np.ndarray]:
+            def request(part: Mapping[str, np.ndarray[Any, Any]] = part) -> dict[str, np.ndarray[Any, Any]]:
                 return self._infer(model, part, [output], self._remaining(deadline))
 
             result = self._call(model, request, deadline=deadline)
@@ -256,8 +256,8 @@ class HttpClient(_BaseClient):
         return list(self._client.get_model_repository_index(headers=self._restricted_headers()))
 
     def _infer(
-        self, model: str, arrays: Mapping[str, np.ndarray], outputs: Sequence[str], timeout_s: float
-    ) -> dict[str, np.ndarray]:
+        self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str], timeout_s: float
+    ) -> dict[str, np.ndarray[Any, Any]]:
         import tritonclient.http as httpclient
         from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
@@ -324,8 +324,8 @@ class GrpcClient(_BaseClient):
         return list(index.get("models", []))
 
     def _infer(
-        self, model: str, arrays: Mapping[str, np.ndarray], outputs: Sequence[str], timeout_s: float
-    ) -> dict[str, np.ndarray]:
+        self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str], timeout_s: float
+    ) -> dict[str, np.ndarray[Any, Any]]:
         import tritonclient.grpc as grpcclient
         from tritonclient.utils import np_to_triton_dtype
 

@@ -170,7 +170,7 @@ if SETTINGS.shape != "constant":
         """Step ramp, spike or soak over ``duration_s`` (users = concurrency, or Poisson sources)."""
 
         def tick(self) -> tuple[int, float] | None:
-            users = shape_users(SETTINGS.shape, SETTINGS.users, SETTINGS.duration_s, self.get_run_time())
+            users = shape_users(SETTINGS.shape, SETTINGS.users, SETTINGS.duration_s, self.get_run_time())  # type: ignore[no-untyped-call]
             return None if users is None else (users, SETTINGS.spawn_rate)
 
 
@@ -187,13 +187,11 @@ def _scrape_forever(url: str) -> None:
         gevent.sleep(1.0)
 
 
-@events.test_start.add_listener
 def _start_scraper(environment: Environment, **_: Any) -> None:
     if SETTINGS.metrics_url and not getattr(environment, "_tritonbundle_scraper", None):
         environment._tritonbundle_scraper = gevent.spawn(_scrape_forever, SETTINGS.metrics_url)  # type: ignore[attr-defined]
 
 
-@events.quitting.add_listener
 def _gate(environment: Environment, **_: Any) -> None:
     """Write the JSON summary and set the exit code from the SLO gates."""
     scraper = getattr(environment, "_tritonbundle_scraper", None)
@@ -219,3 +217,7 @@ def _gate(environment: Environment, **_: Any) -> None:
     report.mkdir(parents=True, exist_ok=True)
     (report / "summary.json").write_text(json.dumps(finite(summary), indent=2))
     environment.process_exit_code = 0 if gates["passed"] else 1
+
+
+events.test_start.add_listener(_start_scraper)  # type: ignore[no-untyped-call]
+events.quitting.add_listener(_gate)  # type: ignore[no-untyped-call]
