@@ -14,7 +14,7 @@ help:
 	@echo "make test       lint (ruff, mypy --strict) then the whole test suite (slow and docker tests included), as CI runs it"
 	@echo "make test-fast  unit tests only (no server, no docker)"
 	@echo "make test-docker the docker tests (starts a Docker engine, builds the images, runs the CPU stack)"
-	@echo "make lint       ruff and mypy --strict over the package (the TensorRT path against tensorrt-stubs)"
+	@echo "make lint       ruff and mypy --strict over the package (the TensorRT path against TensorRT 10.13 and 11)"
 	@echo "make audit      pip-audit over the pinned dependencies"
 	@echo "make lock       re-pin requirements/constraints.txt from the current environment"
 
@@ -51,6 +51,8 @@ test-docker: $(VENV)/.installed
 lint: $(VENV)/.installed
 	$(BIN)/ruff check tritonbundle tests scripts
 	MYPYPATH=$(TOOLS)/stubs $(BIN)/mypy tritonbundle
+	@echo "==> the TensorRT path again, against the TensorRT 11 API (typings/tensorrt11)"
+	MYPYPATH=typings/tensorrt11 $(BIN)/mypy tritonbundle/runtimes/tensorrt
 
 audit: $(VENV)/.installed
 	$(BIN)/pip-audit -r $(CONSTRAINTS) --no-deps --disable-pip --progress-spinner off

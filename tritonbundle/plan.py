@@ -1,9 +1,11 @@
 """Profile planning: pure functions from a traffic sample and a model spec to a build plan.
 
 Sequence buckets are chosen by an exact dynamic program over the length histogram that minimises
-the expected number of computed (padded) tokens. Each bucket's TensorRT ``opt`` length is a
-percentile (default P95) of the lengths that fall in it, as NVIDIA's guidance for optimization
-profiles recommends (tune kernels for the shapes that actually occur, not the range's maximum).
+the expected number of computed (padded) tokens. Each bucket's TensorRT ``opt`` length is the shape
+the engine will be asked to run, as NVIDIA's guidance for optimization profiles recommends (tune
+kernels for the shapes that actually occur): under the ``targets`` policy every request arrives
+padded to the bucket's edge, so ``opt`` is the edge; under ``ragged`` it is a percentile (default
+P95) of the lengths that fall in the bucket.
 Optimization profiles are batch buckets x sequence buckets.
 
 Two padding policies exist; the runtime says which one it uses (``Runtime.padding_policy``) and
@@ -21,6 +23,7 @@ This module needs only the manifest and the traffic sample: it knows nothing of 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -250,6 +253,10 @@ def plan_model(spec: ModelSpec, sample: TrafficSample | None, *, policy: str = "
         sample = sample.clipped(spec.max_sequence_length)
         rows = sample.row_lengths()
         seqs = sequence_buckets(rows, spec.sequence_buckets, spec.max_sequence_length, spec.opt_percentile)
+        if policy == "targets":
+            # Every request is padded to its bucket's edge, so the edge is the only length the engine
+            # sees in that bucket: tune for it (opt = max), not for a percentile it never serves.
+            seqs = tuple(dataclasses.replace(s, opt=s.max) for s in seqs)
         plan_waste = waste(rows, [s.max for s in seqs], spec.max_sequence_length, [b.max for b in batches])
         summary = sample.summary()
     profs = profiles(spec, batches, seqs or (None,))

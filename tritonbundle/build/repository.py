@@ -13,9 +13,10 @@ in (one ``rename`` each). A failed build therefore leaves the previous repositor
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,20 +56,24 @@ def ensemble_config(spec: ModelSpec) -> ModelConfig:
 
 @dataclass(frozen=True)
 class ModelArtifacts:
+    #: The ONNX the runtime serves (at the manifest's precision), None for runtimes that serve none.
     onnx_path: Path | None
     tokenizer_path: Path | None
+    #: The FP32 ONNX that engines are checked against (the same file at fp32).
+    reference_onnx: Path | None = None
 
 
 def _stage_model(
     spec: ModelSpec, plan: ModelPlan, artifacts: ModelArtifacts, staging: Path, work_dir: Path, *,
-    version: int, force: bool, previous: Path | None,
+    version: int, force: bool, previous: Path | None, check_only: bool = False,
 ) -> dict[str, type[Parameters] | None]:
     """Write every Triton model that ``spec`` becomes into ``staging``; return their names and the
     parameter record each one's config must carry."""
     runtime = runtimes.get(spec.runtime)
     ctx = BuildContext(
         spec=spec, plan=plan, onnx_path=artifacts.onnx_path, work_dir=work_dir, version=version, force=force,
-        previous_dir=previous,
+        previous_dir=previous, reference_onnx=artifacts.reference_onnx or artifacts.onnx_path,
+        tokenizer_json=artifacts.tokenizer_path, check_only=check_only,
     )
     encoder_dir = staging / spec.encoder_name
     written = runtime.write_files(ctx, encoder_dir / str(version))
@@ -104,22 +109,12 @@ def _check_staged(staging: Path, names: dict[str, type[Parameters] | None]) -> N
                 raise BuildError(f"{staging / name / 'config.pbtxt'}: {e}") from e
 
 
-def write_repository(
-    models: Sequence[tuple[ModelSpec, ModelPlan, ModelArtifacts]],
-    repository: Path,
-    *,
-    work_root: Path,
-    version: int = 1,
-    force: bool = False,
-    before_swap: Callable[[Path, list[str]], None] | None = None,
-) -> list[str]:
-    """Stage every model, check it, then swap the model folders into ``repository``.
-
-    ``before_swap(staging_dir, names)`` runs after staging (accuracy gates, say); if it raises,
-    nothing in ``repository`` changes.
-    """
-    repository = Path(repository)
-    repository.mkdir(parents=True, exist_ok=True)
+@contextlib.contextmanager
+def _staged(
+    models: Sequence[tuple[ModelSpec, ModelPlan, ModelArtifacts]], repository: Path, *, work_root: Path, version: int,
+    force: bool, check_only: bool,
+) -> Iterator[tuple[Path, dict[str, type[Parameters] | None]]]:
+    """Every model written and checked in a staging folder next to ``repository`` (removed after)."""
     staging = repository.parent / f".{repository.name}.staging-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -129,11 +124,26 @@ def write_repository(
             previous = repository / spec.encoder_name / str(version)
             names |= _stage_model(
                 spec, plan, artifacts, staging, work_root / spec.name, version=version, force=force,
-                previous=previous if previous.is_dir() else None,
+                previous=previous if previous.is_dir() else None, check_only=check_only,
             )
         _check_staged(staging, names)
-        if before_swap is not None:
-            before_swap(staging, list(names))
+        yield staging, names
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def write_repository(
+    models: Sequence[tuple[ModelSpec, ModelPlan, ModelArtifacts]],
+    repository: Path,
+    *,
+    work_root: Path,
+    version: int = 1,
+    force: bool = False,
+) -> list[str]:
+    """Stage every model, check it, then swap the model folders into ``repository``."""
+    repository = Path(repository)
+    repository.mkdir(parents=True, exist_ok=True)
+    with _staged(models, repository, work_root=work_root, version=version, force=force, check_only=False) as (staging, names):
         trash = repository.parent / f".{repository.name}.old-{os.getpid()}"
         trash.mkdir(exist_ok=True)
         for name in names:
@@ -144,5 +154,27 @@ def write_repository(
         shutil.rmtree(trash, ignore_errors=True)
         LOG.info("    wrote %s: %s", repository, ", ".join(sorted(names)))
         return list(names)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _files(folder: Path) -> dict[str, Path]:
+    return {str(p.relative_to(folder)): p for p in sorted(folder.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+
+
+def differences(
+    models: Sequence[tuple[ModelSpec, ModelPlan, ModelArtifacts]], repository: Path, *, work_root: Path, version: int = 1,
+) -> list[str]:
+    """What ``write_repository`` would change in ``repository`` (empty: nothing): the whole repository is
+    written to a staging folder the way a build writes it, engines reused from ``repository`` or
+    reported as needing a rebuild (never built here), and every file compared, byte for byte."""
+    repository = Path(repository)
+    if not repository.is_dir():
+        return [f"{repository} does not exist"]
+    with _staged(models, repository, work_root=work_root, version=version, force=False, check_only=True) as (staging, names):
+        problems = []
+        for name in sorted(names):
+            want, have = _files(staging / name), _files(repository / name) if (repository / name).is_dir() else {}
+            problems += [f"{name}/{rel} is missing" for rel in sorted(set(want) - set(have))]
+            problems += [f"{name}/{rel} is not written by this build" for rel in sorted(set(have) - set(want))]
+            problems += [f"{name}/{rel} differs from what this build writes" for rel in sorted(set(want) & set(have))
+                         if want[rel].read_bytes() != have[rel].read_bytes()]
+        return problems

@@ -20,10 +20,9 @@ from tritonbundle import recipes, runtimes
 from tritonbundle import traffic as traffic_mod
 from tritonbundle.build import onnx_check
 from tritonbundle.build.repository import ModelArtifacts, write_repository
-from tritonbundle.errors import ConfigError
+from tritonbundle.errors import BuildError, ConfigError
 from tritonbundle.log import LOG, step
 from tritonbundle.manifest import Manifest, ModelSpec
-from tritonbundle.runtimes.base import BuildContext
 
 DEFAULT_MANIFEST = Path("build/models.yaml")
 DEFAULT_ARTIFACTS = Path("build/artifacts")
@@ -38,10 +37,13 @@ class BuildOptions:
     traffic: Path | None = None
     models: tuple[str, ...] = ()
     overrides: dict[str, object] = field(default_factory=dict)
-    #: Rebuild engines and weights even when their metadata still matches.
+    #: Rebuild engines and weights even when their metadata still matches (never re-exports: that
+    #: needs torch, which the TensorRT image does not have).
     force: bool = False
     #: Export ONNX from the recipes (else use the exports already in ``artifacts``).
     export: bool = True
+    #: Export again even when the export is up to date (needs torch).
+    reexport: bool = False
 
 
 def load_manifest(options: BuildOptions) -> Manifest:
@@ -106,7 +108,7 @@ def export_all(options: BuildOptions, manifest: Manifest | None = None) -> dict[
         # Check the user's file (so errors name it) before copying or exporting anything.
         if spec.onnx_path is not None:
             onnx_check.check_graph(spec, spec.onnx_path)
-        result = export(spec, work, force=options.force)
+        result = export(spec, work, force=options.reexport)
         if spec.onnx_path is None:
             onnx_check.check_graph(spec, result.onnx_path)
         out[spec.name] = ModelArtifacts(result.onnx_path, tokenizer)
@@ -132,6 +134,18 @@ def existing_artifacts(spec: ModelSpec, options: BuildOptions) -> ModelArtifacts
     return ModelArtifacts(onnx_path, tokenizer if spec.task == "text-embedding" else None)
 
 
+def at_precision(spec: ModelSpec, plan: planner.ModelPlan, artifacts: ModelArtifacts, options: BuildOptions) -> ModelArtifacts:
+    """The ONNX at the manifest's precision (:mod:`tritonbundle.build.precision`), accuracy-checked on
+    the CPU before any engine is built; the FP32 export stays the reference."""
+    if artifacts.onnx_path is None or spec.precision == "fp32":
+        return artifacts
+    from tritonbundle.build.precision import lower
+
+    step(f"{spec.name}: {spec.precision} ONNX")
+    lowered = lower(spec, plan, artifacts.onnx_path, artifacts.tokenizer_path, options.artifacts / spec.name / "precision")
+    return dataclasses.replace(artifacts, onnx_path=lowered.onnx_path, reference_onnx=lowered.reference)
+
+
 def build(options: BuildOptions) -> list[str]:
     """Export (unless told not to), plan, write and swap in the repository. Returns model names."""
     m = load_manifest(options)
@@ -149,20 +163,26 @@ def build(options: BuildOptions) -> list[str]:
         artifacts = export_all(options, m)
     else:
         artifacts = {spec.name: existing_artifacts(spec, options) for spec in m.models}
+    artifacts = {spec.name: at_precision(spec, plans[spec.name], artifacts[spec.name], options) for spec in m.models}
     step(f"write {options.repository}")
     entries = [(spec, plans[spec.name], artifacts[spec.name]) for spec in m.models]
     return write_repository(entries, options.repository, work_root=options.artifacts, force=options.force)
 
 
 def check_repository(options: BuildOptions) -> list[str]:
-    """Why the repository's engine files do not fit this machine (empty: they all fit). Each runtime
-    says what it checks (TensorRT: the plans against this GPU and TensorRT; others: nothing)."""
+    """Why the installed repository is not what this build would write (empty: it is): every config
+    and file compared with a fresh staging of the whole repository, and each engine checked by its
+    runtime (TensorRT: the plan's metadata against this GPU, TensorRT, ONNX and options). Nothing is
+    exported or built. For init containers: ``tritonbundle build --check || tritonbundle build``."""
+    from tritonbundle.build.repository import differences
+
     m = load_manifest(options)
-    problems = []
-    for spec in m.models:
-        ctx = BuildContext(
-            spec=spec, plan=plan_model(spec, options),
-            onnx_path=spec.onnx_path or options.artifacts / spec.name / "model.onnx", work_dir=options.artifacts / spec.name,
-        )
-        problems += runtimes.get(spec.runtime).problems(ctx, options.repository)
-    return problems
+    plans = {spec.name: plan_model(spec, options) for spec in m.models}
+    try:
+        entries = [(spec, plans[spec.name], at_precision(spec, plans[spec.name], existing_artifacts(spec, options), options))
+                   for spec in m.models]
+        return differences(entries, options.repository, work_root=options.artifacts)
+    except BuildError as e:  # an engine that needs a rebuild, an export that is missing
+        return [str(e)]
+    except ConfigError as e:
+        return [str(e)]

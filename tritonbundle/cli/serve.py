@@ -14,7 +14,14 @@ from tritonbundle.log import LOG, step
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from tritonbundle.errors import ServerError
+    from tritonbundle.runtimes.tensorrt import serving
     from tritonbundle.server import ServerOptions, TritonServer, supervise
+
+    if serving.plans(args.repository):  # TensorRT plans: refuse another TensorRT's, allow version-compatible ones
+        problems = serving.problems(args.repository, serving.installed_version())
+        if problems:
+            raise ServerError("refusing to start: " + "; ".join(problems))
 
     key = os.environ.get(args.api_key_env) if args.api_key_env else None
     if not key:
@@ -26,7 +33,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             metrics_port=args.metrics_port, address=args.address, log_path=args.log_file,
             model_control_mode=args.model_control_mode, load_models=args.load_model or (),
             exit_timeout_s=args.exit_timeout_s, restricted_api_key=key, log_verbose=args.log_verbose,
-            tritonserver=args.tritonserver,
+            tritonserver=args.tritonserver, extra_args=serving.backend_args(args.repository),
         )
     )
     stop = threading.Event()

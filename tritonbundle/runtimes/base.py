@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tritonbundle.contract import Parameters
+from tritonbundle.errors import ConfigError
 from tritonbundle.manifest import ModelSpec
 from tritonbundle.modelconfig import (
     DynamicBatching,
@@ -39,6 +40,12 @@ class BuildContext:
     force: bool = False
     #: The version folder of this model in the repository being replaced (files to reuse).
     previous_dir: Path | None = None
+    #: The FP32 ONNX (``onnx_path`` is at the manifest's precision): accuracy gates compare with it.
+    reference_onnx: Path | None = None
+    #: The tokenizer of a text model (accuracy gates draw traffic-shaped texts).
+    tokenizer_json: Path | None = None
+    #: ``build --check``: report what would have to be rebuilt instead of building it.
+    check_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -70,17 +77,24 @@ class Runtime(Protocol):
         """``targets`` (requests arrive padded to the plan's edges) or ``ragged`` (the model pads)."""
         ...
 
-    def problems(self, ctx: BuildContext, repository: Path) -> list[str]:
-        """Why the installed files of this model do not fit this machine (empty: they do)."""
-        ...
-
     def write_files(self, ctx: BuildContext, version_dir: Path) -> Written:
-        """Write the model's files into ``<model>/<version>/`` (engine builds happen here)."""
+        """Write the model's files into ``<model>/<version>/`` (engine builds happen here; with
+        ``ctx.check_only`` an engine that would need a rebuild raises instead)."""
         ...
 
     def config(self, ctx: BuildContext, written: Written) -> ModelConfig:
         """The encoder model's config."""
         ...
+
+
+def needs_calibration(spec: ModelSpec) -> None:
+    """INT8 calibrates on traffic-shaped inputs: a text model draws them from the traffic sample; any
+    other model needs the manifest's ``calibration`` data."""
+    if spec.precision == "int8" and spec.calibration is None and spec.task != "text-embedding":
+        raise ConfigError(
+            f"model {spec.name}.calibration: precision int8 needs calibration data for a model that is not a text "
+            "model: a .npz holding one array per input (first axis: samples), shaped like real requests"
+        )
 
 
 def link_or_copy(src: Path, dst: Path) -> None:
@@ -145,7 +159,9 @@ def warmups(ctx: BuildContext, *, every_bucket: bool) -> tuple[Warmup, ...]:
             # Token ids and masks must stay valid indices: zeros are the padding token.
             data = "zero" if t.dtype.startswith(("INT", "UINT", "BOOL")) else "random"
             inputs[t.name] = WarmupInput(t.dtype, dims, data)
-        out.append(Warmup(name=f"warmup_b{batch}_s{seq}", batch_size=batch if spec.batched else 0, inputs=inputs))
+        # Triton skips a warm-up sample of batch_size 0 (core src/backend_model_instance.cc); a model
+        # without a batch dimension takes batch_size 1 and the full shape in dims (model_config.proto).
+        out.append(Warmup(name=f"warmup_b{batch}_s{seq}", batch_size=batch if spec.batched else 1, inputs=inputs))
     return tuple(out)
 
 

@@ -74,7 +74,7 @@ class TritonPythonModel:
                 f"config inputs {missing} are not inputs of the ONNX graph (graph inputs: {sorted(graph_inputs)})"
             )
 
-    def _read(self, request: Any) -> dict[str, np.ndarray]:
+    def _read(self, request: Any) -> dict[str, np.ndarray[Any, Any]]:
         arrays = {}
         for name, dtype, dims in self.inputs:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
@@ -99,7 +99,7 @@ class TritonPythonModel:
             raise RequestError(f"inputs disagree on [batch, length]: {sorted(shapes)}")
         return arrays
 
-    def _pad(self, name: str, arrays: list[np.ndarray]) -> np.ndarray:
+    def _pad(self, name: str, arrays: list[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
         """Concatenate one input over requests, padding dynamic dims to the batch's longest."""
         target = list(np.max([a.shape for a in arrays], axis=0))
         pad_value = self.pad_values.get(name, 0)
@@ -126,7 +126,7 @@ class TritonPythonModel:
                 self._run(group, responses)
         return responses
 
-    def _run(self, group: list[tuple[int, dict[str, np.ndarray]]], responses: list[Any]) -> None:
+    def _run(self, group: list[tuple[int, dict[str, np.ndarray[Any, Any]]]], responses: list[Any]) -> None:
         if self.batched:
             feed = {name: self._pad(name, [arrays[name] for _, arrays in group]) for name, _, _ in self.inputs}
         else:

@@ -1,7 +1,9 @@
 """The TensorRT path. TensorRT cannot be installed on these machines (its wheels come only from
-NVIDIA's index, which is unreachable), so: the config, trtexec command, metadata and precision logic
-are tested here as pure code; the builder code is type-checked by mypy against tensorrt-stubs
-10.13.0.35.1; the engine build itself is tested only where ``tensorrt`` imports (the NGC image)."""
+NVIDIA's index, which is unreachable), so: the config, trtexec command, metadata and plan reuse are
+tested here as pure code; the calls the builder makes are checked with a recording double of the
+TensorRT module (it checks calls, it never stands in for an engine); the builder code is type-checked
+by mypy against TensorRT 10.13 (tensorrt-stubs) and 11 (typings/tensorrt11); the engine build itself
+runs only where ``tensorrt`` imports (the NGC image)."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from tritonbundle.runtimes.tensorrt.check import engine_options
 from tritonbundle.runtimes.tensorrt.plugin import TensorRTRuntime
 
 ROOT = Path(__file__).resolve().parents[3]
-H100 = te.Platform("NVIDIA H100 80GB HBM3", "9.0", "10.13.0.35")
+H100 = te.Platform("NVIDIA H100 80GB HBM3", "9.0", "10.13.2.6")
 
 
 def _ctx(tmp_path: Path, **overrides: object) -> BuildContext:
@@ -68,25 +70,53 @@ def test_trtexec_command_reproduces_every_profile_and_option(tmp_path: Path) -> 
     ctx = _ctx(tmp_path, precision="fp16", hardware_compatibility="ampere+", version_compatible=True)
     argv = te.trtexec_command(Path("m.onnx"), Path("m.plan"), engine_options(ctx), timing_cache=Path("t.cache"),
                               layer_info=Path("layers.json"))
-    assert argv[:3] == ["trtexec", "--onnx=m.onnx", "--saveEngine=m.plan"]
+    assert argv[:4] == ["/usr/src/tensorrt/bin/trtexec", "--onnx=m.onnx", "--saveEngine=m.plan", "--stronglyTyped"]
     assert [a for a in argv if a.startswith("--profile=")] == [f"--profile={i}" for i in range(12)]
     first = ctx.plan.profiles[0].shapes["input_ids"]
     assert f"--minShapes=input_ids:{first[0][0]}x{first[0][1]},attention_mask:{first[0][0]}x{first[0][1]}" in argv
-    for flag in ("--fp16", "--memPoolSize=workspace:4096M", "--builderOptimizationLevel=3", "--timingCacheFile=t.cache",
+    for flag in ("--memPoolSize=workspace:4096M", "--builderOptimizationLevel=3", "--timingCacheFile=t.cache",
                  "--hardwareCompatibilityLevel=ampere+", "--versionCompatible", "--exportLayerInfo=layers.json"):
         assert flag in argv
+    assert "--fp16" not in argv and "--noTF32" not in argv  # the precision is in the ONNX
+
+
+#: Options both trtexec 10.13.3 and 11.1 parse (samples/common/sampleOptions.cpp: getAndDelOption /
+#: getAndDelNegOption calls; in 11.1 --fp16/--bf16/--int8/--best/--calib are gone and fail with
+#: "Unknown option"). Values of --hardwareCompatibilityLevel: "none", "ampere+", "sameComputeCapability"
+#: (10.13.3 lines 1525-1542, 11.1 lines 1388-1405); --profilingVerbosity: layer_names_only|none|detailed.
+TRTEXEC_OPTIONS = {
+    "--onnx", "--saveEngine", "--stronglyTyped", "--profile", "--minShapes", "--optShapes", "--maxShapes",
+    "--memPoolSize", "--builderOptimizationLevel", "--noTF32", "--hardwareCompatibilityLevel", "--versionCompatible",
+    "--timingCacheFile", "--profilingVerbosity", "--dumpLayerInfo", "--exportLayerInfo", "--skipInference",
+}
+TRTEXEC_VALUES = {"--hardwareCompatibilityLevel": {"none", "ampere+", "sameComputeCapability"},
+                  "--profilingVerbosity": {"layer_names_only", "none", "detailed"}}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16", "int8"])
+@pytest.mark.parametrize("hardware", ["none", "ampere+", "same-compute-capability"])
+def test_reproduce_sh_uses_only_options_trtexec_10_and_11_both_accept(tmp_path: Path, precision: str, hardware: str) -> None:
+    ctx = _ctx(tmp_path, precision=precision, hardware_compatibility=hardware, version_compatible=True)
+    argv = te.trtexec_command(Path("m.onnx"), Path("m.plan"), engine_options(ctx), timing_cache=Path("t.cache"),
+                              layer_info=Path("layers.json"))
+    for arg in argv[1:]:
+        name, _, value = arg.partition("=")
+        assert name in TRTEXEC_OPTIONS, arg
+        if name in TRTEXEC_VALUES:
+            assert value in TRTEXEC_VALUES[name], arg
+    assert ("--noTF32" in argv) == (precision == "fp32")
 
 
 def test_metadata_decides_reuse_or_rebuild(tmp_path: Path) -> None:
     options = engine_options(_ctx(tmp_path))
-    meta = te.EngineMetadata(tensorrt_version="10.13.0.35", gpu_name=H100.gpu_name, compute_capability="9.0",
+    meta = te.EngineMetadata(tensorrt_version="10.13.2.6", gpu_name=H100.gpu_name, compute_capability="9.0",
                              onnx_sha256="abc", options=options.to_json())
-    same = dict(platform=H100, onnx_sha256="abc", options=options, calibration_sha256=None)
+    same = dict(platform=H100, onnx_sha256="abc", options=options)
     assert te.mismatches(meta, **same) == []  # type: ignore[arg-type]
-    a100 = te.Platform("NVIDIA A100-SXM4-80GB", "8.0", "10.13.0.35")
+    a100 = te.Platform("NVIDIA A100-SXM4-80GB", "8.0", "10.13.2.6")
     assert "GPU" in te.mismatches(meta, **{**same, "platform": a100})[0]  # type: ignore[arg-type]
-    newer = te.Platform(H100.gpu_name, "9.0", "10.14.1.48")
-    assert "TensorRT 10.13.0.35 != 10.14.1.48" in te.mismatches(meta, **{**same, "platform": newer})  # type: ignore[arg-type]
+    newer = te.Platform(H100.gpu_name, "9.0", "11.1.0.106")
+    assert "TensorRT 10.13.2.6 != 11.1.0.106" in te.mismatches(meta, **{**same, "platform": newer})  # type: ignore[arg-type]
     assert "the ONNX model changed" in te.mismatches(meta, **{**same, "onnx_sha256": "def"})  # type: ignore[arg-type]
     fp16 = engine_options(_ctx(tmp_path, precision="fp16"))
     assert "build options or profiles changed" in te.mismatches(meta, **{**same, "options": fp16})  # type: ignore[arg-type]
@@ -94,7 +124,7 @@ def test_metadata_decides_reuse_or_rebuild(tmp_path: Path) -> None:
 
 
 def test_metadata_round_trips_through_json(tmp_path: Path) -> None:
-    meta = te.EngineMetadata("10.13.0.35", "GPU", "9.0", "abc", {"precision": "fp16"}, flags=("FP16",))
+    meta = te.EngineMetadata("10.13.2.6", "GPU", "9.0", "abc", {"precision": "fp32"}, flags=("-TF32",))
     path = tmp_path / "model.plan.json"
     path.write_text(meta.to_json())
     assert te.EngineMetadata.read(path) == meta
@@ -102,24 +132,15 @@ def test_metadata_round_trips_through_json(tmp_path: Path) -> None:
     assert te.EngineMetadata.read(path) is None
 
 
-@pytest.mark.parametrize(
-    ("precision", "cc", "fp16", "int8", "expected"),
-    [("fp32", "7.5", True, True, ()), ("fp16", "7.5", True, True, ("FP16",)), ("bf16", "8.0", True, True, ("BF16",)),
-     ("int8", "9.0", True, True, ("INT8", "FP16"))],
-)
-def test_precision_flags_where_the_platform_has_them(precision: str, cc: str, fp16: bool, int8: bool, expected: tuple[str, ...]) -> None:
-    assert te.precision_flags(precision, compute_capability=cc, has_fast_fp16=fp16, has_fast_int8=int8) == expected
-
-
-def test_precision_the_platform_lacks_is_refused_by_name() -> None:
-    with pytest.raises(BuildError, match="bf16 needs compute capability >= 8.0, this GPU has 7.5"):
-        te.precision_flags("bf16", compute_capability="7.5", has_fast_fp16=True, has_fast_int8=True)
-    with pytest.raises(BuildError, match="no fast INT8"):
-        te.precision_flags("int8", compute_capability="6.0", has_fast_fp16=False, has_fast_int8=False)
+def test_bf16_needs_ampere_and_says_so() -> None:
+    te.check_precision("bf16", "8.0")
+    te.check_precision("fp16", "7.5")
+    with pytest.raises(BuildError, match="precision bf16 needs compute capability >= 8.0, this GPU has 7.5"):
+        te.check_precision("bf16", "7.5")
 
 
 def test_fingerprint_names_gpu_capability_and_tensorrt() -> None:
-    assert H100.fingerprint == "nvidia-h100-80gb-hbm3-cc90-trt10.13.0.35"
+    assert H100.fingerprint == "nvidia-h100-80gb-hbm3-cc90-trt10.13.2.6"
 
 
 def test_engine_options_need_a_profile() -> None:
@@ -127,8 +148,8 @@ def test_engine_options_need_a_profile() -> None:
         te.EngineOptions()
 
 
-def _mypy(*paths: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "MYPYPATH": str(ROOT / ".tools" / "stubs")}
+def _mypy(*paths: str, mypypath: Path = ROOT / ".tools" / "stubs") -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "MYPYPATH": str(mypypath)}
     return subprocess.run([sys.executable, "-m", "mypy", "--no-incremental", *paths], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
 
@@ -140,6 +161,33 @@ def test_tensorrt_code_type_checks_against_tensorrt_10_stubs() -> None:
         pytest.fail("tensorrt-stubs are missing from .tools/stubs: run `make install`")
     result = _mypy("tritonbundle/runtimes/tensorrt")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_tensorrt_code_type_checks_against_tensorrt_11() -> None:
+    result = _mypy("tritonbundle/runtimes/tensorrt", mypypath=ROOT / "typings" / "tensorrt11")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_tensorrt_11_check_flags_what_tensorrt_11_removed(tmp_path: Path) -> None:
+    """Proves the TensorRT 11 stubs are not vacuous: the calls the old code made fail them."""
+    old = tmp_path / "weak_typing.py"
+    old.write_text(
+        "import tensorrt as trt\n"
+        "def build(builder: trt.Builder, config: trt.IBuilderConfig) -> None:\n"
+        "    config.set_flag(trt.BuilderFlag.FP16)\n"
+        "    if builder.platform_has_fast_int8:\n"
+        "        config.int8_calibrator = None\n"
+        "class C(trt.IInt8EntropyCalibrator2):\n"
+        "    pass\n"
+    )
+    result = _mypy(str(old), mypypath=ROOT / "typings" / "tensorrt11")
+    assert result.returncode != 0
+    for removed in ("FP16", "platform_has_fast_int8", "int8_calibrator", "IInt8EntropyCalibrator2"):
+        assert removed in result.stdout, result.stdout
 
 
 @pytest.mark.slow
@@ -186,20 +234,19 @@ def test_builds_a_plan_that_passes_the_accuracy_gate_and_is_reused(tmp_path: Pat
     assert plan.stat().st_mtime_ns == before, "an up-to-date plan must be reused, not rebuilt"
 
 
-def test_build_check_without_tensorrt_is_a_clear_error(tmp_path: Path) -> None:
-    if sys.modules.get("tensorrt") is not None:
-        pytest.skip("TensorRT is importable here")
-    from tritonbundle.build.stage import BuildOptions, check_repository
-
-    options = BuildOptions(manifest=ROOT / "build" / "models.yaml", repository=tmp_path,
-                           overrides={"target": "gpu", "runtime": "tensorrt"})
+def test_build_check_without_tensorrt_names_the_cause(tmp_path: Path) -> None:
     try:
         import tensorrt  # noqa: F401
     except ImportError:
-        with pytest.raises(BuildError, match="TensorRT is not importable here: build engines inside the pinned NGC TensorRT image"):
-            check_repository(options)
+        pass
     else:  # pragma: no cover - NGC image
         pytest.skip("TensorRT is importable here")
+    from tritonbundle.build.stage import BuildOptions, check_repository
+
+    options = BuildOptions(manifest=ROOT / "build" / "models.yaml", repository=tmp_path, artifacts=ROOT / "build" / "artifacts",
+                           overrides={"target": "gpu", "runtime": "tensorrt"})
+    problems = check_repository(options)
+    assert any("TensorRT is not importable here: build engines inside the pinned NGC TensorRT image" in p for p in problems), problems
 
 
 def _build_options(tmp_path: Path, **overrides: object) -> object:
@@ -217,9 +264,21 @@ def test_the_build_refuses_tensorrt_on_the_cpu_target(tmp_path: Path) -> None:
         load_manifest(_build_options(tmp_path, runtime="tensorrt"))  # type: ignore[arg-type]
 
 
-def test_the_build_refuses_int8_without_calibration_data(tmp_path: Path) -> None:
-    from tritonbundle.build.stage import load_manifest
+def test_int8_from_the_command_line_meets_the_calibration_check(tmp_path: Path) -> None:
+    """--precision int8 (CLI or Helm) on a model that is not a text model and has no calibration data is
+    refused before anything is built; a text model calibrates on its traffic sample."""
+    import yaml
+
+    from tests.build.onnx_models import image_classifier
+    from tritonbundle.build.stage import BuildOptions, load_manifest
     from tritonbundle.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="calibration: precision int8 needs calibration data"):
-        load_manifest(_build_options(tmp_path, runtime="tensorrt", target="gpu", precision="int8"))  # type: ignore[arg-type]
+    image_classifier(tmp_path / "img.onnx")
+    manifest = tmp_path / "models.yaml"
+    manifest.write_text(yaml.safe_dump({"version": 1, "models": [{
+        "name": "img", "source": {"onnx": "img.onnx"}, "target": "gpu", "runtime": "tensorrt",
+        "inputs": [{"name": "pixels", "dtype": "FP32", "shape": ["batch", 3, 8, 8]}],
+        "outputs": [{"name": "logits", "dtype": "FP32", "shape": ["batch", 10]}]}]}))
+    with pytest.raises(ConfigError, match=r"model img.calibration: precision int8 needs calibration data"):
+        load_manifest(BuildOptions(manifest=manifest, overrides={"precision": "int8"}))
+    assert load_manifest(_build_options(tmp_path, runtime="tensorrt", target="gpu", precision="int8")).models  # type: ignore[arg-type]

@@ -8,10 +8,18 @@ import os
 from pathlib import Path
 
 from tritonbundle.contract import EncoderParameters, OnnxRuntimeParameters
+from tritonbundle.errors import ConfigError
 from tritonbundle.manifest import ModelSpec
 from tritonbundle.modelconfig import ModelConfig
 from tritonbundle.runtimes import served
-from tritonbundle.runtimes.base import BuildContext, Written, encoder_config, link_or_copy, warmups
+from tritonbundle.runtimes.base import (
+    BuildContext,
+    Written,
+    encoder_config,
+    link_or_copy,
+    needs_calibration,
+    warmups,
+)
 
 MODEL_PY = Path(__file__).with_name("model.py")
 
@@ -24,14 +32,16 @@ class OnnxRuntime:
         return OnnxRuntimeParameters if spec.target == "cpu" else EncoderParameters
 
     def check(self, spec: ModelSpec) -> None:
-        """ONNX Runtime serves any ONNX model the manifest describes (the graph check comes later)."""
+        """ONNX Runtime serves any ONNX model the manifest describes (the graph check comes later), at
+        fp32, or at fp16/int8 from the build's converted graph; it has no BF16 kernels on the CPU."""
+        needs_calibration(spec)
+        if spec.precision == "bf16":
+            raise ConfigError(f"model {spec.name}.precision: the onnxruntime runtime serves fp32, fp16 or int8, not bf16 "
+                              "(ONNX Runtime has no BF16 kernels for these operators)")
 
     def padding_policy(self, target: str) -> str:
         # On the CPU there is no per-shape compilation to amortise: pad each batch to its longest.
         return "ragged" if target == "cpu" else "targets"
-
-    def problems(self, ctx: BuildContext, repository: Path) -> list[str]:
-        return []  # nothing in its files depends on the machine
 
     def config(self, ctx: BuildContext, written: Written) -> ModelConfig:
         spec, plan = ctx.spec, ctx.plan

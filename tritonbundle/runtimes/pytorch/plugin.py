@@ -59,9 +59,6 @@ class PyTorchRuntime:
     def padding_policy(self, target: str) -> str:
         return "targets"
 
-    def problems(self, ctx: BuildContext, repository: Path) -> list[str]:
-        return []  # nothing in its files depends on the machine
-
     def config(self, ctx: BuildContext, written: Written) -> ModelConfig:
         spec, plan = ctx.spec, ctx.plan
         gpu = spec.target == "gpu"

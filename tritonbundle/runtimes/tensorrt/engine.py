@@ -1,25 +1,31 @@
-"""Build TensorRT engines (TensorRT 10 API), as small composable steps named by what they turn into
-what, after Polygraphy's loaders::
+"""Build TensorRT engines as small composable steps named by what they turn into what, after
+Polygraphy's loaders::
 
     network = NetworkFromOnnxPath(onnx_path)()
-    config = CreateConfig(options)(network)
+    config = CreateConfig(options, platform=platform)(network)
     plan = EngineFromNetwork(network, config, timing_cache=TimingCache(path))()
     SaveEngine(plan, path)()
 
-This module is type-checked with ``mypy --strict`` against ``tensorrt-stubs==10.13.0.35.1``, so no
-call that TensorRT 10 removed (``max_workspace_size``, ``build_engine``, ``set_binding_shape``,
-``EXPLICIT_BATCH`` networks) can remain. It runs inside the pinned NGC TensorRT image (there is no
-TensorRT on the development machines); ``tensorrt`` is imported lazily, inside the steps.
+Networks are strongly typed, on TensorRT 10.13 and 11 alike: the ONNX says the precision (an FP16,
+BF16 or INT8 Q/DQ graph from :mod:`tritonbundle.build.precision`) and no precision flag is set.
+TensorRT 10.12 deprecated and TensorRT 11 removed ``BuilderFlag.FP16/BF16/INT8``, the INT8
+calibrators and ``platform_has_fast_fp16`` (NVIDIA/TensorRT v11.1 ``python/src/infer/pyCore.cpp``:
+the ``BuilderFlag`` enum at 1599-1623, no ``pyInt8.cpp``); ``1 << STRONGLY_TYPED`` is right on both
+(the flag's value changed from 1 to 0 and 11 ignores it: ``include/NvInfer.h`` v11.1 11464-11471).
+TF32 is on by default in both; an "fp32" engine clears it so that it is FP32.
 
-Where Polygraphy fits better than hand-written code it is used: its ``Calibrator`` owns the device
-buffers for INT8 calibration, and its ``TrtRunner`` runs the engine for the accuracy gate.
+This module is type-checked with ``mypy --strict`` twice: against ``tensorrt-stubs==10.13.0.35.1`` and
+against ``typings/tensorrt11`` (the subset called here, written from the v11.1 bindings, each
+signature citing its source line), so it uses only calls both versions have. It runs inside the
+NGC TensorRT image (there is no TensorRT on the development machines); ``tensorrt`` is imported
+lazily, inside the steps.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +40,14 @@ if TYPE_CHECKING:
 ProfileShapes = Mapping[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]
 
 HARDWARE_COMPATIBILITY = {"none": "NONE", "ampere+": "AMPERE_PLUS", "same-compute-capability": "SAME_COMPUTE_CAPABILITY"}
+#: trtexec's spelling of each level (``samples/common/sampleOptions.cpp``, v10.13.3 1525-1542, v11.1
+#: 1388-1405: "none", "ampere+", "sameComputeCapability").
+TRTEXEC_HARDWARE_COMPATIBILITY = {"ampere+": "ampere+", "same-compute-capability": "sameComputeCapability"}
+#: Where trtexec is in the NGC TensorRT image (NVIDIA's sample READMEs; Triton's QA scripts,
+#: ``qa/L0_perf_resnet/test.sh``: ``TRTEXEC=/usr/src/tensorrt/bin/trtexec``). pip wheels have none.
+TRTEXEC = "/usr/src/tensorrt/bin/trtexec"
+#: Least compute capability per precision: BF16 math needs Ampere (8.0).
+MIN_COMPUTE_CAPABILITY = {"bf16": (8, 0)}
 
 
 @dataclass(frozen=True)
@@ -46,8 +60,6 @@ class EngineOptions:
     hardware_compatibility: str = "none"
     version_compatible: bool = False
     profiles: tuple[ProfileShapes, ...] = ()
-    #: INT8: ``.npz`` of calibration inputs; None with explicit Q/DQ in the graph.
-    calibration_data: str | None = None
 
     def __post_init__(self) -> None:
         if self.precision not in ("fp32", "fp16", "bf16", "int8"):
@@ -105,28 +117,13 @@ def sha256_file(path: Path | None) -> str | None:
 
 
 # -- precision ------------------------------------------------------------------------------------
-def precision_flags(precision: str, *, compute_capability: str, has_fast_fp16: bool, has_fast_int8: bool) -> tuple[str, ...]:
-    """Builder flags for a precision, only where the platform has it; raise where it does not.
-
-    FP16 needs fast native FP16; BF16 needs compute capability >= 8.0 (Ampere); INT8 needs fast
-    INT8 and keeps FP16 on as a fallback for layers without INT8 kernels.
-    """
-    major = int(compute_capability.split(".")[0])
-    if precision == "fp32":
-        return ()
-    if precision == "fp16":
-        if not has_fast_fp16:
-            raise BuildError(f"precision fp16: this GPU (compute capability {compute_capability}) has no fast FP16")
-        return ("FP16",)
-    if precision == "bf16":
-        if major < 8:
-            raise BuildError(f"precision bf16 needs compute capability >= 8.0, this GPU has {compute_capability}")
-        return ("BF16",)
-    if precision == "int8":
-        if not has_fast_int8:
-            raise BuildError(f"precision int8: this GPU (compute capability {compute_capability}) has no fast INT8")
-        return ("INT8", "FP16") if has_fast_fp16 else ("INT8",)
-    raise BuildError(f"unknown precision {precision!r}")
+def check_precision(precision: str, compute_capability: str) -> None:
+    """Refuse a precision this GPU cannot run, naming both (the ONNX already holds the precision)."""
+    need = MIN_COMPUTE_CAPABILITY.get(precision)
+    have = tuple(int(x) for x in compute_capability.split(".")[:2])
+    if need is not None and have < need:
+        raise BuildError(f"precision {precision} needs compute capability >= {need[0]}.{need[1]}, "
+                         f"this GPU has {compute_capability}")
 
 
 # -- the steps ------------------------------------------------------------------------------------
@@ -139,20 +136,18 @@ class Network:
 
 
 class NetworkFromOnnxPath:
-    """ONNX file -> TensorRT network. Parser errors are reported per node."""
+    """ONNX file -> strongly typed TensorRT network. Parser errors are reported per node."""
 
-    def __init__(self, onnx_path: Path, *, strongly_typed: bool = False) -> None:
+    def __init__(self, onnx_path: Path) -> None:
         self.onnx_path = onnx_path
-        self.strongly_typed = strongly_typed
 
     def __call__(self) -> Network:
         import tensorrt as trt
 
         logger = trt.Logger(trt.Logger.WARNING)
         builder = trt.Builder(logger)
-        # TensorRT 10 networks are always explicit-batch; the only creation flag left is typing.
-        flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED) if self.strongly_typed else 0
-        network = builder.create_network(flags)
+        # Explicit batch always (TensorRT 10 and 11); strongly typed: needed on 10, the only mode on 11.
+        network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
         parser = trt.OnnxParser(network, logger)
         if not parser.parse_from_file(str(self.onnx_path)):
             errors = []
@@ -191,29 +186,28 @@ class TimingCache:
 
 
 class CreateConfig:
-    """Builder config: memory pool, precision flags, profiles, optimisation and compatibility."""
+    """Builder config: memory pool, TF32, profiles, optimisation level and compatibility."""
 
-    def __init__(self, options: EngineOptions, *, platform: Platform, calibrator: Any = None) -> None:
+    def __init__(self, options: EngineOptions, *, platform: Platform) -> None:
         self.options = options
         self.platform = platform
-        self.calibrator = calibrator
-        #: The builder flags set by the last call (recorded in the plan's metadata).
+        #: The builder flags set (or cleared: ``-TF32``) by the last call (recorded in the metadata).
         self.flags: tuple[str, ...] = ()
 
     def __call__(self, net: Network) -> trt.IBuilderConfig:
         import tensorrt as trt
 
         o = self.options
+        check_precision(o.precision, self.platform.compute_capability)
         config = net.builder.create_builder_config()
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, o.workspace_mib << 20)
         config.builder_optimization_level = o.builder_optimization_level
         config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED  # for the engine inspector
-        flags = list(precision_flags(
-            o.precision, compute_capability=self.platform.compute_capability,
-            has_fast_fp16=net.builder.platform_has_fast_fp16, has_fast_int8=net.builder.platform_has_fast_int8,
-        ))
-        for flag in flags:
-            config.set_flag(getattr(trt.BuilderFlag, flag))
+        flags = []
+        if o.precision == "fp32":
+            # TF32 is on by default (NvInfer.h v11.1 9973-9976: "Enabled by default"): FP32 means FP32.
+            config.clear_flag(trt.BuilderFlag.TF32)
+            flags.append("-TF32")
         if o.hardware_compatibility != "none":
             config.hardware_compatibility_level = getattr(
                 trt.HardwareCompatibilityLevel, HARDWARE_COMPATIBILITY[o.hardware_compatibility]
@@ -232,12 +226,6 @@ class CreateConfig:
                 profile.set_shape(name, trt.Dims(list(lo)), trt.Dims(list(opt)), trt.Dims(list(hi)))
             if config.add_optimization_profile(profile) < 0:
                 raise BuildError(f"profile {index} was refused by TensorRT: {dict(shapes)}")
-            if index == 0 and self.calibrator is not None:
-                config.set_calibration_profile(profile)
-        if self.calibrator is not None:
-            # Implicit INT8 calibration is deprecated since TensorRT 10.1 in favour of explicit
-            # Q/DQ; it still works and is what an un-quantized ONNX needs.
-            config.int8_calibrator = self.calibrator
         return config
 
 
@@ -273,40 +261,31 @@ class SaveEngine:
         return self.path
 
 
-def layer_information(plan: bytes) -> str:
-    """The engine inspector's per-layer JSON (kernels, precisions, shapes)."""
+def deserialize(plan: bytes, *, version_compatible: bool) -> trt.ICudaEngine:
+    """The engine of a plan. A version-compatible plan embeds TensorRT's lean runtime (host code),
+    which a runtime refuses unless told to trust it (``NvInferRuntime.h``: setEngineHostCodeAllowed,
+    "The default value is false"; trtexec does the same in ``sampleEngines.cpp``)."""
     import tensorrt as trt
 
-    logger = trt.Logger(trt.Logger.WARNING)
-    engine = trt.Runtime(logger).deserialize_cuda_engine(plan)
+    runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+    if version_compatible:
+        runtime.engine_host_code_allowed = True
+    engine = runtime.deserialize_cuda_engine(plan)
     if engine is None:
         raise BuildError("the plan just built could not be deserialized")
+    return engine
+
+
+def layer_information(plan: bytes, *, version_compatible: bool) -> str:
+    """The engine inspector's per-layer JSON (kernels, precisions, shapes). Its schema differs between
+    TensorRT 10 (``"Bindings"``) and 11 (``"I/O Tensors"``); it is written as TensorRT gives it."""
+    import tensorrt as trt
+
+    engine = deserialize(plan, version_compatible=version_compatible)
     inspector = engine.create_engine_inspector()
     if inspector is None:
         raise BuildError("the engine inspector is not available for this plan")
     return str(inspector.get_engine_information(trt.LayerInformationFormat.JSON))
-
-
-# -- INT8 calibration ------------------------------------------------------------------------------
-def calibration_batches(npz_path: Path, input_names: Sequence[str], batch_size: int) -> Iterator[dict[str, Any]]:
-    """Feed dicts from a ``.npz`` holding one array per input (first axis = samples)."""
-    import numpy as np
-
-    data = np.load(npz_path)
-    missing = [n for n in input_names if n not in data.files]
-    if missing:
-        raise BuildError(f"calibration data {npz_path} has no arrays for inputs {missing} (has {data.files})")
-    total = min(int(data[n].shape[0]) for n in input_names)
-    for start in range(0, total, batch_size):
-        yield {n: np.ascontiguousarray(data[n][start : start + batch_size]) for n in input_names}
-
-
-def entropy_calibrator(batches: Iterable[dict[str, Any]], cache_path: Path) -> Any:
-    """Polygraphy's Calibrator as an ``IInt8EntropyCalibrator2``, with a calibration cache file."""
-    import tensorrt as trt
-    from polygraphy.backend.trt import Calibrator
-
-    return Calibrator(batches, cache=str(cache_path), BaseClass=trt.IInt8EntropyCalibrator2)
 
 
 # -- metadata --------------------------------------------------------------------------------------
@@ -319,7 +298,6 @@ class EngineMetadata:
     compute_capability: str
     onnx_sha256: str
     options: dict[str, Any]
-    calibration_sha256: str | None = None
     timing_cache_sha256: str | None = None
     flags: tuple[str, ...] = ()
     built_at: str = ""
@@ -333,17 +311,16 @@ class EngineMetadata:
         try:
             data = json.loads(path.read_text())
             data["flags"] = tuple(data.get("flags", ()))
+            data.pop("calibration_sha256", None)  # written before precision moved into the ONNX
             return EngineMetadata(**data)
         except (OSError, ValueError, TypeError):
             return None
 
 
-def mismatches(
-    existing: EngineMetadata | None, *, platform: Platform, onnx_sha256: str, options: EngineOptions,
-    calibration_sha256: str | None,
-) -> list[str]:
-    """Why an existing plan cannot be reused (empty: reuse it). The timing cache is not a reason:
-    it changes build time, not the engine's correctness."""
+def mismatches(existing: EngineMetadata | None, *, platform: Platform, onnx_sha256: str, options: EngineOptions) -> list[str]:
+    """Why an existing plan cannot be reused (empty: reuse it). The ONNX hash covers the precision (an
+    INT8 graph holds its calibrated scales). The timing cache is not a reason: it changes build time,
+    not the engine's correctness."""
     if existing is None:
         return ["no plan metadata"]
     reasons = []
@@ -357,8 +334,6 @@ def mismatches(
         reasons.append("the ONNX model changed")
     if existing.options != options.to_json():
         reasons.append("build options or profiles changed")
-    if existing.calibration_sha256 != calibration_sha256:
-        reasons.append("the calibration data changed")
     return reasons
 
 
@@ -369,10 +344,12 @@ def _shape_arg(shapes: Mapping[str, tuple[int, ...]]) -> str:
 
 def trtexec_command(
     onnx_path: Path, plan_path: Path, options: EngineOptions, *, timing_cache: Path | None,
-    calibration_cache: Path | None = None, layer_info: Path | None = None,
+    layer_info: Path | None = None,
 ) -> list[str]:
-    """The ``trtexec`` command that builds the same engine (written to reproduce.sh)."""
-    argv = ["trtexec", f"--onnx={onnx_path}", f"--saveEngine={plan_path}"]
+    """The ``trtexec`` command that builds the same engine (written to reproduce.sh). Every option is
+    one both TensorRT 10.13 and 11 accept (``--fp16``, ``--int8``, ``--calib`` are gone in 11: the
+    precision is in the ONNX); ``--stronglyTyped`` is what 10.13 needs and a no-op on 11."""
+    argv = [TRTEXEC, f"--onnx={onnx_path}", f"--saveEngine={plan_path}", "--stronglyTyped"]
     for index, profile in enumerate(options.profiles):
         argv.append(f"--profile={index}")
         argv.append("--minShapes=" + _shape_arg({k: v[0] for k, v in profile.items()}))
@@ -380,16 +357,10 @@ def trtexec_command(
         argv.append("--maxShapes=" + _shape_arg({k: v[2] for k, v in profile.items()}))
     argv.append(f"--memPoolSize=workspace:{options.workspace_mib}M")
     argv.append(f"--builderOptimizationLevel={options.builder_optimization_level}")
-    if options.precision == "fp16":
-        argv.append("--fp16")
-    elif options.precision == "bf16":
-        argv.append("--bf16")
-    elif options.precision == "int8":
-        argv += ["--int8", "--fp16"]
-        if calibration_cache is not None:
-            argv.append(f"--calib={calibration_cache}")
+    if options.precision == "fp32":
+        argv.append("--noTF32")
     if options.hardware_compatibility != "none":
-        argv.append(f"--hardwareCompatibilityLevel={options.hardware_compatibility}")
+        argv.append(f"--hardwareCompatibilityLevel={TRTEXEC_HARDWARE_COMPATIBILITY[options.hardware_compatibility]}")
     if options.version_compatible:
         argv.append("--versionCompatible")
     if timing_cache is not None:

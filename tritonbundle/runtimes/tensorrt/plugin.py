@@ -7,8 +7,11 @@ default", model_config.proto). For each batch it picks the listed profile whose 
 input shapes and whose ``opt`` is nearest (Manhattan distance, ``GetMostOptimizedProfile``). So the
 instance group here lists every profile, which makes all of them usable by every instance.
 
-Engines are reused when the metadata next to the plan still matches the GPU, TensorRT version, ONNX
-hash, options and calibration data; otherwise they are rebuilt. With ``multi_arch`` the plan is named
+The engine is built from the ONNX at the manifest's precision (``tritonbundle.build.precision``:
+FP16/BF16 rewritten, INT8 as Q/DQ), strongly typed, and checked against the FP32 ONNX before it is
+installed. Engines are reused when the metadata next to the plan still matches the GPU, TensorRT
+version, ONNX hash (which covers the precision and the INT8 scales) and options; otherwise they are
+rebuilt. With ``multi_arch`` the plan is named
 per compute capability and plans for other GPUs already in the repository are kept, written into
 ``cc_model_filenames`` so one repository serves several GPU architectures.
 """
@@ -27,19 +30,23 @@ from tritonbundle.contract import TensorRTParameters
 from tritonbundle.errors import BuildError, ConfigError
 from tritonbundle.log import LOG
 from tritonbundle.manifest import ModelSpec
-from tritonbundle.modelconfig import InstanceGroup, ModelConfig, numpy_dtype
-from tritonbundle.runtimes.base import BuildContext, Written, encoder_config, link_or_copy, warmups
+from tritonbundle.modelconfig import InstanceGroup, ModelConfig
+from tritonbundle.runtimes import accuracy
+from tritonbundle.runtimes.base import (
+    BuildContext,
+    Written,
+    encoder_config,
+    link_or_copy,
+    needs_calibration,
+    warmups,
+)
 from tritonbundle.runtimes.tensorrt import engine as te
 from tritonbundle.runtimes.tensorrt.check import (
     PLAN,
     engine_options,
     other_arch_plans,
     plan_name,
-    plan_problems,
 )
-
-#: Max |TensorRT - ONNX Runtime| per precision for the accuracy gate (manifest ``tolerance`` overrides).
-TOLERANCES = {"fp32": 1e-3, "fp16": 2e-2, "bf16": 5e-2, "int8": 1.5e-1}
 
 
 class TensorRTRuntime:
@@ -53,23 +60,18 @@ class TensorRTRuntime:
         where = f"model {spec.name}"
         if spec.target != "gpu":
             raise ConfigError(f"{where}.runtime: tensorrt needs target gpu (the CPU server has no TensorRT backend)")
-        if spec.precision == "int8" and spec.calibration is None:
-            raise ConfigError(
-                f"{where}.calibration: precision int8 needs calibration data (a .npz holding one array per input), "
-                "or an ONNX with explicit Q/DQ and runtime onnxruntime"
-            )
+        needs_calibration(spec)
 
     def padding_policy(self, target: str) -> str:
         return "targets"
-
-    def problems(self, ctx: BuildContext, repository: Path) -> list[str]:
-        return plan_problems(ctx, repository, te.current_platform())
 
     def config(self, ctx: BuildContext, written: Written) -> ModelConfig:
         spec, plan = ctx.spec, ctx.plan
         params = TensorRTParameters(
             padding_policy=plan.policy, padding_targets=plan.padding_targets, max_sequence_length=spec.max_sequence_length,
-            execution_context_allocation_strategy="STATIC",
+            # One execution context per listed profile; STATIC would size each for the largest profile
+            # (tensorrt_backend src/model_state.cc, r25.05+: STATIC | ON_PROFILE_CHANGE).
+            execution_context_allocation_strategy="ON_PROFILE_CHANGE",
         )
         return encoder_config(
             ctx, params, ragged=False, kind="KIND_GPU", platform="tensorrt_plan",
@@ -92,7 +94,8 @@ class TensorRTRuntime:
         version_dir.mkdir(parents=True, exist_ok=True)
         written = Written(default_model_filename=PLAN)
         if multi_arch:
-            others = other_arch_plans(ctx.previous_dir, platform.compute_capability)
+            others = other_arch_plans(ctx.previous_dir, platform, onnx_sha256=te.sha256_file(ctx.onnx_path) or "",
+                                      options=engine_options(ctx))
             for filename in others.values():
                 assert ctx.previous_dir is not None
                 link_or_copy(ctx.previous_dir / filename, version_dir / filename)
@@ -107,107 +110,97 @@ def build_engine(ctx: BuildContext, platform: te.Platform, plan_path: Path) -> N
     assert ctx.onnx_path is not None
     options = engine_options(ctx)
     onnx_sha = te.sha256_file(ctx.onnx_path) or ""
-    calibration_sha = te.sha256_file(ctx.spec.calibration)
     meta_path = plan_path.with_name(plan_path.name + ".json")
     work = ctx.work_dir / "tensorrt" / platform.fingerprint
-    work.mkdir(parents=True, exist_ok=True)
+    # One timing cache per GPU model and TensorRT version: a new GPU starts its own (timings of
+    # another GPU or TensorRT do not carry over).
     timing_cache = ctx.work_dir / "tensorrt" / f"timing-{platform.fingerprint}.cache"
 
+    reasons = ["--force"] if ctx.force else ["no previous repository"]
     if ctx.previous_dir is not None and not ctx.force:
         previous_plan = ctx.previous_dir / plan_path.name
         previous_meta = te.EngineMetadata.read(ctx.previous_dir / meta_path.name)
-        reasons = te.mismatches(
-            previous_meta, platform=platform, onnx_sha256=onnx_sha, options=options, calibration_sha256=calibration_sha
-        )
+        reasons = te.mismatches(previous_meta, platform=platform, onnx_sha256=onnx_sha, options=options)
         if previous_plan.exists() and not reasons:
             LOG.info("    %s: plan for %s is up to date; skipped the build", ctx.spec.name, platform.fingerprint)
             link_or_copy(previous_plan, plan_path)
             link_or_copy(ctx.previous_dir / meta_path.name, meta_path)
             return
-        LOG.info("    %s: rebuilding the plan (%s)", ctx.spec.name, "; ".join(reasons))
-
+        reasons = reasons or [f"{previous_plan.name} is missing"]
+    if ctx.check_only:
+        raise StalePlan(f"{ctx.spec.name}: {plan_path.name} needs a rebuild: {'; '.join(reasons)}")
+    LOG.info("    %s: building the plan (%s)", ctx.spec.name, "; ".join(reasons))
+    work.mkdir(parents=True, exist_ok=True)
     proc.write_reproduce_script(
         work / "reproduce.sh",
         te.trtexec_command(ctx.onnx_path, work / plan_path.name, options, timing_cache=timing_cache,
-                           calibration_cache=work / "calibration.cache" if ctx.spec.calibration else None,
                            layer_info=work / "layers.json"),
     )
     start = time.monotonic()
     net = te.NetworkFromOnnxPath(ctx.onnx_path)()
-    calibrator = None
-    if options.precision == "int8" and ctx.spec.calibration is not None:
-        batches = te.calibration_batches(ctx.spec.calibration, [t.name for t in ctx.spec.inputs], 8)
-        calibrator = te.entropy_calibrator(batches, work / "calibration.cache")
-    create_config = te.CreateConfig(options, platform=platform, calibrator=calibrator)
+    create_config = te.CreateConfig(options, platform=platform)
     config = create_config(net)
     plan = te.EngineFromNetwork(net, config, timing_cache=te.TimingCache(timing_cache))()
-    te.SaveEngine(plan, plan_path)()
     elapsed = time.monotonic() - start
-    (work / "layers.json").write_text(te.layer_information(plan))
-    accuracy_gate(ctx, plan, options.precision)
+    (work / "layers.json").write_text(te.layer_information(plan, version_compatible=options.version_compatible))
+    accuracy_gate(ctx, plan, options)
+    te.SaveEngine(plan, plan_path)()
     meta = te.EngineMetadata(
         tensorrt_version=platform.tensorrt_version, gpu_name=platform.gpu_name,
         compute_capability=platform.compute_capability, onnx_sha256=onnx_sha, options=options.to_json(),
-        calibration_sha256=calibration_sha, timing_cache_sha256=te.sha256_file(timing_cache),
-        flags=create_config.flags,
+        timing_cache_sha256=te.sha256_file(timing_cache), flags=create_config.flags,
         built_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         extra={"build_seconds": f"{elapsed:.1f}"},
     )
     meta_path.write_text(meta.to_json())
     (work / "build.log").write_text(
         f"built {plan_path.name} for {platform.fingerprint} in {elapsed:.1f} s\n"
-        f"profiles: {len(options.profiles)}; precision {options.precision}; layers: layers.json\n"
+        f"profiles: {len(options.profiles)}; precision {options.precision} (in the ONNX, strongly typed); "
+        f"flags {', '.join(create_config.flags) or '-'}; layers: layers.json\n"
     )
     LOG.info("    %s: built %s in %.0f s (%d profiles)", ctx.spec.name, plan_path.name, elapsed, len(options.profiles))
 
 
-def gate_inputs(ctx: BuildContext, profile_index: int, seed: int) -> dict[str, np.ndarray[Any, Any]]:
-    """Sample inputs at a profile's opt shape: realistic token ids for text models, random tensors else."""
-    profile = ctx.plan.profiles[profile_index]
-    rng = np.random.default_rng(seed)
-    feed: dict[str, np.ndarray[Any, Any]] = {}
-    for t in ctx.spec.inputs:
-        shape = profile.shapes[t.name][1]
-        if ctx.spec.task == "text-embedding":
-            batch, length = shape
-            if "mask" in t.name:
-                feed[t.name] = np.ones(shape, dtype=np.int64)
-            else:
-                ids = rng.integers(1000, 30000, size=shape, dtype=np.int64)
-                ids[:, 0] = 101
-                feed[t.name] = ids
-        elif t.dtype.startswith(("INT", "UINT", "BOOL")):
-            feed[t.name] = np.zeros(shape, dtype=numpy_dtype(t.dtype))
-        else:
-            feed[t.name] = rng.standard_normal(shape).astype(numpy_dtype(t.dtype))
-    return feed
+class StalePlan(BuildError):
+    """``build --check``: a plan would have to be rebuilt."""
 
 
-def accuracy_gate(ctx: BuildContext, plan: bytes, precision: str) -> None:
-    """TensorRT vs ONNX Runtime at every profile's opt shape; fail the build naming the worst element."""
-    import onnxruntime as ort
-    from polygraphy.backend.trt import EngineFromBytes, TrtRunner
+def profile_for(ctx: BuildContext, feed: accuracy.Feed) -> int:
+    """The profile whose range holds every input's shape (the tightest one), as Triton picks."""
+    fitting = [
+        p for p in ctx.plan.profiles
+        if all(all(lo <= d <= hi for lo, d, hi in zip(p.shapes[n][0], a.shape, p.shapes[n][2])) for n, a in feed.items())
+    ]
+    if not fitting:
+        raise BuildError(f"model {ctx.spec.name}: no profile holds the gate input shapes {[a.shape for a in feed.values()]}")
+    return min(fitting, key=lambda p: sum(sum(p.shapes[n][2]) for n in feed)).index
 
-    assert ctx.onnx_path is not None
-    tolerance = ctx.spec.tolerance or TOLERANCES[precision]
-    session = ort.InferenceSession(str(ctx.onnx_path), providers=["CPUExecutionProvider"])
-    outputs = [t.name for t in ctx.spec.outputs]
-    worst: tuple[float, Any, str, int] = (0.0, None, "", -1)
-    for index in range(len(ctx.plan.profiles)):
-        feed = gate_inputs(ctx, index, seed=index)
-        expected = dict(zip(outputs, session.run(outputs, feed)))
-        with TrtRunner(EngineFromBytes(plan), optimization_profile=index) as runner:
-            got = runner.infer(feed)
-        for name in outputs:
-            diff = np.abs(np.asarray(got[name], dtype=np.float32) - expected[name].astype(np.float32))
-            where = np.unravel_index(int(diff.argmax()), diff.shape)
-            if float(diff.max()) > worst[0]:
-                worst = (float(diff.max()), where, name, index)
-    if worst[0] > tolerance:
-        value, where, name, index = worst
-        raise BuildError(
-            f"model {ctx.spec.name}: accuracy gate failed: {name}{list(map(int, where))} differs from ONNX Runtime "
-            f"by {value:.3g} in profile {index} ({precision}, tolerance {tolerance:g}); the plan was not installed"
-        )
-    LOG.info("    %s: accuracy gate passed (max |TensorRT - ONNX Runtime| = %.2e, tolerance %g)", ctx.spec.name,
-             worst[0], tolerance)
+
+def accuracy_gate(ctx: BuildContext, plan: bytes, options: te.EngineOptions) -> None:
+    """TensorRT vs the FP32 ONNX (ONNX Runtime) on traffic-shaped inputs, with the precision's
+    tolerance (:mod:`tritonbundle.runtimes.accuracy`); fail the build naming the figures."""
+    from polygraphy.backend.trt import TrtRunner
+
+    reference = ctx.reference_onnx or ctx.onnx_path
+    assert reference is not None
+    engine = te.deserialize(plan, version_compatible=options.version_compatible)
+    runners: dict[int, Any] = {}
+
+    def run(feed: accuracy.Feed) -> accuracy.Outputs:
+        index = profile_for(ctx, feed)
+        if index not in runners:
+            runners[index] = TrtRunner(engine, optimization_profile=index)
+            runners[index].activate()
+        out: accuracy.Outputs = runners[index].infer(feed)
+        return {k: np.asarray(v) for k, v in out.items()}
+
+    try:
+        result = accuracy.gate("TensorRT engine", ctx.spec, options.precision, accuracy.onnx_runner(reference), run,
+                               accuracy.feeds(ctx.spec, ctx.plan, tokenizer_json=ctx.tokenizer_json, purpose="gate"))
+    finally:
+        for runner in runners.values():
+            runner.deactivate()
+    LOG.info("    %s: %s", ctx.spec.name, result.describe())
+    if not result.passed:
+        raise BuildError(f"model {ctx.spec.name}: accuracy gate failed: {result.describe()}; worst at {result.worst}. "
+                         "The plan was not installed")

@@ -46,7 +46,7 @@ def tokenizer_name(model: str) -> str:
 
 
 # -- the padding rule ----------------------------------------------------------------------------------
-def target_index(lengths: Sequence[int] | np.ndarray, targets: Sequence[int]) -> np.ndarray:
+def target_index(lengths: Sequence[int] | np.ndarray[Any, Any], targets: Sequence[int]) -> np.ndarray[Any, Any]:
     """Per length, the index of the smallest target that holds it; a length above the last target is an error."""
     index = np.searchsorted(np.asarray(targets, dtype=np.int64), np.asarray(lengths, dtype=np.int64), side="left")
     if index.size and int(index.max()) >= len(targets):
