@@ -80,3 +80,13 @@ def server(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     srv.start(ready_timeout_s=180)
     yield srv
     srv.stop()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Print the accuracy gates' figures (cosine, max |diff|) the precision tests measured."""
+    from tests import gate_figures
+
+    if gate_figures.LINES:
+        terminalreporter.write_sep("-", "accuracy gates (ONNX Runtime, CPU)")
+        for line in gate_figures.LINES:
+            terminalreporter.write_line(line)

@@ -90,3 +90,65 @@ def short_position_table(path: Path, *, positions: int = 16) -> Path:
         [table, *consts, numpy_helper.from_array(np.array([2], dtype=np.int64), "axes2")],
     )
     return _save(graph, path)
+
+
+def three_input_encoder(path: Path, *, vocab: int = 50, width: int = 16, out: int = 8) -> Path:
+    """input_ids, attention_mask, token_type_ids INT64 [batch, sequence] -> embedding FP32 [batch, out]:
+    token + type embeddings, masked mean, a two-layer GELU MLP (GEMMs and a non-linearity, as in
+    real encoders), random weights (seed 0)."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((vocab, width)).astype(np.float32), "tok_emb"),
+        numpy_helper.from_array(rng.standard_normal((2, width)).astype(np.float32) * 0.1, "type_emb"),
+        numpy_helper.from_array(rng.standard_normal((width, 4 * width)).astype(np.float32) / np.sqrt(width), "W1"),
+        numpy_helper.from_array(rng.standard_normal(4 * width).astype(np.float32) * 0.1, "b1"),
+        numpy_helper.from_array(rng.standard_normal((4 * width, out)).astype(np.float32) / np.sqrt(4 * width), "W2"),
+        numpy_helper.from_array(np.array([1], dtype=np.int64), "axis1"),
+        numpy_helper.from_array(np.array(1e-6, dtype=np.float32), "eps"),
+        numpy_helper.from_array(np.array(np.sqrt(0.5), dtype=np.float32), "rsqrt2"),
+        numpy_helper.from_array(np.array(0.5, dtype=np.float32), "half"),
+        numpy_helper.from_array(np.array(1.0, dtype=np.float32), "one_f"),
+    ]
+    nodes = [
+        helper.make_node("Gather", ["tok_emb", "input_ids"], ["tok"], axis=0),
+        helper.make_node("Gather", ["type_emb", "token_type_ids"], ["typ"], axis=0),
+        helper.make_node("Add", ["tok", "typ"], ["emb"]),
+        helper.make_node("Cast", ["attention_mask"], ["mask_f"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["mask_f", "axes2"], ["mask_3d"]),
+        helper.make_node("Mul", ["emb", "mask_3d"], ["masked"]),
+        helper.make_node("ReduceSum", ["masked", "axis1"], ["summed"], keepdims=0),
+        helper.make_node("ReduceSum", ["mask_f", "axis1"], ["count"], keepdims=1),
+        helper.make_node("Add", ["count", "eps"], ["count_eps"]),
+        helper.make_node("Div", ["summed", "count_eps"], ["pooled"]),
+        helper.make_node("MatMul", ["pooled", "W1"], ["h_mm"]),
+        helper.make_node("Add", ["h_mm", "b1"], ["h"]),
+        helper.make_node("Mul", ["h", "rsqrt2"], ["h_scaled"]),  # GELU: 0.5 * h * (1 + erf(h / sqrt 2))
+        helper.make_node("Erf", ["h_scaled"], ["h_erf"]),
+        helper.make_node("Add", ["h_erf", "one_f"], ["h_erf1"]),
+        helper.make_node("Mul", ["h", "h_erf1"], ["h_gelu2"]),
+        helper.make_node("Mul", ["h_gelu2", "half"], ["h_gelu"]),
+        helper.make_node("MatMul", ["h_gelu", "W2"], ["embedding"]),
+    ]
+    inits.append(numpy_helper.from_array(np.array([2], dtype=np.int64), "axes2"))
+    graph = helper.make_graph(
+        nodes, "three_input_encoder",
+        [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "sequence"])
+         for n in ("input_ids", "attention_mask", "token_type_ids")],
+        [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", out])],
+        inits,
+    )
+    return _save(graph, path)
+
+
+def token_batches(vocab: int, lengths: list[int], *, rows: int = 8, seed: int = 0) -> dict[str, np.ndarray]:
+    """Calibration/gate data for the three-input encoder: ``len(lengths)`` samples padded to the longest."""
+    rng = np.random.default_rng(seed)
+    width = max(lengths)
+    ids = np.zeros((len(lengths), width), dtype=np.int64)
+    mask = np.zeros_like(ids)
+    types = np.zeros_like(ids)
+    for i, n in enumerate(lengths):
+        ids[i, :n] = rng.integers(1, vocab, size=n)
+        mask[i, :n] = 1
+        types[i, n // 2 : n] = 1
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}

@@ -94,3 +94,24 @@ def test_the_padding_check_catches_a_mask_that_is_ignored(tmp_path: Path) -> Non
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
     with pytest.raises(ExportError, match="the attention mask is not applied"):
         check_padding(path, ["input_ids", "attention_mask"], 30522)
+
+
+@pytest.mark.slow
+def test_force_rebuilds_without_re_exporting_so_it_needs_no_torch(
+    exported_minilm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The build image has no torch: `build --force` (Helm engineBuild.force, `compose run build --force`)
+    must use the existing export. Re-exporting is `--reexport`."""
+    import sys
+
+    from tests.conftest import ARTIFACTS, MANIFEST
+    from tritonbundle.build.stage import BuildOptions, build
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now fails, as in the TensorRT image
+    repo = tmp_path / "model_repository"
+    build(BuildOptions(manifest=MANIFEST, artifacts=ARTIFACTS, repository=repo, force=True))
+    assert (repo / "minilm_encoder" / "1" / "model.onnx").exists()
+    from tritonbundle.errors import ExportError
+
+    with pytest.raises(ExportError, match="needs torch, which is not installed here"):
+        build(BuildOptions(manifest=MANIFEST, artifacts=ARTIFACTS, repository=repo, reexport=True))

@@ -199,7 +199,14 @@ def export(spec: ModelSpec, out_dir: Path, *, force: bool = False) -> ExportResu
 
     assert spec.recipe is not None
     import onnx
-    import torch
+
+    try:
+        import torch
+    except ImportError as e:
+        raise ExportError(
+            f"model {spec.name}: exporting {spec.recipe} to ONNX needs torch, which is not installed here "
+            "(the TensorRT image has none: export where torch is, or build with the existing export)"
+        ) from e
 
     with spinner(f"exporting {spec.name} ({spec.recipe}) to ONNX opset {OPSET}"):
         start = time.monotonic()

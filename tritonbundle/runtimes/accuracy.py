@@ -4,9 +4,11 @@ on traffic-shaped inputs, with one set of thresholds per precision.
 
 Inputs (:func:`feeds`): for a text model, texts drawn from the traffic sample (lengths as the traffic
 has them, words that are one token each), tokenized with the model's tokenizer and padded the way
-the server pads them (to the plan's targets); for other models, the manifest's calibration data
-when there is some, else random tensors at each profile's ``opt`` shape. Calibration and gate draw
-different texts (different seeds): the gate checks on data the quantizer never saw.
+the server pads them (to the plan's targets); calibration uses the manifest's calibration data
+instead when there is some, but the gate always judges a text model on traffic-shaped texts. For
+other models: the manifest's calibration data (half calibrates, the other half judges), else random
+tensors at each profile's ``opt`` shape. Calibration and gate draw different texts (different
+seeds): the gate checks on data the quantizer never saw.
 
 Metrics, over every output row: the cosine between candidate and reference (the figure that matters
 for embeddings) and the largest absolute difference.
@@ -135,12 +137,13 @@ def _random_feeds(spec: ModelSpec, plan: ModelPlan, *, seed: int) -> list[Feed]:
 def feeds(spec: ModelSpec, plan: ModelPlan, *, tokenizer_json: Path | None, purpose: str) -> list[Feed]:
     """Inputs for calibration (``purpose="calibration"``) or for a gate (``"gate"``), see the module docstring."""
     seed = 1001 if purpose == "calibration" else 2002
+    if spec.task == "text-embedding" and tokenizer_json is not None and (purpose == "gate" or spec.calibration is None):
+        # A text model is always judged on traffic-shaped texts, whatever it was calibrated on.
+        return _text_feeds(spec, plan, tokenizer_json, batches=16 if purpose == "calibration" else 8, rows=8, seed=seed)
     if spec.calibration is not None:
         data = _npz_feeds(spec, spec.calibration, rows=8)
         half = max(1, len(data) // 2)
         return data[:half] if purpose == "calibration" else (data[half:] or data)
-    if spec.task == "text-embedding" and tokenizer_json is not None:
-        return _text_feeds(spec, plan, tokenizer_json, batches=16 if purpose == "calibration" else 8, rows=8, seed=seed)
     if purpose == "calibration":
         raise BuildError(
             f"model {spec.name}.calibration: INT8 needs calibration data for a model that is not a text model: "

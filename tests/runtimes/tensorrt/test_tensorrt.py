@@ -282,3 +282,56 @@ def test_int8_from_the_command_line_meets_the_calibration_check(tmp_path: Path) 
     with pytest.raises(ConfigError, match=r"model img.calibration: precision int8 needs calibration data"):
         load_manifest(BuildOptions(manifest=manifest, overrides={"precision": "int8"}))
     assert load_manifest(_build_options(tmp_path, runtime="tensorrt", target="gpu", precision="int8")).models  # type: ignore[arg-type]
+
+
+def test_profile_opt_is_the_edge_the_server_pads_to(tmp_path: Path) -> None:
+    """Under the targets policy the engine only ever sees bucket edges: opt must be the served shape."""
+    ctx = _ctx(tmp_path)
+    for profile in ctx.plan.profiles:
+        assert profile.sequence is not None
+        lo, opt, hi = profile.shapes["input_ids"]
+        assert opt == hi == (profile.batch.max, profile.sequence.max)
+    assert ctx.plan.policy == "targets"
+
+
+def test_execution_contexts_allocate_per_profile(tmp_path: Path) -> None:
+    cfg = parse_pbtxt(TensorRTRuntime().config(_ctx(tmp_path), Written()).to_pbtxt())
+    assert cfg.parameters["execution_context_allocation_strategy"].string_value == "ON_PROFILE_CHANGE"
+
+
+def test_warm_up_of_a_model_without_a_batch_dimension_uses_batch_size_1(tmp_path: Path) -> None:
+    """Triton skips warm-up samples of batch_size 0 (core src/backend_model_instance.cc)."""
+    import yaml
+
+    from tritonbundle.runtimes.base import warmups
+
+    manifest_path = tmp_path / "m.yaml"
+    manifest_path.write_text(yaml.safe_dump({"version": 1, "models": [{
+        "name": "fixed", "source": {"onnx": "x.onnx"}, "target": "gpu", "runtime": "tensorrt",
+        "inputs": [{"name": "x", "dtype": "FP32", "shape": [3, 8]}],
+        "outputs": [{"name": "y", "dtype": "FP32", "shape": [3, 2]}]}]}))
+    spec = manifest.load(manifest_path).models[0]
+    ctx = BuildContext(spec=spec, plan=planner.plan_model(spec, None), onnx_path=None, work_dir=tmp_path)
+    (sample,) = warmups(ctx, every_bucket=True)
+    assert spec.max_batch_size == 0 and sample.batch_size == 1
+    assert sample.inputs["x"].dims == (3, 8)
+
+
+def _meta(path: Path, cc: str, version: str, onnx: str, options: te.EngineOptions) -> None:
+    meta = te.EngineMetadata(version, f"GPU {cc}", cc, onnx, options.to_json())
+    path.with_name(path.name + ".json").write_text(meta.to_json())
+    path.write_bytes(b"plan")
+
+
+def test_multi_arch_keeps_only_other_gpus_plans_of_this_tensorrt_and_onnx(tmp_path: Path) -> None:
+    from tritonbundle.runtimes.tensorrt.check import other_arch_plans
+
+    options = engine_options(_ctx(tmp_path, multi_arch=True))
+    previous = tmp_path / "previous"
+    previous.mkdir()
+    _meta(previous / "model_cc80.plan", "8.0", "11.1.0.106", "abc", options)   # kept
+    _meta(previous / "model_cc89.plan", "8.9", "10.13.2.6", "abc", options)    # another TensorRT: dropped
+    _meta(previous / "model_cc86.plan", "8.6", "11.1.0.106", "old", options)   # another ONNX: dropped
+    _meta(previous / "model_cc90.plan", "9.0", "11.1.0.106", "abc", options)   # this GPU: rebuilt, not kept
+    here = te.Platform("NVIDIA H200", "9.0", "11.1.0.106")
+    assert other_arch_plans(previous, here, onnx_sha256="abc", options=options) == {"8.0": "model_cc80.plan"}
