@@ -346,12 +346,34 @@ def test_default_tritonserver_image_is_the_ngc_release_pinned_in_versions_env(re
     assert chart["annotations"]["tritonbundle/triton-version"] == pinned["TRITON_VERSION"]
 
 
-def test_build_image_defaults_to_the_chart_app_version(rendered: dict[str, list[Obj]]) -> None:
-    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
-    inits = {c["name"]: c for c in workload(rendered["defaults"])["spec"]["template"]["spec"]["initContainers"]}
-    assert inits["engine-build"]["image"] == f"tritonbundle-build:{app_version}"
-    minimal = {c["name"]: c for c in workload(rendered["minimal-values.yaml"])["spec"]["template"]["spec"]["initContainers"]}
-    assert minimal["engine-build"]["image"] == f"registry.example.com/ml/tritonbundle-build:{app_version}"
+def _init_images(docs: list[Obj]) -> dict[str, str]:
+    return {c["name"]: c["image"] for c in workload(docs)["spec"]["template"]["spec"].get("initContainers", [])}
+
+
+def test_build_image_defaults_to_the_app_version_and_the_ngc_release_of_the_server_image(
+    helm: Path, rendered: dict[str, list[Obj]],
+) -> None:
+    """The build image makes the plans the server loads, so its default tag names the server's NGC release:
+    <appVersion>-ngc<leading YY.MM of image.tag>, the tag docker/ gives the build image of that release."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    app_version, release = chart["appVersion"], chart["annotations"]["tritonbundle/ngc-release"]
+    assert values_yaml()["image"]["tag"].startswith(release + "-")
+    assert _init_images(rendered["defaults"]) == {"python-packages": f"tritonbundle-build:{app_version}-ngc{release}",
+                                                  "engine-build": f"tritonbundle-build:{app_version}-ngc{release}"}
+    assert _init_images(rendered["minimal-values.yaml"])["engine-build"] == (
+        f"registry.example.com/ml/tritonbundle-build:{app_version}-ngc{release}")
+    # The documented alternative release: the build image follows the server's tag.
+    older = render(helm, sets={"image.tag": "25.08-py3"})
+    assert set(_init_images(older).values()) == {f"tritonbundle-build:{app_version}-ngc25.08"}
+    assert server_container(older)["image"] == "nvcr.io/nvidia/tritonserver:25.08-py3"
+    # An explicit tag wins; a server tag with no YY.MM to derive one from needs it.
+    custom = render(helm, sets={"image.tag": "my-server-1", "engineBuild.image.tag": "my-build-1"})
+    assert set(_init_images(custom).values()) == {"tritonbundle-build:my-build-1"}
+    refused = template(helm, sets={"image.tag": "my-server-1"}, check=False)
+    assert refused.returncode != 0 and "engineBuild.image.tag" in refused.stderr and "NGC release" in refused.stderr
+    # No init container, no build image: any server tag will do.
+    assert not _init_images(render(helm, sets={"image.tag": "my-server-1", "engineBuild.enabled": "false",
+                                               "pythonPackages.enabled": "false"}))
 
 
 @pytest.mark.parametrize("scenario", ALL)
@@ -510,6 +532,39 @@ def test_engine_build_init_container_builds_on_the_node_into_the_fingerprint_dir
     assert one(docs, "PersistentVolumeClaim")["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
 
 
+SCRIPTS_DIR = "/opt/tritonbundle/scripts"
+PLAN_CHECK = CHART / "files" / "tensorrt-plans.py"
+SERVING_PY = ROOT / "tritonbundle" / "runtimes" / "tensorrt" / "serving.py"
+
+
+def _scripts(docs: list[Obj]) -> Obj:
+    return next(c for c in objects(docs, "ConfigMap") if c["metadata"]["name"] == f"{FULLNAME}-scripts")
+
+
+def test_chart_plan_check_is_a_byte_for_byte_copy_of_the_packages_serving_script() -> None:
+    assert PLAN_CHECK.read_bytes() == SERVING_PY.read_bytes(), (
+        "helm/tritonbundle/files/tensorrt-plans.py differs from tritonbundle/runtimes/tensorrt/serving.py; refresh "
+        "the chart's copy: cp tritonbundle/runtimes/tensorrt/serving.py helm/tritonbundle/files/tensorrt-plans.py")
+
+
+@pytest.mark.parametrize("scenario", ALL)
+def test_server_starts_through_the_plan_check_with_the_scripts_mounted_read_only(
+    rendered: dict[str, list[Obj]], scenario: str,
+) -> None:
+    """Every source (pvc, s3, image) starts tritonserver through tensorrt-plans.py, which refuses plans another
+    TensorRT built and adds the version-compatible backend flag; the arguments stay tritonserver's."""
+    docs = rendered[scenario]
+    c = server_container(docs)
+    assert c["command"] == ["python3", f"{SCRIPTS_DIR}/tensorrt-plans.py", "exec", "tritonserver"]
+    assert c["args"][0].startswith("--model-repository=")
+    assert "--backend-config=tensorrt,version-compatible=true" not in c["args"], "the script adds it when needed"
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["scripts"]["mountPath"] == SCRIPTS_DIR and mounts["scripts"]["readOnly"] is True
+    volume = next(v for v in workload(docs)["spec"]["template"]["spec"]["volumes"] if v["name"] == "scripts")
+    assert volume["configMap"]["name"] == f"{FULLNAME}-scripts"
+    assert _scripts(docs)["data"]["tensorrt-plans.py"] == PLAN_CHECK.read_text()
+
+
 def test_statefulset_gets_one_engine_cache_claim_per_replica_and_a_headless_service(rendered: dict[str, list[Obj]]) -> None:
     docs = rendered["multi-replica-pdb-values.yaml"]
     sts = one(docs, "StatefulSet")
@@ -531,7 +586,7 @@ def test_object_store_source_reads_s3_with_credentials_from_the_secret(rendered:
     docs = rendered["object-store-values.yaml"]
     c = server_container(docs)
     assert flags(c)["--model-repository"] == [
-        "s3://https://minio.minio.svc.cluster.local:9000/models/tritonbundle/nvidia-l4-cc89-trt10.13.0.35"]
+        "s3://https://minio.minio.svc.cluster.local:9000/models/tritonbundle/nvidia-l4-cc89-trt11.1.0.106"]
     env = {e["name"]: e for e in c["env"]}
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         assert env[name]["valueFrom"]["secretKeyRef"] == {"name": "tritonbundle-s3", "key": name}
@@ -559,9 +614,11 @@ def test_baked_image_source_serves_the_repository_inside_the_image(rendered: dic
     docs = rendered["baked-image-values.yaml"]
     c = server_container(docs)
     assert flags(c)["--model-repository"] == ["/models"]
-    assert c["image"] == "registry.example.com/ml/tritonbundle-server-l40s:0.1.0-25.08"
+    assert c["image"] == "registry.example.com/ml/tritonbundle-server-l40s:0.1.0-ngc26.07"
     assert "initContainers" not in workload(docs)["spec"]["template"]["spec"]
-    assert not objects(docs, "ConfigMap") and not objects(docs, "PersistentVolumeClaim")
+    assert not objects(docs, "PersistentVolumeClaim")
+    # No build scripts, only the plan check the server starts through.
+    assert list(one(docs, "ConfigMap")["data"]) == ["tensorrt-plans.py"]
 
 
 def test_service_exposes_http_grpc_h2c_and_metrics(rendered: dict[str, list[Obj]]) -> None:
@@ -714,7 +771,7 @@ def test_every_values_key_is_in_the_schema() -> None:
 FAKE_TRITONBUNDLE = """#!/bin/sh
 echo "$*" >> "$CALLS"
 case "$1" in
-  fingerprint) echo nvidia-h100-80gb-hbm3-cc90-trt10.13.0.35 ;;
+  fingerprint) echo nvidia-h100-80gb-hbm3-cc90-trt11.1.0.106 ;;
   build)
     for a in "$@"; do
       if [ "$a" = --check ]; then
@@ -757,7 +814,7 @@ def test_engine_build_script_skips_the_build_when_the_plans_fit(tmp_path: Path) 
     assert len(calls) == 2 and calls[1].startswith("build --check ")
     assert "nothing to build" in result.stdout
     link = tmp_path / "run" / "model_repository"
-    assert os.readlink(link) == str(tmp_path / "engines" / "nvidia-h100-80gb-hbm3-cc90-trt10.13.0.35" / "model_repository")
+    assert os.readlink(link) == str(tmp_path / "engines" / "nvidia-h100-80gb-hbm3-cc90-trt11.1.0.106" / "model_repository")
 
 
 def test_engine_build_script_builds_when_the_check_says_so_then_checks_again(tmp_path: Path) -> None:
@@ -766,14 +823,14 @@ def test_engine_build_script_builds_when_the_check_says_so_then_checks_again(tmp
     assert [c.split()[0:2] for c in calls] == [["fingerprint"], ["build", "--check"], ["build", "--manifest"], ["build", "--check"]]
     build = calls[2]
     for part in ("--target gpu", "--runtime tensorrt", "--precision fp16", "--model minilm", "--extra-flag",
-                 f"--artifacts {tmp_path}/engines/nvidia-h100-80gb-hbm3-cc90-trt10.13.0.35/artifacts"):
+                 f"--artifacts {tmp_path}/engines/nvidia-h100-80gb-hbm3-cc90-trt11.1.0.106/artifacts"):
         assert part in build
     assert (tmp_path / "run" / "model_repository").is_symlink()
 
 
 def test_engine_build_script_fails_when_fresh_plans_still_do_not_fit(tmp_path: Path) -> None:
     result, _ = _run_engine_build(tmp_path, 1, check_after_build=1)
-    assert result.returncode == 1 and "do not pass" in result.stdout
+    assert result.returncode == 1 and "does not pass" in result.stdout
     assert not (tmp_path / "run" / "model_repository").exists()
 
 
@@ -795,7 +852,7 @@ def test_engine_build_script_seeds_the_volume_with_the_images_exports_and_refres
     (seed / "minilm").mkdir(parents=True)
     (seed / "minilm" / "model.onnx").write_bytes(b"onnx v1")
     (seed / "minilm" / "export.json").write_text("{}")
-    artifacts = tmp_path / "engines" / "nvidia-h100-80gb-hbm3-cc90-trt10.13.0.35" / "artifacts" / "minilm"
+    artifacts = tmp_path / "engines" / "nvidia-h100-80gb-hbm3-cc90-trt11.1.0.106" / "artifacts" / "minilm"
     result, _ = _run_engine_build(tmp_path, 0, seed=seed)
     assert result.returncode == 0, result.stdout + result.stderr
     assert (artifacts / "model.onnx").read_bytes() == b"onnx v1" and (artifacts / "export.json").exists()
@@ -804,6 +861,72 @@ def test_engine_build_script_seeds_the_volume_with_the_images_exports_and_refres
     (seed / "minilm" / "model.onnx").write_bytes(b"onnx v2")  # a new build image
     third, _ = _run_engine_build(tmp_path, 0, seed=seed)
     assert third.stdout.count("seeding") == 1 and (artifacts / "model.onnx").read_bytes() == b"onnx v2"
+
+
+FAKE_TRITONSERVER = """#!/bin/sh
+for a in "$0" "$@"; do echo "$a"; done
+"""
+
+
+def _plan_repository(tmp_path: Path, built_with: str, *, version_compatible: bool) -> Path:
+    """A repository with one model whose plan metadata says which TensorRT built it."""
+    repo = tmp_path / "model_repository"
+    (repo / "m" / "1").mkdir(parents=True)
+    (repo / "m" / "1" / "model.plan").write_bytes(b"not a real plan")
+    meta = {"tensorrt_version": built_with, "options": {"version_compatible": version_compatible}}
+    (repo / "m" / "1" / "model.plan.json").write_text(json.dumps(meta))
+    return repo
+
+
+def _run_plan_check(tmp_path: Path, tensorrt: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """The chart's tensorrt-plans.py, with a stand-in tritonserver on PATH that prints its argv."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "tritonserver"
+    fake.write_text(FAKE_TRITONSERVER)
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "TRITONBUNDLE_TENSORRT_VERSION": tensorrt}
+    return subprocess.run([sys.executable, str(PLAN_CHECK), *args], env=env, capture_output=True, text=True, timeout=30)
+
+
+def test_plan_check_refuses_plans_another_tensorrt_built_and_names_both_versions(tmp_path: Path) -> None:
+    repo = _plan_repository(tmp_path, "10.13.2.6", version_compatible=False)
+    refused = _run_plan_check(tmp_path, "11.1.0.106", "check", str(repo))
+    assert refused.returncode == 2, refused.stderr
+    assert "10.13.2.6" in refused.stderr and "11.1.0.106" in refused.stderr and "m/1/model.plan" in refused.stderr
+    same = _run_plan_check(tmp_path, "10.13.2.6", "check", str(repo))
+    assert same.returncode == 0 and not same.stderr, same.stderr
+    # The server container's start: refused before tritonserver runs.
+    start = _run_plan_check(tmp_path, "11.1.0.106", "exec", "tritonserver", f"--model-repository={repo}")
+    assert start.returncode == 2 and "refusing to start" in start.stderr and not start.stdout
+
+
+def test_plan_check_starts_tritonserver_with_the_rendered_arguments_and_the_version_compatible_flag(
+    rendered: dict[str, list[Obj]], tmp_path: Path,
+) -> None:
+    """The container's command as rendered (python3 -> this interpreter, the script -> the chart's file):
+    version-compatible plans from an older TensorRT run, with the backend flag added once."""
+    repo = _plan_repository(tmp_path, "10.13.2.6", version_compatible=True)
+    c = server_container(rendered["defaults"])
+    python3, script, *command = c["command"]
+    assert (python3, script) == ("python3", f"{SCRIPTS_DIR}/tensorrt-plans.py")
+    args = [f"--model-repository={repo}" if a.startswith("--model-repository=") else a for a in c["args"]]
+    started = _run_plan_check(tmp_path, "11.1.0.106", *command, *args)
+    assert started.returncode == 0, started.stderr
+    argv = started.stdout.splitlines()
+    assert argv[0].endswith("/bin/tritonserver") and argv[1:-1] == args
+    assert argv[-1] == "--backend-config=tensorrt,version-compatible=true"
+    again = _run_plan_check(tmp_path, "11.1.0.106", *command, *args, "--backend-config=tensorrt,version-compatible=true")
+    assert again.stdout.splitlines().count("--backend-config=tensorrt,version-compatible=true") == 1
+    # Plans that are not version-compatible get no flag; no plans at all: nothing checked, nothing added.
+    plain = _plan_repository(tmp_path / "plain", "11.1.0.106", version_compatible=False)
+    for repository in (plain, tmp_path / "empty"):
+        ok = _run_plan_check(tmp_path, "11.1.0.106", "exec", "tritonserver", f"--model-repository={repository}")
+        assert ok.returncode == 0 and ok.stdout.splitlines()[1:] == [f"--model-repository={repository}"], ok.stderr
+    # A version-compatible plan cannot run on an OLDER TensorRT.
+    older = _run_plan_check(tmp_path, "10.13.2.6", "check", str(_plan_repository(tmp_path / "new", "11.1.0.106",
+                                                                                    version_compatible=True)))
+    assert older.returncode == 2 and "11.1.0.106" in older.stderr and "10.13.2.6" in older.stderr
 
 
 def test_copy_python_packages_copies_an_importable_package(tmp_path: Path) -> None:
@@ -875,15 +998,19 @@ def test_helm_test_script_passes_against_a_server_that_answers_and_guards_its_ap
 def test_rendered_tritonserver_arguments_start_a_real_triton_that_passes_the_helm_test(
     rendered: dict[str, list[Obj]], repository: Path, tmp_path: Path,
 ) -> None:
-    """The chart's own tritonserver arguments, with $(TRITONBUNDLE_API_KEY) expanded as the kubelet does,
-    start the CPU tritonserver (2.51, Python backend) on this repository, and the `helm test` script passes
-    against it: readiness, one BYTES inference, the restricted API refusing a request without the key."""
+    """The chart's own command and tritonserver arguments, with $(TRITONBUNDLE_API_KEY) expanded as the kubelet
+    does, start the CPU tritonserver (2.51, Python backend) on this repository through tensorrt-plans.py (no
+    plans here: it checks, then execs tritonserver), and the `helm test` script passes against it: readiness,
+    one BYTES inference, the restricted API refusing a request without the key."""
     from tritonbundle.server import ServerOptions, TritonServer, free_port
 
     key = "k" * 32
     ports = {"http": free_port(), "grpc": free_port(), "metrics": free_port()}
+    container = server_container(rendered["defaults"])
+    python3, script, verb, binary = container["command"]
+    assert (python3, script, verb, binary) == ("python3", f"{SCRIPTS_DIR}/tensorrt-plans.py", "exec", "tritonserver")
     args = []
-    for arg in server_container(rendered["defaults"])["args"]:
+    for arg in container["args"]:
         name = arg.split("=", 1)[0]
         if name == "--model-repository":
             arg = f"--model-repository={repository}"
@@ -894,7 +1021,8 @@ def test_rendered_tritonserver_arguments_start_a_real_triton_that_passes_the_hel
     class ChartArgsServer(TritonServer):
         def command(self) -> list[str]:
             assert self.installation is not None
-            return [str(self.installation.binary), f"--backend-directory={self.installation.backend_dir}",
+            return [sys.executable, str(PLAN_CHECK), verb,
+                    str(self.installation.binary), f"--backend-directory={self.installation.backend_dir}",
                     "--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1", *args]
 
     options = ServerOptions(repository, http_port=ports["http"], grpc_port=ports["grpc"],

@@ -1,16 +1,22 @@
 #!/bin/sh
-# Init container: make sure the model repository on the volume holds TensorRT plans built for THIS node's
-# GPU model and TensorRT version, then point the server at it.
+# Init container: make sure the model repository on the volume is what this build image's tritonbundle writes
+# (every config and file, TensorRT plans built for THIS node's GPU model and TensorRT version), then point the
+# server at it.
 #
 #   <volume>/engines/<fingerprint>/model_repository   what Triton serves
 #   <volume>/engines/<fingerprint>/artifacts          ONNX exports, plans, timing cache, build logs
 #   $TRITONBUNDLE_RUN_DIR/model_repository            link to the first (Triton's --model-repository)
 #
 # The fingerprint (`tritonbundle fingerprint`: GPU model, compute capability, TensorRT version) keys the
-# directory because plans are not portable across GPU models. `tritonbundle build --check` exits 0 when every
-# plan fits, 1 when something must be (re)built; only then does this script build. Pods of the same GPU model
-# sharing a ReadWriteMany volume take a lock, so one builds and the others reuse its plans.
-# Arguments are passed on to `tritonbundle build` (engineBuild.extraArgs, --force).
+# directory because plans are not portable across GPU models. `tritonbundle build --check` compares the WHOLE
+# repository with what this build would write: every config.pbtxt and file byte for byte, and each plan's
+# metadata against this GPU and TensorRT. It exits 0 when nothing differs, 1 when anything does (missing or
+# stale plans, but also an upgrade that changes a queue policy, instance count, warm-up, parameter, the
+# tokenizer's model.py or tokenizer.json); only then does this script build (rebuild or rewrite). Pods of the
+# same GPU model sharing a ReadWriteMany volume take a lock, so one builds and the others reuse its work.
+# Arguments are passed on to `tritonbundle build` (engineBuild.extraArgs, --force). --force rebuilds the
+# engines from the ONNX exports on the volume; it never exports again (this image has no torch; re-exporting
+# is `tritonbundle build --reexport`, run where torch is).
 set -eu
 
 log() { echo "engine-build: $*"; }
@@ -69,15 +75,15 @@ fi
 
 build=0
 if [ "${TRITONBUNDLE_FORCE:-false}" = true ]; then
-  log "engineBuild.force is set: rebuilding"
+  log "engineBuild.force is set: rebuilding the engines (from the ONNX exports on the volume)"
   build=1
 else
   status=0
   # shellcheck disable=SC2086  # $options is a list of words without spaces (paths come from the chart)
   tritonbundle build --check $options || status=$?
   case "$status" in
-    0) log "the plans in $repo fit this GPU and TensorRT version: nothing to build" ;;
-    1) log "plans missing or built for another GPU/TensorRT: building"; build=1 ;;
+    0) log "$repo is what this build writes (every config and file, plans for this GPU and TensorRT version): nothing to build" ;;
+    1) log "$repo differs from what this build writes (above: missing or stale plans, changed configs or files): building"; build=1 ;;
     *) log "error: 'tritonbundle build --check' failed with exit status $status"; exit "$status" ;;
   esac
 fi
@@ -88,7 +94,7 @@ if [ "$build" = 1 ]; then
   tritonbundle build $options "$@"
   # shellcheck disable=SC2086
   if ! tritonbundle build --check $options; then
-    log "error: the plans just built do not pass 'tritonbundle build --check'"
+    log "error: the repository just built does not pass 'tritonbundle build --check'"
     exit 1
   fi
   log "built in $(( $(date +%s) - started ))s"

@@ -73,8 +73,28 @@ Call with (dict "image" <image values> "defaultTag" <tag> "global" .Values.globa
 {{- include "tritonbundle.imageRef" (dict "image" .Values.image "defaultTag" "" "global" .Values.global) }}
 {{- end }}
 
+{{/*
+The NGC release of the serving image: the leading YY.MM of image.tag ("26.07-py3" -> "26.07"); empty when
+the tag does not start with one (a custom serving image).
+*/}}
+{{- define "tritonbundle.ngcRelease" -}}
+{{- regexFind "^[0-9][0-9]\\.[0-9][0-9]" (.Values.image.tag | default "" | toString) }}
+{{- end }}
+
+{{/*
+The build image makes the plans, so its TensorRT must be the server's: its default tag names the NGC release
+of image.tag too, <appVersion>-ngc<YY.MM> (the tag docker/ gives the build image of that release).
+*/}}
 {{- define "tritonbundle.buildImage" -}}
-{{- include "tritonbundle.imageRef" (dict "image" .Values.engineBuild.image "defaultTag" .Chart.AppVersion "global" .Values.global) }}
+{{- $tag := .Values.engineBuild.image.tag | default "" | toString }}
+{{- if not $tag }}
+{{- $release := include "tritonbundle.ngcRelease" . }}
+{{- if not $release }}
+{{- fail (printf "engineBuild.image.tag is empty and image.tag %q does not start with an NGC release (YY.MM, as in 26.07-py3) to derive it from: set engineBuild.image.tag to the build image built on the NGC TensorRT image of the serving image's release" (toString .Values.image.tag)) }}
+{{- end }}
+{{- $tag = printf "%s-ngc%s" .Chart.AppVersion $release }}
+{{- end }}
+{{- include "tritonbundle.imageRef" (dict "image" .Values.engineBuild.image "defaultTag" $tag "global" .Values.global) }}
 {{- end }}
 
 {{- define "tritonbundle.testImage" -}}

@@ -12,7 +12,6 @@ The pod template shared by the Deployment and the StatefulSet.
 {{- define "tritonbundle.podTemplate" -}}
 {{- $v := .Values }}
 {{- $engineBuild := include "tritonbundle.engineBuildEnabled" . }}
-{{- $scripts := or $engineBuild $v.pythonPackages.enabled }}
 {{- $source := $v.modelRepository.source -}}
 metadata:
   annotations:
@@ -135,7 +134,10 @@ spec:
     - name: tritonserver
       image: {{ include "tritonbundle.image" . }}
       imagePullPolicy: {{ $v.image.pullPolicy }}
-      command: ["tritonserver"]
+      {{- /* tensorrt-plans.py refuses plans another TensorRT version built (naming both), adds
+      --backend-config=tensorrt,version-compatible=true for version-compatible plans, then execs tritonserver
+      with these arguments. Kubernetes expands $(TRITONBUNDLE_API_KEY) in them before. */}}
+      command: ["python3", "/opt/tritonbundle/scripts/tensorrt-plans.py", "exec", "tritonserver"]
       args:
         - --model-repository={{ include "tritonbundle.modelRepositoryUrl" . }}
         - --model-control-mode={{ $v.server.modelControlMode }}
@@ -261,6 +263,9 @@ spec:
           mountPath: /dev/shm
         - name: tmp
           mountPath: /tmp
+        - name: scripts
+          mountPath: /opt/tritonbundle/scripts
+          readOnly: true
         {{- if eq $source "pvc" }}
         - name: model-cache
           mountPath: {{ $v.modelRepository.pvc.mountPath }}
@@ -291,12 +296,10 @@ spec:
       emptyDir:
         {{- /* Triton copies an S3 repository into a temporary folder under /tmp. */}}
         sizeLimit: {{ eq $source "s3" | ternary $v.modelRepository.s3.localCacheSizeLimit $v.tmp.sizeLimit }}
-    {{- if $scripts }}
     - name: scripts
       configMap:
         name: {{ include "tritonbundle.fullname" . }}-scripts
         defaultMode: 0555
-    {{- end }}
     {{- if $engineBuild }}
     - name: run
       emptyDir:
