@@ -67,6 +67,10 @@ for d in dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()[
         os.symlink(os.path.join(d, name), target)
 PY
   fi
+  if ls .device/peer/wheels/*.whl >/dev/null 2>&1; then
+    log "installing the LitServe peer's wheels into $OPT/site"
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$OPT/site" .device/peer/wheels/*.whl
+  fi
   if ls .device/grpc/wheels/*.whl >/dev/null 2>&1; then
     mkdir -p "$OPT/grpc" && cp .device/grpc/wheels/*.whl "$OPT/grpc/"  # installed by check() only if needed
   fi
@@ -99,7 +103,7 @@ check() {
   $PY - <<'PY' || true
 import importlib, sys
 print("python", sys.version.split()[0], sys.executable)
-for name in ("torch", "transformers", "tokenizers", "safetensors", "numpy", "grpc", "google.protobuf", "aiohttp", "pynvml", "psutil", "uvloop"):
+for name in ("torch", "transformers", "tokenizers", "safetensors", "numpy", "grpc", "google.protobuf", "aiohttp", "pynvml", "psutil", "uvloop", "litserve", "fastapi", "zmq"):
     try:
         m = importlib.import_module(name)
         print(f"  {name} {getattr(m, '__version__', '?')}")

@@ -21,6 +21,8 @@ tritonserver, no tritonclient and no MiniLM weights. A device call carries at mo
 * ``<out>/grpc/``: the grpcio wheel (7 MB), only needed when the machine's grpcio is older than
   tritonclient's generated code wants (``scripts/device_bench.sh`` checks, and relaxes the check
   instead when this folder is not carried).
+* ``<out>/peer/``: the wheels of LitServe and what it imports, for the benchmark's peer server (about
+  12 MB); installed next to the server's wheels.
 * ``<out>/model/minilm/``: all-MiniLM-L6-v2 in FP16 (``config.json``, ``tokenizer.json`` and the
   safetensors file split into even and odd byte planes, each xz-compressed: lossless, 39 MB instead
   of 45 MB). ``python3 scripts/device_pack.py unpack-model`` restores ``model.safetensors``.
@@ -51,6 +53,10 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x
 #: Wheels the GPU machine lacks (versions: those installed here, so the code is tested with them).
 WHEELS = ("tritonclient", "python-rapidjson", "protobuf", "jsonschema", "jsonschema-specifications", "referencing", "rpds-py")
 GRPC_WHEELS = ("grpcio",)
+#: The LitServe peer and what it imports (the versions installed here, where its CPU smoke test runs).
+PEER_WHEELS = ("litserve", "fastapi", "starlette", "pydantic", "pydantic-core", "annotated-types", "typing-inspection",
+               "annotated-doc", "anyio", "idna", "typing-extensions", "uvicorn", "h11", "click", "httptools", "uvloop",
+               "websockets", "watchfiles", "python-dotenv", "pyzmq", "opentelemetry-api", "importlib-metadata", "zipp")
 #: For the Python backend stubs only (see the module docstring): pinned, not the version installed here.
 STUB_WHEELS = ("numpy==1.26.4",)
 ICU_STUB = "const unsigned char {symbol}[32] __attribute__((aligned(16))) = {{0}};\n"
@@ -239,7 +245,7 @@ def unpack_model(folder: Path, dest: Path) -> Path:
 
 
 # -- all of it --------------------------------------------------------------------------------------------
-def pack_all(out: Path, *, parts: tuple[str, ...] = ("server", "stubs", "grpc", "model")) -> dict[str, int]:
+def pack_all(out: Path, *, parts: tuple[str, ...] = ("server", "stubs", "grpc", "model", "peer")) -> dict[str, int]:
     from tritonbundle import recipes
 
     sizes: dict[str, int] = {}
@@ -259,7 +265,11 @@ def pack_all(out: Path, *, parts: tuple[str, ...] = ("server", "stubs", "grpc", 
         download_wheels(GRPC_WHEELS, grpc / "wheels")
     if "model" in parts:
         pack_model(out / "model")
-    for part in ("server", "stubs", "grpc", "model"):
+    if "peer" in parts:
+        peer = out / "peer"
+        shutil.rmtree(peer, ignore_errors=True)
+        download_wheels(PEER_WHEELS, peer / "wheels")
+    for part in ("server", "stubs", "grpc", "model", "peer"):
         folder = out / part
         if folder.exists():
             sizes[part] = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
@@ -271,7 +281,8 @@ def main(argv: list[str] | None = None) -> None:
     sub = ap.add_subparsers(dest="op", required=True)
     k = sub.add_parser("pack", help="build the folders a GPU machine without network needs (server, wheels, weights)")
     k.add_argument("--out", type=Path, default=Path(".device"), help="staging folder (git-ignored)")
-    k.add_argument("--parts", default="server,stubs,grpc,model", help="comma-separated: server, stubs, grpc, model")
+    k.add_argument("--parts", default="server,stubs,grpc,model,peer",
+                   help="comma-separated: server, stubs, grpc, model, peer")
     p = sub.add_parser("unpack-model", help="restore model.safetensors from its byte planes")
     p.add_argument("folder", type=Path)
     p.add_argument("dest", type=Path)

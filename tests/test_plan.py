@@ -90,6 +90,10 @@ def test_shipped_plan_beats_pad_to_max_and_one_profile() -> None:
     assert plan.policy == "ragged"
     assert len(plan.profiles) == len(spec.batch_buckets) * spec.sequence_buckets
     assert plan.preferred_batch_sizes == (8, 32)
+    assert planner.plan_model(manifest.override(m, preferred_batch_sizes="max").model("minilm"), traffic.load(spec.traffic),  # type: ignore[arg-type]
+                              policy="ragged").preferred_batch_sizes == (32,)
+    assert planner.plan_model(manifest.override(m, preferred_batch_sizes="none").model("minilm"), traffic.load(spec.traffic),  # type: ignore[arg-type]
+                              policy="ragged").preferred_batch_sizes == ()
     assert plan.waste is not None
     assert plan.waste.bucketed < plan.waste.single_profile[32] < plan.waste.pad_to_max
 

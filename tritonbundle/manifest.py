@@ -59,6 +59,9 @@ class Tunables:
     sequence_buckets: int = knob(4, {"type": "integer", "minimum": 1, "maximum": 16})
     opt_percentile: float = knob(95.0, {"type": "number", "exclusiveMinimum": 0, "maximum": 100})
     max_queue_delay_us: int = knob(2000, {"type": "integer", "minimum": 0})
+    preferred_batch_sizes: str = knob("buckets", {"enum": ["buckets", "max", "none"]},
+                                      "dynamic batcher's preferred sizes: the batch buckets above 1, only the largest, "
+                                      "or none (the batcher waits for max_batch_size or the queue delay)")
     #: Overload: at most this many requests wait per model; one that waited ``queue_timeout_us`` is
     #: rejected (UNAVAILABLE / HTTP 503) instead of piling up until clients time out.
     max_queue_size: int = knob(64, {"type": "integer", "minimum": 0})
@@ -66,6 +69,8 @@ class Tunables:
     instances: int = knob(1, {"type": "integer", "minimum": 1})
     tokenizer_instances: int = knob(2, {"type": "integer", "minimum": 1},
                                     "Python-backend tokenizer instances (each uses one core)")
+    tokenizer_queue_delay_us: int = knob(0, {"type": "integer", "minimum": 0},
+                                         "how long the tokenizer's batcher waits to tokenize more requests in one call")
     workspace_mib: int = knob(4096, {"type": "integer", "minimum": 16})
     builder_optimization_level: int = knob(3, {"type": "integer", "minimum": 0, "maximum": 5})
     hardware_compatibility: str = knob("none", {"enum": ["none", "ampere+", "same-compute-capability"]})

@@ -260,7 +260,12 @@ def plan_model(spec: ModelSpec, sample: TrafficSample | None, *, policy: str = "
         plan_waste = waste(rows, [s.max for s in seqs], spec.max_sequence_length, [b.max for b in batches])
         summary = sample.summary()
     profs = profiles(spec, batches, seqs or (None,))
-    preferred = tuple(b.max for b in batches if b.max > 1) if spec.batched else ()
+    sizes = [b.max for b in batches if b.max > 1]
+    preferred: tuple[int, ...] = ()
+    if spec.batched and spec.preferred_batch_sizes == "buckets":
+        preferred = tuple(sizes)
+    elif spec.batched and spec.preferred_batch_sizes == "max" and sizes:
+        preferred = (sizes[-1],)
     return ModelPlan(
         model=spec.name,
         runtime=spec.runtime,

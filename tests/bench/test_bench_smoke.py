@@ -1,5 +1,5 @@
 """`tritonbundle bench gpu --device cpu`: the whole orchestration on the CPU (MiniLM only, a short
-budget): three systems measured, report files written, every process it started gone afterwards."""
+budget): the four systems measured, report files written, every process it started gone afterwards."""
 
 from __future__ import annotations
 
@@ -28,13 +28,13 @@ def _our_processes(marker: str) -> list[str]:
     return found
 
 
-def test_bench_on_the_cpu_measures_three_systems_and_cleans_up(tmp_path: Path) -> None:
+def test_bench_on_the_cpu_measures_four_systems_and_cleans_up(tmp_path: Path) -> None:
     out, work = tmp_path / "out", tmp_path / "work"
     argv = [
         sys.executable, "-m", "tritonbundle", "bench", "gpu", "--device", "cpu", "--models", "minilm",
-        "--budget-s", "130", "--slo-ms", "10000", "--ladder-start", "1", "--ladder-factor", "3", "--refine", "1",
+        "--budget-s", "170", "--slo-ms", "10000", "--ladder-start", "1", "--ladder-factor", "3", "--refine", "1",
         "--sequence-buckets", "4", "--batch-buckets", "1,4", "--ceiling-batches", "1,4", "--load-procs", "1",
-        "--instances", "1", "--shares", "naive=0.4,bundle=0.45,ceiling=0.15", "--out", str(out), "--work", str(work),
+        "--instances", "1", "--shares", "naive=0.25,peer=0.3,bundle=0.35,ceiling=0.1", "--out", str(out), "--work", str(work),
     ]
     start = time.monotonic()
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=330, check=False)
@@ -49,10 +49,11 @@ def test_bench_on_the_cpu_measures_three_systems_and_cleans_up(tmp_path: Path) -
     result = json.loads((out / "bench.json").read_text())
     assert result["status"] == "done"
     systems = result["models"]["minilm"]["systems"]
-    assert set(systems) == {"naive", "bundle", "ceiling"}
+    assert set(systems) == {"naive", "peer", "bundle", "ceiling"}
     for name, system in systems.items():
         assert system["status"] == "ok", (name, system.get("error"))
     assert systems["naive"]["sweep"]["steps"], "the naive server was measured at least once"
+    assert systems["peer"]["sweep"]["steps"] and systems["peer"]["correctness"]["min_cosine"] > 0.99
     assert systems["bundle"]["sweep"]["steps"], "the bundle was measured at least once"
     assert systems["ceiling"]["best_rps"] > 0
     bundle_step = systems["bundle"]["sweep"]["steps"][0]

@@ -63,3 +63,11 @@ def test_the_slo_gate_names_every_broken_bound() -> None:
     assert problems == ["http: failure ratio 0.020 > 0.01", "http: p95 120.0 ms > SLO 100 ms", "http: p99 inf ms > SLO 250 ms"]
     assert slo.violations({"p95_ms": 50.0, "p99_ms": 90.0}, sent=100, failed=0) == []
     assert slo.violations({}, sent=0, failed=0) == ["no requests were sent"]
+
+
+def test_a_level_whose_clients_fell_behind_is_client_bound_and_not_counted() -> None:
+    step = st.step_result(100, 2.0, [10.0] * 200, 0, extra={"client_lag_mean_ms": 7.5})
+    judged = st.judge(step, Slo(p99_ms=50))
+    assert not judged.passed and judged.extra["client_bound"]
+    assert "client-bound: the load generators sent 7.5 ms late" in judged.reason
+    assert st.judge(st.step_result(100, 2.0, [10.0] * 200, 0, extra={"client_lag_mean_ms": 0.4}), Slo(p99_ms=50)).passed

@@ -15,7 +15,7 @@ from tritonbundle.runtimes import served
 
 RUNTIMES = Path(served.__file__).parent
 MODELS = {
-    "tokenizer": ["tritonbundle.contract"],
+    "tokenizer": ["tritonbundle.contract", "tritonbundle.runtimes.tokenizer.batch"],
     "onnxruntime": ["tritonbundle.contract"],
     "pytorch": ["tritonbundle.contract", "tritonbundle.errors", "tritonbundle.recipes",
                 "tritonbundle.runtimes.pytorch.engine", "tritonbundle.runtimes.pytorch.launch",

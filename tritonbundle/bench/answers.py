@@ -15,12 +15,13 @@ MIN_COSINE = 0.99
 
 def reference(texts: list[str], built: Built, tokenizer: Any) -> Any:
     """The texts' embeddings from the same engine in FP32 on the CPU (eager, no batching tricks)."""
-    from tritonbundle.runtimes.pytorch.engine import Engine
+    from tritonbundle.runtimes.pytorch.engine import Engine, stack_rows
 
     rows = [np.array(tokenizer.encode(t).ids, dtype=np.int64) for t in texts]
     engine = Engine(built.version_dir, device="cpu", precision="fp32", targets=built.plan.padding_targets or (512,),
                     cuda_graphs=False)
-    return engine.embed(rows, [np.ones_like(r) for r in rows], np.array([len(r) for r in rows]))
+    ids, masks = stack_rows(rows)
+    return engine.embed(ids, masks, np.array([len(r) for r in rows]))
 
 
 def check_answers(system: str, got: Any, expected: Any) -> dict[str, Any]:

@@ -51,11 +51,13 @@ class _Worker:
         self.client: Any = None
         self.session: Any = None
         self.url = ""
+        self.path = "/embed"
         self.timeout_s = 10.0
 
     async def setup(self, cmd: dict[str, Any]) -> dict[str, Any]:
         await self.close()
         self.kind, self.url, self.timeout_s = cmd["kind"], cmd["url"], float(cmd.get("timeout_s", 10.0))
+        self.path = str(cmd.get("path") or "/embed")
         self.pool = text_pool(cmd["traffic"], seed=int(cmd["seed"]), size=int(cmd.get("pool", 2000)))
         if self.kind == "grpc":
             from tritonbundle.clients.aio import AsyncGrpcClient
@@ -80,7 +82,7 @@ class _Worker:
         if self.kind == "grpc":
             await self.client.embed([text], timeout_s=self.timeout_s)
         else:
-            async with self.session.post(f"http://{self.url}/embed", json={"text": text}) as response:
+            async with self.session.post(f"http://{self.url}{self.path}", json={"text": text}) as response:
                 if response.status != 200:
                     raise RuntimeError(f"HTTP {response.status}: {(await response.text())[:200]}")
                 await response.read()
@@ -255,10 +257,10 @@ class LoadPool:
         return answers
 
     def setup(self, *, kind: str, url: str, model: str, traffic: str, seed: int, timeout_s: float, pool: int = 2000,
-              ready_timeout_s: float = 120.0) -> None:
+              ready_timeout_s: float = 120.0, path: str = "/embed") -> None:
         self._ask_all([
             {"op": "setup", "kind": kind, "url": url, "model": model, "traffic": traffic, "seed": seed * 1000 + i,
-             "timeout_s": timeout_s, "pool": pool}
+             "timeout_s": timeout_s, "pool": pool, "path": path}
             for i in range(self.processes)
         ], ready_timeout_s)
 

@@ -26,20 +26,30 @@ from tritonbundle.server import free_port
 
 
 @contextlib.contextmanager
-def naive_server(built: Built, tokenizer: Path, device: str, log: Path, timeout_s: float) -> Iterator[tuple[str, int]]:
+def http_server(module: str, args: list[str], log: Path, timeout_s: float, what: str) -> Iterator[tuple[str, int]]:
+    """Run ``python -m module ARGS --port P`` in its own process group until it answers /health."""
     port = free_port()
-    argv = [sys.executable, "-m", "tritonbundle.bench.naive_server", "--weights", str(built.version_dir),
-            "--tokenizer", str(tokenizer), "--device", device, "--port", str(port)]
-    server = proc.start_group(argv, log=log, env=child_env())
+    server = proc.start_group([sys.executable, "-m", module, *args, "--port", str(port)], log=log, env=child_env())
     try:
         try:
             proc.wait_until(lambda: proc.http_ok(f"http://127.0.0.1:{port}/health", timeout_s=1), timeout_s=timeout_s,
-                            proc=server, what="the naive server", interval_s=0.2)
+                            proc=server, what=what, interval_s=0.2)
         except TritonBundleError as e:
             raise TritonBundleError(f"{e}: {proc.tail(log)}") from e
         yield f"127.0.0.1:{port}", server.pid
     finally:
         proc.stop_group(server)
+
+
+def post_texts(url: str, texts: list[str]) -> list[Any]:
+    """Each text's embedding from a JSON-over-HTTP server (``{"text": ...}`` -> ``{"embedding": [...]}``)."""
+    answers = []
+    for text in texts:
+        request = urllib.request.Request(url, data=json.dumps({"text": text}).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as r:  # noqa: S310 - our own servers
+            answers.append(json.loads(r.read())["embedding"])
+    return answers
 
 
 def health_s(url: str) -> float:
@@ -59,14 +69,10 @@ def run_naive(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> di
     name = recipe.model_name
     log = ctx.logs / f"naive-{name}.log"
     texts, expected = references(ctx, built)
-    with naive_server(built, ctx.tokenizer, o.device, log, timeout_s=min(180.0, max(30.0, deadline - time.monotonic()))) as (url, pid):
-        answers = []
-        for text in texts:
-            request = urllib.request.Request(f"http://{url}/embed", data=json.dumps({"text": text}).encode(),
-                                             headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(request, timeout=30) as r:  # noqa: S310 - our own server
-                answers.append(json.loads(r.read())["embedding"])
-        correctness = check_answers("the naive server", answers, expected)
+    args = ["--weights", str(built.version_dir), "--tokenizer", str(ctx.tokenizer), "--device", o.device]
+    with http_server("tritonbundle.bench.naive_server", args, log, min(180.0, max(30.0, deadline - time.monotonic())),
+                     "the naive server") as (url, pid):
+        correctness = check_answers("the naive server", post_texts(f"http://{url}/embed", texts), expected)
         with LoadPool(procs, ctx.logs, f"naive-{name}", uvloop=True) as pool:
             pool.setup(kind="http", url=url, model=name, traffic=str(ctx.traffic_path), seed=o.seed,
                        timeout_s=client_timeout_s(o), ready_timeout_s=setup_timeout_s(deadline))

@@ -10,7 +10,7 @@ from pathlib import Path
 from tritonbundle.errors import ConfigError
 from tritonbundle.recipes import BENCH_MODELS
 
-SYSTEMS = ("naive", "bundle", "ceiling")
+SYSTEMS = ("naive", "peer", "bundle", "ceiling")
 
 
 @dataclass
@@ -25,10 +25,13 @@ class BenchOptions:
     traffic: Path | None = None
     sequence_buckets: int = 16
     batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
-    queue_delay_us: int = 1000
+    #: Encoder batcher's max queue delay (0: derived from the SLO, a twentieth of it).
+    queue_delay_us: int = 0
     instances: int = 2
     #: The tokenizer is single-threaded Python: the first H200 runs showed one instance saturated.
     tokenizer_instances: int = 4
+    #: The tokenizer tokenizes every request its batcher gathered in one call: wait this long for more.
+    tokenizer_queue_delay_us: int = 200
     load_procs: int = 0
     ladder_start: float = 50.0
     ladder_factor: float = 4.0
@@ -39,8 +42,8 @@ class BenchOptions:
     timeout_s: float = 0.0
     seed: int = 0
     keep_work: bool = False
-    #: Share of each model's time for naive / bundle / ceiling (unused time rolls over).
-    shares: dict[str, float] = field(default_factory=lambda: {"naive": 0.28, "bundle": 0.52, "ceiling": 0.20})
+    #: Share of each model's time for each system (unused time rolls over).
+    shares: dict[str, float] = field(default_factory=lambda: {"naive": 0.15, "peer": 0.25, "bundle": 0.45, "ceiling": 0.15})
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.models if m not in BENCH_MODELS]
@@ -56,6 +59,11 @@ class BenchOptions:
         missing = [s for s in self.systems if not self.shares.get(s, 0) > 0]
         if missing:
             raise ConfigError(f"--shares: give each system a share > 0 (missing: {', '.join(missing)})")
+
+    @property
+    def encoder_queue_delay_us(self) -> int:
+        """Long enough to gather a large batch, short against the SLO: a twentieth of it unless set."""
+        return self.queue_delay_us or int(self.slo_ms * 1000 / 20)
 
     @property
     def target(self) -> str:
@@ -100,5 +108,5 @@ def setup_timeout_s(deadline: float) -> float:
 
 def expected_steps(options: BenchOptions, system: str) -> int:
     ladder = max(1, int(math.log(options.max_rate / options.ladder_start) / math.log(options.ladder_factor)) + 1)
-    guess = 3 if system == "naive" else 5
+    guess = 3 if system in ("naive", "peer") else 5
     return min(ladder, guess) + options.refine

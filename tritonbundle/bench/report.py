@@ -1,7 +1,7 @@
 """The benchmark's outputs: ``bench.json`` (everything), ``bench.md`` (tables), ``bench.png`` (p99 vs
 offered load per model and throughput at the SLO per system), ``logs.tar.gz`` (server and load
 generator logs, manifests, plans, configs, encoder statistics, the traffic sample), and the console
-summary that ends with the ``bundle/naive`` and ``bundle/ceiling`` ratios."""
+summary that ends with the ``bundle/naive``, ``bundle/peer`` and ``bundle/ceiling`` ratios."""
 
 from __future__ import annotations
 
@@ -88,6 +88,7 @@ def ratio_lines(result: dict[str, Any]) -> list[str]:
     for name, entry in result.get("models", {}).items():
         r = entry.get("ratios") or {}
         out.append(f"{name}: bundle/naive = {_f(r.get('bundle_over_naive'), '.2f')} (target >= 8)   "
+                   f"bundle/peer = {_f(r.get('bundle_over_peer'), '.2f')} (target >= 10)   "
                    f"bundle/ceiling = {_f(r.get('bundle_over_ceiling'), '.2f')} (target >= 0.75)   "
                    f"computed/useful = {_f(r.get('computed_per_useful'), '.2f')} (target <= 1.15)")
     return out
@@ -141,11 +142,15 @@ def markdown(result: dict[str, Any]) -> str:
             if ceiling.get("fixed_shape"):
                 fs = ceiling["fixed_shape"]
                 md.append(f"\nFixed shape {fs['batch']}x{fs['length']}: {_f(fs['ms'], '.3f')} ms, {_f(fs['tokens_per_s'], '.0f')} tokens/s.")
-        for system in ("naive", "bundle"):
+        for system in ("naive", "peer", "bundle"):
             c = (entry.get("systems", {}).get(system) or {}).get("correctness")
             if c:
                 md.append(f"\n{system}: answers checked against the FP32 reference on {c['texts']} texts, "
                           f"min cosine {_f(c['min_cosine'], '.5f')}.")
+        peer = entry.get("systems", {}).get("peer") or {}
+        if peer.get("settings"):
+            md.append(f"\npeer: {peer.get('system')} with " + ", ".join(f"{k}={v}" for k, v in peer["settings"].items())
+                      + "; changed from its defaults: " + "; ".join(peer.get("changed") or []))
         bundle = entry.get("systems", {}).get("bundle") or {}
         for inst in bundle.get("encoder_instances") or []:
             md.append(f"\nencoder instance {inst.get('instance')}: {inst.get('device')}, {inst.get('precision')}, "
@@ -185,16 +190,16 @@ def markdown(result: dict[str, Any]) -> str:
 
 def _fixed_loads(entry: dict[str, Any]) -> list[str]:
     levels: dict[float, dict[str, dict[str, Any]]] = {}
-    for system in ("naive", "bundle"):
+    for system in ("naive", "peer", "bundle"):
         for s in ((entry.get("systems", {}).get(system) or {}).get("sweep") or {}).get("steps", []):
             levels.setdefault(round(float(s["offered_rps"]), 1), {})[system] = s
     if not levels:
         return []
     out = ["", "Latency at each offered load (p50 / p99 ms; answered req/s):", "",
-           "| offered req/s | naive | bundle |", "|---:|---|---|"]
+           "| offered req/s | naive | peer | bundle |", "|---:|---|---|---|"]
     for rate in sorted(levels):
         cells = []
-        for system in ("naive", "bundle"):
+        for system in ("naive", "peer", "bundle"):
             s = levels[rate].get(system)
             cells.append(f"{_f(s['p50_ms'])} / {_f(s['p99_ms'])}; {_f(s['achieved_rps'])}{'' if s['passed'] else ' (missed)'}"
                          if s else "-")
@@ -215,10 +220,10 @@ def plot(result: dict[str, Any], path: Path) -> Path | None:
         return None
     slo = result.get("options", {}).get("slo_ms", 50)
     fig, axes = plt.subplots(2, len(models), figsize=(6.5 * len(models), 8), dpi=100, squeeze=False)
-    colors = {"naive": "#C44E52", "bundle": "#4C72B0", "ceiling": "#55A868"}
+    colors = {"naive": "#C44E52", "peer": "#8172B2", "bundle": "#4C72B0", "ceiling": "#55A868"}
     for col, (name, entry) in enumerate(models):
         ax = axes[0][col]
-        for system in ("naive", "bundle"):
+        for system in ("naive", "peer", "bundle"):
             steps = ((entry.get("systems", {}).get(system) or {}).get("sweep") or {}).get("steps", [])
             pts = sorted((float(s["offered_rps"]), s["p99_ms"]) for s in steps)
             if pts:
@@ -237,7 +242,7 @@ def plot(result: dict[str, Any], path: Path) -> Path | None:
         ax.legend(fontsize=8)
         ax2 = axes[1][col]
         names, values, bar_colors = [], [], []
-        for system in ("naive", "bundle", "ceiling"):
+        for system in ("naive", "peer", "bundle", "ceiling"):
             s = entry.get("systems", {}).get(system) or {}
             names.append(f"{system}\n({s.get('status', '-')})")
             values.append(float(s.get("best_rps") or 0.0))
@@ -247,6 +252,7 @@ def plot(result: dict[str, Any], path: Path) -> Path | None:
             ax2.text(i, value, f"{value:,.0f}", ha="center", va="bottom", fontsize=9)
         r = entry.get("ratios") or {}
         ax2.set_title(f"req/s at p99 <= {slo:g} ms; bundle/naive {_f(r.get('bundle_over_naive'), '.1f')}, "
+                      f"bundle/peer {_f(r.get('bundle_over_peer'), '.1f')}, "
                       f"bundle/ceiling {_f(r.get('bundle_over_ceiling'), '.2f')}", fontsize=9)
         ax2.set_ylabel("requests/s")
     gpu = (result.get("environment", {}).get("gpu") or {}).get("name", result.get("options", {}).get("device"))

@@ -31,6 +31,7 @@ from tritonbundle.bench.bundle import run_bundle
 from tritonbundle.bench.ceiling import run_ceiling
 from tritonbundle.bench.naive import run_naive
 from tritonbundle.bench.options import BenchOptions, Clock
+from tritonbundle.bench.peer import run_peer
 from tritonbundle.bench.phase import Context
 from tritonbundle.bench.workspace import Built, build_repository, prepare_process_env, tokenizer_file
 from tritonbundle.log import LOG, step
@@ -38,7 +39,7 @@ from tritonbundle.measure import probes
 from tritonbundle.recipes import BENCH_MODELS, Recipe
 
 PHASES: dict[str, Callable[[Context, Built, Recipe, float], dict[str, Any]]] = {
-    "naive": run_naive, "bundle": run_bundle, "ceiling": run_ceiling,
+    "naive": run_naive, "peer": run_peer, "bundle": run_bundle, "ceiling": run_ceiling,
 }
 
 
@@ -113,7 +114,7 @@ def run_model(ctx: Context, recipe: Recipe, model_deadline: float, entry: dict[s
     try:
         t0 = time.monotonic()
         built = build_repository(recipe, options, ctx.work, ctx.traffic_path, ctx.tokenizer)
-        if {"naive", "bundle"} & set(options.systems):
+        if {"naive", "peer", "bundle"} & set(options.systems):
             references(ctx, built)  # the FP32 answers both servers are checked against
         entry["build"] = {
             "status": "ok", "seconds": round(time.monotonic() - t0, 1), "repository": str(built.repository),
@@ -162,12 +163,14 @@ def ratios(entry: dict[str, Any]) -> dict[str, Any]:
     bundle = systems.get("bundle", {})
     out: dict[str, Any] = {
         "bundle_over_naive": ratio(best("bundle"), best("naive")),
+        "bundle_over_peer": ratio(best("bundle"), best("peer")),
         "bundle_over_ceiling": ratio(best("bundle"), best("ceiling")),
         "computed_per_useful": bundle.get("computed_per_useful"),
         "seq_padded_per_useful": bundle.get("seq_padded_per_useful"),
     }
     out["targets"] = {
         "bundle_over_naive >= 8": None if out["bundle_over_naive"] is None else out["bundle_over_naive"] >= 8,
+        "bundle_over_peer >= 10": None if out["bundle_over_peer"] is None else out["bundle_over_peer"] >= 10,
         "bundle_over_ceiling >= 0.75": None if out["bundle_over_ceiling"] is None else out["bundle_over_ceiling"] >= 0.75,
         "computed_per_useful <= 1.15": None if out["computed_per_useful"] is None else out["computed_per_useful"] <= 1.15,
     }

@@ -34,8 +34,12 @@ def manifest_for(recipe: Recipe, options: BenchOptions, traffic_path: Path, toke
         "defaults": {
             "target": options.target, "runtime": "pytorch", "precision": options.precision,
             "batch_buckets": list(options.batch_buckets), "sequence_buckets": options.sequence_buckets,
-            "max_queue_delay_us": options.queue_delay_us, "instances": options.instances,
+            "max_queue_delay_us": options.encoder_queue_delay_us, "instances": options.instances,
+            # The engine splits every batch into its own launches; a preferred size would make Triton
+            # send batches of 2 the moment two requests wait, instead of gathering more.
+            "preferred_batch_sizes": "none",
             "tokenizer_instances": options.tokenizer_instances,
+            "tokenizer_queue_delay_us": options.tokenizer_queue_delay_us,
             "cuda_graphs": options.device == "cuda",
         },
         "models": [{

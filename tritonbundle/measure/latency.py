@@ -122,9 +122,20 @@ def step_result(offered_rps: float, window_s: float, latencies_ms: Sequence[floa
     )
 
 
+#: A level whose load generators sent this late on average (ms) measured the clients, not the server.
+CLIENT_LAG_LIMIT_MS = 2.0
+
+
 def judge(step: StepResult, slo: Slo) -> StepResult:
-    """Set ``passed``/``reason`` from the SLO gate."""
+    """Set ``passed``/``reason`` from the SLO gate. A level whose clients fell behind their schedule
+    (``extra["client_lag_mean_ms"]`` over :data:`CLIENT_LAG_LIMIT_MS`) is client-bound: it does not
+    count as passed, whatever its latencies, and says so."""
     problems = slo.violations(asdict(step), sent=step.sent, failed=step.failed)
+    lag = step.extra.get("client_lag_mean_ms")
+    if lag is not None and lag > CLIENT_LAG_LIMIT_MS:
+        step.extra["client_bound"] = True
+        problems.append(f"client-bound: the load generators sent {lag:.1f} ms late on average "
+                        f"(limit {CLIENT_LAG_LIMIT_MS:g} ms): the clients, not the server, set this level")
     step.passed = not problems
     bound = slo.p99_ms if slo.p99_ms is not None else slo.p95_ms
     step.reason = "; ".join(problems) if problems else (

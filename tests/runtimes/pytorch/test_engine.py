@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tritonbundle.runtimes.pytorch.engine import Engine
+from tritonbundle.runtimes.pytorch.engine import Engine, stack_rows
 from tritonbundle.runtimes.pytorch.launch import LaunchPlanner, launch_tokens
 from tritonbundle.runtimes.pytorch.stats import new_stats
 
@@ -76,7 +76,7 @@ def test_the_engine_matches_the_encoder_run_row_by_row_unpadded(weights: Path) -
     assert engine.precision == "fp32" and not engine.use_graphs  # the CPU always runs eager FP32
     rows, masks, lengths = _rows([5, 16, 17, 40, 63, 200, 3])
     stats = new_stats()
-    got = engine.embed(rows, masks, lengths, stats)
+    got = engine.embed(*stack_rows(rows, masks), lengths, stats)
     expected = _reference(weights, rows, masks)
     cosine = (got * expected).sum(axis=1)
     assert cosine.min() > 0.9999
@@ -114,7 +114,7 @@ def test_the_graph_path_pads_batches_to_buckets_and_returns_rows_in_order(weight
     lengths = [5, 16, 17, 40, 63, 200, 3, 9, 9, 9, 12, 33]
     rows, masks, arr = _rows(lengths, seed=3)
     stats = new_stats()
-    got = engine.embed(rows, masks, arr, stats)
+    got = engine.embed(*stack_rows(rows, masks), arr, stats)
     expected = _reference(weights, rows, masks)
     assert not np.isnan(got).any()
     assert ((got * expected).sum(axis=1)).min() > 0.9999

@@ -149,15 +149,18 @@ class Engine:
 
     # -- running -------------------------------------------------------------------------------------
     def embed(
-        self, rows: Sequence[npt.NDArray[np.int64]], masks: Sequence[npt.NDArray[np.int64]],
-        lengths: npt.NDArray[np.int64], stats: dict[str, float] | None = None,
+        self, ids: npt.NDArray[np.int64], masks: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64],
+        stats: dict[str, float] | None = None,
     ) -> npt.NDArray[np.float32]:
-        """Embeddings [n, hidden] (float32) for ``n`` token rows (1-D arrays) with their masks and lengths."""
+        """Embeddings [n, hidden] (float32) for ``n`` rows of token ids and masks (2-D, padded to a common
+        width) whose used lengths are ``lengths``. Rows go to launches by the planner; each launch's
+        input is gathered with one fancy-indexing copy, never a loop over rows."""
         torch = self.torch
-        n = len(rows)
+        n = int(ids.shape[0])
         out = np.empty((n, self.hidden), dtype=np.float32)
         if n == 0:
             return out
+        width = int(ids.shape[1])
         t0 = time.perf_counter()
         launches = self.planner.plan(lengths)
         t_plan = time.perf_counter() - t0
@@ -173,10 +176,9 @@ class Engine:
             for batch, target, members in launches:
                 f0 = time.perf_counter()
                 host = np.zeros((2, batch, target), dtype=np.int64)  # token ids, attention mask
-                for j, r in enumerate(members):
-                    length = min(rows[r].shape[0], target)
-                    host[0, j, :length] = rows[r][:length]
-                    host[1, j, :length] = masks[r][:length]
+                w = min(target, width)
+                host[0, : len(members), :w] = ids[members, :w]
+                host[1, : len(members), :w] = masks[members, :w]
                 f1 = time.perf_counter()
                 staged = torch.from_numpy(host)
                 if gpu:
@@ -223,3 +225,15 @@ class Engine:
             "graphs": len(self.graphs), "batch_buckets": list(self.buckets), "padding_targets": list(self.targets),
             "prepare_s": round(self.capture_s, 3), "graph_error": self.graph_error,
         }
+
+
+def stack_rows(rows: Sequence[npt.NDArray[np.int64]], masks: Sequence[npt.NDArray[np.int64]] | None = None,
+               ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """1-D token rows (and masks; default: all ones) as two 2-D arrays padded to the longest row."""
+    width = max((len(r) for r in rows), default=0)
+    ids = np.zeros((len(rows), width), dtype=np.int64)
+    out_masks = np.zeros_like(ids)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = row
+        out_masks[i, : len(row)] = 1 if masks is None else masks[i]
+    return ids, out_masks

@@ -31,9 +31,10 @@ def config(spec: ModelSpec, plan: ModelPlan) -> ModelConfig:
         max_batch_size=spec.max_batch_size,
         inputs=(TensorSpec(TEXT_INPUT, "STRING", (1,)),),
         outputs=(TensorSpec(ids.name, ids.dtype, (-1,)), TensorSpec(mask.name, mask.dtype, (-1,))),
-        # Tokenizing is cheap; batching lets one encode_batch call serve every queued request.
-        # The queue is bounded like the encoder's, so overload is refused at the door.
-        dynamic_batching=DynamicBatching(max_queue_delay_us=0, queue_policy=queue_policy(spec)),
+        # One tokenizer call serves every request the batcher gathered (runtimes/tokenizer/batch.py);
+        # a short delay gathers more of them under load. The queue is bounded like the encoder's, so
+        # overload is refused at the door.
+        dynamic_batching=DynamicBatching(max_queue_delay_us=spec.tokenizer_queue_delay_us, queue_policy=queue_policy(spec)),
         instance_groups=(InstanceGroup(count=spec.tokenizer_instances, kind="KIND_CPU"),),
         parameters=params.to_parameters(),
     )
