@@ -6,11 +6,22 @@
 # from the file named by $TRITONBUNDLE_API_KEY_FILE (a compose/Kubernetes secret). With neither, a random
 # key is made up and never shown: those APIs are then simply locked, inference and health stay open.
 #
-#   tritonbundle-entrypoint tritonserver ARGS...   exec tritonserver with the restricted-API flags added
+#   tritonbundle-entrypoint tritonserver ARGS...   exec tritonserver with the restricted-API flags added,
+#                                                  after the TensorRT plan check (below)
 #   tritonbundle-entrypoint tritonbundle serve ... `tritonbundle serve` reads $TRITONBUNDLE_API_KEY itself
 #   tritonbundle-entrypoint COMMAND ...            anything else runs as given
 # In the NGC images, NVIDIA's /opt/nvidia/nvidia_entrypoint.sh then starts the command.
+#
+# TensorRT plans run only on the TensorRT that built them. Where the image carries the plan check
+# ($TRITONBUNDLE_TENSORRT_PLANS, default /opt/tritonbundle/bin/tensorrt-plans.py: the server image's
+# copy of tritonbundle/runtimes/tensorrt/serving.py, standard library only), tritonserver is started
+# through it, right before the server starts: it compares every *.plan.json in --model-repository with
+# this server's TensorRT and exits 2, naming both versions, on a mismatch; it adds
+# --backend-config=tensorrt,version-compatible=true when the plans are version-compatible; then it
+# execs tritonserver (same pid, so signals still reach the server).
 set -eu
+
+plans_check="${TRITONBUNDLE_TENSORRT_PLANS:-/opt/tritonbundle/bin/tensorrt-plans.py}"
 
 # The NGC images' own entry point (banner, driver checks, CUDA forward-compatibility libraries) runs
 # first where there is one; it ends with `exec "$@"`.
@@ -46,6 +57,13 @@ if [ "${first##*/}" = tritonserver ]; then
       "--grpc-restricted-protocol=$api:tritonbundle-key=$TRITONBUNDLE_API_KEY"
   done
   unset TRITONBUNDLE_API_KEY TRITONBUNDLE_API_KEY_FILE
+  if [ -n "${TRITONBUNDLE_TENSORRT_PLANS:-}" ] && [ ! -f "$plans_check" ]; then
+    echo "entrypoint: TRITONBUNDLE_TENSORRT_PLANS=$plans_check is not a file" >&2
+    exit 1
+  fi
+  if [ -f "$plans_check" ]; then
+    exec $nvidia python3 "$plans_check" exec "$binary" "$@"
+  fi
   exec $nvidia "$binary" "$@"
 fi
 

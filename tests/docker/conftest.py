@@ -39,12 +39,15 @@ DOCKER_DIR = ROOT / "docker"
 COMPOSE_FILE = DOCKER_DIR / "compose.yaml"
 COMPOSE_CPU_FILE = DOCKER_DIR / "compose.cpu.yaml"
 VERSIONS_ENV = DOCKER_DIR / "versions.env"
+#: The documented alternative NGC release (docker/README.md, "NGC releases").
+VERSIONS_25_08_ENV = DOCKER_DIR / "versions-25.08.env"
 #: Compose projects of these tests are named PROJECT_PREFIX + pid; leftovers of killed runs are removed.
 PROJECT_PREFIX = "tritonbundle-test-"
 #: Compose project the images are built under. Compose labels images with their project's name, so a name
 #: of its own per run would make every run's images new ones (and re-export every layer); this one is fixed.
 BUILD_PROJECT = "tritonbundle-test"
-#: Tag of the stand-in GPU images (their Dockerfiles built on the local Debian base, not on NGC images).
+#: TRITONBUNDLE_TAG of the stand-in GPU images (their Dockerfiles built on the local Debian base, not on
+#: NGC images); compose adds -ngc<NGC_RELEASE> to it.
 STANDIN_TAG = "standin"
 #: Variables that steer docker/compose.yaml: taken out of the tests' environment so a developer's shell
 #: settings do not change what is tested.
@@ -285,7 +288,8 @@ def standin_images(cpu_stack_config: Stack, base_image: str, cpu_images: tuple[s
            "TRITONBUNDLE_TAG": STANDIN_TAG}
     standin = Stack(project=BUILD_PROJECT + "-standin", files=(COMPOSE_FILE,), env=env)
     standin.compose("build", "build", "triton", timeout_s=BUILD_TIMEOUT_S)
-    return f"tritonbundle-build:{STANDIN_TAG}", f"tritonbundle-server:{STANDIN_TAG}"
+    tag = f"{STANDIN_TAG}-ngc{read_env_file(VERSIONS_ENV)['NGC_RELEASE']}"
+    return f"tritonbundle-build:{tag}", f"tritonbundle-server:{tag}"
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,8 @@
 """docker compose files, checked with Compose itself (`docker compose config`): the GPU stack cannot run
 here (no GPU, no NGC registry), so its configuration is what can be proven: GPU reservations, shared
 memory, ulimits, the healthcheck, the read-only model mount, loopback ports, the NGC images from
-docker/versions.env. Also the CPU variant's swaps and the monitoring files."""
+docker/versions.env (26.07) or docker/versions-25.08.env, image tags that carry the NGC release, the
+`build` command that `run --rm build ARGS` extends. Also the CPU variant's swaps and the monitoring files."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from tests.docker.conftest import (
     COMPOSE_FILE,
     DOCKER_DIR,
     ROOT,
+    VERSIONS_25_08_ENV,
     VERSIONS_ENV,
     clean_environment,
     read_env_file,
@@ -31,6 +33,23 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 Config = dict[str, Any]
 GPU_SERVICES = ("build", "triton")
+#: What docker/versions.env and docker/versions-25.08.env pin (docs: docker/README.md, "NGC releases").
+RELEASES = {
+    VERSIONS_ENV: {
+        "NGC_RELEASE": "26.07",
+        "TRITONSERVER_IMAGE": "nvcr.io/nvidia/tritonserver:26.07-py3",
+        "TENSORRT_IMAGE": "nvcr.io/nvidia/tensorrt:26.07-py3",
+        "TENSORRT_VERSION": "11.1.0.106",
+        "TRITON_VERSION": "2.71.0",
+    },
+    VERSIONS_25_08_ENV: {
+        "NGC_RELEASE": "25.08",
+        "TRITONSERVER_IMAGE": "nvcr.io/nvidia/tritonserver:25.08-py3",
+        "TENSORRT_IMAGE": "nvcr.io/nvidia/tensorrt:25.08-py3",
+        "TENSORRT_VERSION": "10.13.2.6",
+        "TRITON_VERSION": "2.60.0",
+    },
+}
 
 
 def compose_config(*args: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> Config:
@@ -65,8 +84,8 @@ def test_plain_compose_up_starts_the_gpu_stack_export_build_triton(gpu: Config) 
     triton, build = gpu["services"]["triton"], gpu["services"]["build"]
     assert build["depends_on"]["export"]["condition"] == "service_completed_successfully"
     assert triton["depends_on"]["build"]["condition"] == "service_completed_successfully"
-    assert build["command"][:2] == ["tritonbundle", "build"]
-    assert ["--target", "gpu"] == build["command"][4:6] and "tensorrt" in build["command"]
+    assert build["entrypoint"][:3] == ["tritonbundle-entrypoint", "tritonbundle", "build"]
+    assert ["--target", "gpu"] == build["entrypoint"][5:7] and "tensorrt" in build["entrypoint"]
     # The one-shot stages need no network at all.
     assert gpu["services"]["export"]["network_mode"] == build["network_mode"] == "none"
 
@@ -78,6 +97,17 @@ def test_profiles_add_loadtest_prometheus_and_grafana(docker_engine: None) -> No
     assert loadtest["depends_on"]["triton"]["condition"] == "service_healthy"
     assert "loadtest" in loadtest["entrypoint"]
     assert any(v["target"] == "/reports" and v["type"] == "bind" for v in loadtest["volumes"])
+
+
+def test_run_build_args_extend_the_build_command(gpu: Config, cpu: Config) -> None:
+    """`docker compose run --rm build --force` must reach `tritonbundle build` as an extra option: the
+    whole command is the service's entrypoint and there is no command for `run` arguments to replace
+    (the image's CMD is not inherited when the entrypoint is set). The CPU stack test runs it."""
+    for config in (gpu, cpu):
+        build = config["services"]["build"]
+        assert not build.get("command"), build.get("command")
+        assert build["entrypoint"][-2:] == ["--repository", "/var/lib/tritonbundle/repository/model_repository"]
+        assert not {"--force", "--reexport", "--check"} & set(build["entrypoint"])
 
 
 def test_gpu_services_reserve_an_nvidia_gpu(gpu: Config) -> None:
@@ -103,6 +133,8 @@ def test_triton_has_shm_size_ulimits_healthcheck_restart_policy_and_a_read_only_
     assert "--model-control-mode=none" in triton["command"]
     assert triton["read_only"] is True and triton["cap_drop"] == ["ALL"]
     assert "TRITONBUNDLE_API_KEY" in triton["environment"], "restricted APIs take their key from the environment"
+    # The plan check's override of the TensorRT version it finds: passed through, empty by default.
+    assert triton["environment"]["TRITONBUNDLE_TENSORRT_VERSION"] == ""
 
 
 def test_engines_and_timing_cache_live_in_named_volumes(gpu: Config) -> None:
@@ -140,6 +172,42 @@ def test_ngc_images_come_from_versions_env_through_both_entry_points(gpu: Config
     assert gpu["services"] == from_docker_dir["services"]
 
 
+def test_versions_env_pins_26_07_and_versions_25_08_env_the_alternative() -> None:
+    for path, wanted in RELEASES.items():
+        assert read_env_file(path) == wanted, path.name
+    # A build number once written here for 25.08 that is not its TensorRT (10.13.2.6 is): nowhere in docker/ or
+    # these tests.
+    wrong = ".".join(("10", "13", "0", "35"))
+    for folder in (DOCKER_DIR, Path(__file__).parent):
+        for path in folder.rglob("*"):
+            if path.is_file() and path.suffix not in (".whl", ".pyc"):
+                assert wrong not in path.read_text(errors="replace"), path
+
+
+def test_the_25_08_env_file_switches_images_and_tags_through_both_entry_points(docker_engine: None) -> None:
+    """docker/README.md: `--env-file docker/versions-25.08.env` from the root (it wins over the root
+    compose.yaml's include env_file) and with -f docker/compose.yaml (it replaces docker/.env)."""
+    version = project_version()
+    from_root = compose_config("--env-file", str(VERSIONS_25_08_ENV))
+    from_docker_dir = compose_config("-f", str(COMPOSE_FILE), "--env-file", str(VERSIONS_25_08_ENV))
+    for config in (from_root, from_docker_dir):
+        services = config["services"]
+        assert services["build"]["build"]["args"]["TENSORRT_IMAGE"] == "nvcr.io/nvidia/tensorrt:25.08-py3"
+        assert services["triton"]["build"]["args"]["TRITONSERVER_IMAGE"] == "nvcr.io/nvidia/tritonserver:25.08-py3"
+        assert services["build"]["image"] == f"tritonbundle-build:{version}-ngc25.08"
+        assert services["triton"]["image"] == f"tritonbundle-server:{version}-ngc25.08"
+        assert services["export"]["image"] == f"tritonbundle-export:{version}"
+
+
+def test_build_and_server_images_cannot_be_tagged_without_an_ngc_release(docker_engine: None) -> None:
+    """Images named but no NGC_RELEASE (an env file of one's own in place of versions.env): compose
+    refuses the GPU stack instead of tagging its images without a release."""
+    result = run(["docker", "compose", "-f", str(COMPOSE_FILE), "--env-file", "/dev/null", "config", "-q"],
+                 env={**clean_environment(), "TENSORRT_IMAGE": "t:1", "TRITONSERVER_IMAGE": "s:1"}, check=False)
+    assert result.returncode != 0
+    assert "NGC_RELEASE is not set; docker/versions.env pins it" in result.stderr
+
+
 def test_dockerfiles_name_no_ngc_release_of_their_own() -> None:
     pinned = read_env_file(VERSIONS_ENV)
     for dockerfile in DOCKER_DIR.glob("Dockerfile.*"):
@@ -147,15 +215,26 @@ def test_dockerfiles_name_no_ngc_release_of_their_own() -> None:
         assert "nvcr.io" not in text and pinned["NGC_RELEASE"] not in text, f"{dockerfile.name} pins an NGC image"
 
 
-def test_image_tag_default_is_the_project_version(gpu: Config) -> None:
-    version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)  # type: ignore[union-attr]
+def project_version() -> str:
+    return re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)  # type: ignore[union-attr]
+
+
+def test_image_tags_are_the_project_version_and_the_ngc_release(gpu: Config, docker_engine: None) -> None:
+    """The build and server images carry the NGC release in their tag, so that a build image (whose plans
+    only run on its TensorRT) pairs with the server image of the same release only."""
+    version = project_version()
+    release = read_env_file(VERSIONS_ENV)["NGC_RELEASE"]
     images = {name: service["image"] for name, service in gpu["services"].items()}
     assert images == {
         "export": f"tritonbundle-export:{version}",
-        "build": f"tritonbundle-build:{version}",
-        "triton": f"tritonbundle-server:{version}",
+        "build": f"tritonbundle-build:{version}-ngc{release}",
+        "triton": f"tritonbundle-server:{version}-ngc{release}",
     }
-    # The Helm chart's build image (engineBuild.image) is this tag.
+    # TRITONBUNDLE_TAG and TRITONBUNDLE_REGISTRY keep the release suffix.
+    custom = compose_config(env={"TRITONBUNDLE_TAG": "1.2.3", "TRITONBUNDLE_REGISTRY": "reg.example/ml/"})
+    assert custom["services"]["build"]["image"] == f"reg.example/ml/tritonbundle-build:1.2.3-ngc{release}"
+    assert custom["services"]["triton"]["image"] == f"reg.example/ml/tritonbundle-server:1.2.3-ngc{release}"
+    # The Helm chart's build image defaults to <appVersion>-ngc<release>: appVersion is this version.
     chart = yaml.safe_load((ROOT / "helm" / "tritonbundle" / "Chart.yaml").read_text())
     assert str(chart["appVersion"]) == version
 
@@ -174,7 +253,7 @@ def test_cpu_variant_swaps_the_gpu_services_for_the_cpu_image(cpu: Config) -> No
         assert not gpu_devices(service), f"{name} still reserves a GPU"
     build, triton = cpu["services"]["build"], cpu["services"]["triton"]
     assert build["image"] == triton["image"] == "tritonbundle-cpu:0.1.0"
-    assert ["--target", "cpu"] == build["command"][4:6] and "onnxruntime" in build["command"]
+    assert ["--target", "cpu"] == build["entrypoint"][5:7] and "onnxruntime" in build["entrypoint"]
     assert triton["command"][:2] == ["tritonbundle", "serve"] and "--model-control-mode" in triton["command"]
     assert triton["build"]["dockerfile"] == "docker/Dockerfile.cpu"
     # kept from the GPU stack: healthcheck, shm, read-only repository, loopback ports, restart policy
@@ -216,7 +295,8 @@ def test_compose_dashboard_is_generated_from_the_helm_dashboard_and_has_the_requ
 
 def readme_compose_commands() -> list[tuple[dict[str, str], list[str]]]:
     """Each `docker compose ...` line of docker/README.md's code blocks: its environment assignments
-    (inline and from `export` lines before it in the block) and its global options (-f, -p, --profile)."""
+    (inline and from `export` lines before it in the block) and its global options (-f, -p, --profile,
+    --env-file)."""
     commands = []
     text = (DOCKER_DIR / "README.md").read_text()
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
@@ -235,7 +315,7 @@ def readme_compose_commands() -> list[tuple[dict[str, str], list[str]]]:
             if words[:2] != ["docker", "compose"]:
                 continue
             options, rest = [], words[2:]
-            while rest and rest[0] in ("-f", "-p", "--profile"):
+            while rest and rest[0] in ("-f", "-p", "--profile", "--env-file"):
                 options += rest[:2]
                 rest = rest[2:]
             commands.append(({**env, **inline}, options))
@@ -253,3 +333,9 @@ def test_compose_commands_in_the_readme_name_valid_files_and_profiles(docker_eng
         assert "triton" in config["services"], (env, options)
         if "docker/compose.cpu.yaml" in options or "compose.cpu.yaml" in wanted.get("COMPOSE_FILE", ""):
             assert config["services"]["triton"]["image"].startswith("tritonbundle-cpu:")
+        elif "--env-file" in options:
+            release = read_env_file(ROOT / options[options.index("--env-file") + 1])["NGC_RELEASE"]
+            assert config["services"]["triton"]["image"].endswith(f"-ngc{release}"), (env, options)
+    alternative = [options for _, options in commands if "--env-file" in options]
+    assert {options[options.index("--env-file") + 1] for options in alternative} == {"docker/versions-25.08.env"}
+    assert any("-f" in options for options in alternative) and any("-f" not in options for options in alternative)

@@ -1,6 +1,7 @@
 """The CPU compose stack, for real: `docker compose -f docker/compose.yaml -f docker/compose.cpu.yaml up
 --wait` (export -> build -> triton), inference over HTTP and gRPC through the published loopback ports
-with the project's clients, a short load test, restarts that reuse what was built, `down -v`."""
+with the project's clients, a short load test, restarts that reuse what was built, `run --rm build
+--force` / `--check` / `--reexport`, `down -v`."""
 
 from __future__ import annotations
 
@@ -135,6 +136,25 @@ def test_a_second_up_reuses_the_export_and_keeps_triton_running(cpu_stack: Stack
     # The CPU image has no torch: the build takes the export the export service checked.
     assert "using the existing export" in build_log, build_log
     assert "wrote /var/lib/tritonbundle/repository/model_repository" in build_log
+    http, _ = embed_both(cpu_stack)
+    assert http.shape == (3, 384)
+
+
+def test_run_build_force_rebuilds_without_exporting_and_check_compares_the_repository(cpu_stack: Stack) -> None:
+    """docker/README.md: arguments after `run --rm build` extend the service's `tritonbundle build`
+    command. `--force` rebuilds from the export in the artifacts volume (the build's image has no
+    torch); `--check` then finds the repository as a build would write it; `--reexport` needs torch."""
+    forced = cpu_stack.compose("run", "--rm", "build", "--force", timeout_s=600, check=False)
+    output = forced.stdout + forced.stderr
+    assert forced.returncode == 0, output[-3000:]
+    assert "using the existing export" in output and "exporting minilm" not in output, output[-3000:]
+    assert "wrote /var/lib/tritonbundle/repository/model_repository" in output, output[-3000:]
+    checked = cpu_stack.compose("run", "--rm", "--no-deps", "build", "--check", timeout_s=300, check=False)
+    assert checked.returncode == 0, (checked.stdout + checked.stderr)[-3000:]
+    reexport = cpu_stack.compose("run", "--rm", "--no-deps", "build", "--reexport", timeout_s=300, check=False)
+    assert reexport.returncode != 0
+    assert "needs torch" in reexport.stdout + reexport.stderr, (reexport.stdout + reexport.stderr)[-3000:]
+    # Triton still serves what it loaded.
     http, _ = embed_both(cpu_stack)
     assert http.shape == (3, 384)
 

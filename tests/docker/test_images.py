@@ -1,5 +1,6 @@
 """The images: non-root users, no CA bundle or secret in any layer or in the history, the Helm chart's
-contract with the build image, what the build context holds.
+contract with the build image, the server image's TensorRT plan check behind NVIDIA's entry point, the
+INT8 calibration folder, what the build context holds.
 
 The GPU images (docker/Dockerfile.build's `build` stage, docker/Dockerfile.server) are built here from
 their Dockerfiles on the local Debian base in place of the NGC TensorRT / tritonserver images, which no
@@ -7,18 +8,31 @@ registry here serves ("stand-in" images): what these tests check does not depend
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import tarfile
 import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from tests.docker.conftest import COMMAND_TIMEOUT_S, DOCKER_DIR, ROOT, Images, Stack, run, tail
+from tests.docker.conftest import (
+    BUILD_TIMEOUT_S,
+    COMMAND_TIMEOUT_S,
+    DOCKER_DIR,
+    ROOT,
+    Images,
+    Stack,
+    run,
+    tail,
+)
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(2400)]
 
@@ -186,6 +200,145 @@ def test_entrypoint_locks_the_restricted_apis_when_no_key_is_set(images: Images)
         assert f"--grpc-restricted-protocol={api}:tritonbundle-key=s3cret" in keyed
         random_key = [a for a in locked if a.startswith(f"--http-restricted-api={api}:tritonbundle-key=")]
         assert random_key and len(random_key[0].rsplit("=", 1)[1]) >= 32
+
+
+PLANS_CHECK = ROOT / "tritonbundle" / "runtimes" / "tensorrt" / "serving.py"
+BACKEND_FLAG = "--backend-config=tensorrt,version-compatible=true"
+
+
+def test_server_image_starts_tritonserver_through_nvidias_entrypoint_and_the_plan_check(images: Images) -> None:
+    """The server image carries serving.py as /opt/tritonbundle/bin/tensorrt-plans.py, and its entry point
+    runs NVIDIA's (a stand-in here, mounted where the NGC image has it), then the plan check, then
+    tritonserver (a fake that prints its arguments), as the container's user, read-only root."""
+    carried = run(["docker", "run", "--rm", "--entrypoint", "cat", images.server_standin,
+                   "/opt/tritonbundle/bin/tensorrt-plans.py"]).stdout
+    assert carried == PLANS_CHECK.read_text()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        work.chmod(0o755)
+        nvidia = work / "nvidia_entrypoint.sh"
+        nvidia.write_text('#!/bin/sh\necho "nvidia-entrypoint: $*" >&2\nexec "$@"\n')
+        fake = work / "tritonserver"
+        fake.write_text('#!/bin/sh\nprintf "%s\\n" fake-tritonserver "$@"\n')
+        for script in (nvidia, fake):
+            script.chmod(0o755)
+
+        def serve(built_with: str, version_compatible: bool) -> subprocess.CompletedProcess[str]:
+            repository = work / f"repository-{built_with}-{version_compatible}"
+            (repository / "m" / "1").mkdir(parents=True)
+            meta = repository / "m" / "1" / "model.plan.json"
+            meta.write_text(json.dumps({"tensorrt_version": built_with, "options": {"version_compatible": version_compatible}}))
+            for path in (repository, repository / "m", repository / "m" / "1"):
+                path.chmod(0o755)
+            meta.chmod(0o644)
+            return run([
+                "docker", "run", "--rm", "--read-only", "--tmpfs", "/tmp", "-e", "TRITONBUNDLE_TENSORRT_VERSION=11.1.0.106",
+                "-v", f"{nvidia}:/opt/nvidia/nvidia_entrypoint.sh:ro", "-v", f"{fake}:/usr/local/bin/tritonserver:ro",
+                "-v", f"{repository}:/models/model_repository:ro", images.server_standin,
+                "tritonserver", "--model-repository=/models/model_repository",
+            ], check=False)
+
+        refused = serve("10.13.2.6", False)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert "fake-tritonserver" not in refused.stdout
+        # NVIDIA's entry point first, handing over to the check (which then execs tritonserver).
+        assert "nvidia-entrypoint: python3 /opt/tritonbundle/bin/tensorrt-plans.py exec /usr/local/bin/tritonserver" in refused.stderr
+        assert refused.stderr.index("nvidia-entrypoint") < refused.stderr.index("refusing to start")
+        assert "10.13.2.6" in refused.stderr and "11.1.0.106" in refused.stderr
+
+        compatible = serve("10.13.2.6", True)
+        assert compatible.returncode == 0, compatible.stderr
+        lines = compatible.stdout.splitlines()
+        assert lines[0] == "fake-tritonserver" and BACKEND_FLAG in lines
+        assert "--model-repository=/models/model_repository" in lines
+
+
+def dockerfile_instructions(dockerfile: Path) -> list[str]:
+    """The Dockerfile's instructions, continuation lines joined (comments and blank lines left out)."""
+    out: list[str] = []
+    current: list[str] = []
+    for line in dockerfile.read_text().splitlines():
+        if not current and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        current.append(line)
+        if not line.rstrip().endswith("\\"):
+            out.append("\n".join(current))
+            current = []
+    return out
+
+
+def calibration_step(dockerfile: Path) -> str:
+    steps = [i for i in dockerfile_instructions(dockerfile) if "/opt/tritonbundle/build/calibration" in i]
+    assert len(steps) == 1, f"{dockerfile.name}: {len(steps)} calibration steps"
+    return steps[0]
+
+
+def image_files(image: str, folder: str) -> dict[str, str]:
+    """{path relative to folder: sha256} of the files under ``folder`` in ``image``, read as uid 1000."""
+    script = f'test -d {folder} && cd {folder} && find . -type f | sort | while read -r f; do sha256sum "$f"; done'
+    out = run(["docker", "run", "--rm", "--user", "1000:1000", "--entrypoint", "sh", image, "-c", script]).stdout
+    return {path.removeprefix("./"): digest for digest, path in (line.split(None, 1) for line in out.splitlines())}
+
+
+def test_calibration_data_reaches_the_images_and_a_checkout_without_it_still_builds(
+    images: Images, base_image: str, cpu_stack_config: Stack,
+) -> None:
+    """INT8 calibration data lives under build/calibration/ (the manifest's `calibration` is relative to
+    build/models.yaml). The images' calibration step, built with the repository's .dockerignore from a
+    throwaway context, lands a file there in the image, readable by uid 1000, leaves ONNX files out, and
+    builds (an empty folder) where the checkout has no build/calibration/. The build and CPU images hold
+    what this checkout has there."""
+    step = calibration_step(DOCKER_DIR / "Dockerfile.build")
+    assert calibration_step(DOCKER_DIR / "Dockerfile.cpu") == step
+    buffer = io.BytesIO()
+    np.savez(buffer, input_ids=np.arange(12, dtype=np.int64).reshape(3, 4))
+    npz = buffer.getvalue()
+    project = cpu_stack_config.project + "-calibration"
+    tags = {case: f"tritonbundle-calibration-test:{case}" for case in ("with", "without")}
+    services = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for case, tag in tags.items():
+            context = Path(tmp) / case
+            (context / "build" / "traffic").mkdir(parents=True)
+            (context / "build" / "artifacts").mkdir()
+            shutil.copy(ROOT / ".dockerignore", context / ".dockerignore")
+            (context / "build" / "models.yaml").write_text("version: 1\n")
+            (context / "build" / "traffic" / "chat.jsonl").write_text("{}\n")
+            (context / "build" / "artifacts" / "model.onnx").write_bytes(b"export")
+            if case == "with":
+                (context / "build" / "calibration" / "more").mkdir(parents=True)
+                data = context / "build" / "calibration" / "mymodel.npz"
+                data.write_bytes(npz)
+                data.chmod(0o600)  # the image must still let uid 1000 read it
+                (context / "build" / "calibration" / "more" / "other.npz").write_bytes(npz[::-1])
+                (context / "build" / "calibration" / "more" / "model.onnx").write_bytes(b"never")
+            dockerfile = Path(tmp) / f"Dockerfile.{case}"
+            dockerfile.write_text(f"ARG BASE\nFROM ${{BASE}}\n{step}\n")
+            services[case] = {"image": tag, "build": {"context": str(context), "dockerfile": str(dockerfile),
+                                                     "args": {"BASE": base_image}}}
+        compose = Path(tmp) / "compose.yaml"
+        compose.write_text(json.dumps({"services": services}))
+        try:
+            run(["docker", "compose", "--progress", "plain", "-p", project, "-f", str(compose), "build"],
+                env=cpu_stack_config.env, timeout_s=BUILD_TIMEOUT_S)
+            landed = image_files(tags["with"], "/opt/tritonbundle/build/calibration")
+            empty = image_files(tags["without"], "/opt/tritonbundle/build/calibration")
+            folder = run(["docker", "run", "--rm", "--entrypoint", "test", tags["without"], "-d",
+                          "/opt/tritonbundle/build/calibration"], check=False)
+        finally:
+            run(["docker", "rmi", "-f", *tags.values()], check=False)
+    assert landed == {"mymodel.npz": hashlib.sha256(npz).hexdigest(),
+                      "more/other.npz": hashlib.sha256(npz[::-1]).hexdigest()}
+    assert empty == {} and folder.returncode == 0, "no build/calibration/: the folder is there, empty"
+
+    checkout = ROOT / "build" / "calibration"
+    wanted = {str(p.relative_to(checkout)): hashlib.sha256(p.read_bytes()).hexdigest()
+              for p in (checkout.rglob("*") if checkout.is_dir() else ()) if p.is_file()
+              and p.suffix not in (".onnx", ".pyc") and "__pycache__" not in p.parts and p.name != ".env"}
+    for image in (images.build_standin, images.cpu):
+        assert image_files(image, "/opt/tritonbundle/build/calibration") == wanted, image
+        assert run(["docker", "run", "--rm", "--entrypoint", "test", image, "-d",
+                    "/opt/tritonbundle/build/calibration"], check=False).returncode == 0, image
 
 
 def test_build_context_leaves_out_venvs_artifacts_reports_caches_and_git(cpu_stack_config: Stack, base_image: str) -> None:
