@@ -4,10 +4,11 @@
 # then run `python3 -m tritonbundle bench gpu`. Any phase that fails is reported as failed; the exit
 # code is the benchmark's.
 #
-# usage: bash scripts/device_bench.sh [all|install|run] [tritonbundle bench gpu options...]
+# usage: bash scripts/device_bench.sh [all|install|run|tune] [tritonbundle bench gpu / tune options...]
 #   all      install whatever is carried, then run (the default)
 #   install  only install (what the call carries: .device/server, .device/stubs, .device/grpc, .device/model)
 #   run      only run (a later call; uses .device/opt from before)
+#   tune     `tritonbundle tune` instead of the bench (a later call; e.g. --bench-model bert-base)
 # Output goes to $OUT (the device tool's folder) or reports/bench: bench.json, bench.md, bench.png,
 # logs.tar.gz, console.log, install.log.
 set -uo pipefail
@@ -158,8 +159,16 @@ export TRITONBUNDLE_DEVICE_RUN=$(date +%s)-$$
 case "$MODE" in
   install) install 2>&1 | tee "$OUT/install.log"; setup_env; check 2>&1 | tee -a "$OUT/install.log"; exit 0 ;;
   run) setup_env ;;
+  tune)
+    setup_env
+    log "python3 -m tritonbundle tune --out $OUT --work $OPT/tune-work $*"
+    rm -rf "$OPT/tune-work"
+    $PY -m tritonbundle tune --out "$OUT" --work "$OPT/tune-work" "$@" 2>&1 | tee "$OUT/console.log"
+    code=${PIPESTATUS[0]}
+    tar -C "$OPT/tune-work" -czf "$OUT/logs.tar.gz" --exclude='*.safetensors' --exclude='*.onnx' --exclude='*.bin' . 2>/dev/null
+    exit "$code" ;;
   all) install 2>&1 | tee "$OUT/install.log"; setup_env; check 2>&1 | tee -a "$OUT/install.log" ;;
-  *) echo "usage: $0 [all|install|run] [bench options]"; exit 2 ;;
+  *) echo "usage: $0 [all|install|run|tune] [bench or tune options]"; exit 2 ;;
 esac
 
 log "python3 -m tritonbundle bench gpu --out $OUT $*"

@@ -15,10 +15,11 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"log", "files"}),
     frozenset({"proc", "modelconfig", "traffic"}),
     frozenset({"manifest", "payloads"}),
-    frozenset({"plan", "recipes", "measure", "server", "clients"}),
-    frozenset({"runtimes"}),
+    frozenset({"plan", "recipes", "server", "clients"}),
+    frozenset({"runtimes", "measure"}),
     frozenset({"build", "loadtests"}),
     frozenset({"bench", "demo"}),
+    frozenset({"tune"}),
     frozenset({"cli"}),
     frozenset({"__main__"}),
 )

@@ -64,8 +64,8 @@ def test_bench_on_the_cpu_measures_four_systems_and_cleans_up(tmp_path: Path) ->
     assert "Throughput at the SLO" in md and "Where the bundle's time goes" in md
     time.sleep(1.0)
     assert _our_processes(str(work)) == [], "a server or stub outlived the benchmark"
-    assert _our_processes("tritonbundle.bench.loadgen") == [] or all(
-        str(work) not in p for p in _our_processes("tritonbundle.bench.loadgen")
+    assert _our_processes("tritonbundle.measure.loadgen") == [] or all(
+        str(work) not in p for p in _our_processes("tritonbundle.measure.loadgen")
     )
 
 

@@ -44,7 +44,7 @@ def references(ctx: Context, built: Built) -> tuple[list[str], Any]:
     if key not in ctx.references:
         from tokenizers import Tokenizer
 
-        from tritonbundle.bench.loadgen import text_pool
+        from tritonbundle.measure.loadgen import text_pool
 
         texts = [t for _, t in text_pool(str(ctx.traffic_path), seed=12345, size=8)]
         tok = Tokenizer.from_file(str(ctx.tokenizer))

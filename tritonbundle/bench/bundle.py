@@ -12,12 +12,12 @@ from typing import Any
 from tritonbundle.bench.accounting import tokens_ratio
 from tritonbundle.bench.answers import check_answers, references
 from tritonbundle.bench.breakdown import breakdown
-from tritonbundle.bench.loadgen import LoadPool
 from tritonbundle.bench.options import client_timeout_s, setup_timeout_s
 from tritonbundle.bench.phase import Context, sweep, wait_idle
-from tritonbundle.bench.workspace import Built
+from tritonbundle.bench.workspace import SERVER_ARGS, Built, load_procs
 from tritonbundle.log import LOG
 from tritonbundle.measure import triton_metrics
+from tritonbundle.measure.loadgen import LoadPool
 from tritonbundle.measure.probes import CpuMeter
 from tritonbundle.recipes import Recipe
 from tritonbundle.runtimes.pytorch.stats import STATS_DIR_ENV, read_stats, read_stats_info
@@ -31,7 +31,7 @@ def _delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float
 def run_bundle(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> dict[str, Any]:
     o = ctx.options
     name = recipe.model_name
-    procs = o.load_procs or max(1, min(8, (os.cpu_count() or 2) // 2 - 1))
+    procs = load_procs(o.load_procs)
     stats_dir = ctx.work / name / "stats"
     shutil.rmtree(stats_dir, ignore_errors=True)
     stats_dir.mkdir(parents=True)
@@ -39,7 +39,7 @@ def run_bundle(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> d
     server = TritonServer(ServerOptions(
         built.repository, http_port=0, grpc_port=0, metrics_port=0, log_path=ctx.logs / f"tritonserver-{name}.log",
         exit_timeout_s=5,
-        extra_args=["--allow-gpu-metrics=false", "--backend-config=python,shm-default-byte-size=16777216"],
+        extra_args=list(SERVER_ARGS),
     ))
     texts, expected = references(ctx, built)
     t_start = time.monotonic()

@@ -15,11 +15,11 @@ from typing import Any
 
 from tritonbundle import proc
 from tritonbundle.bench.answers import check_answers, references
-from tritonbundle.bench.loadgen import LoadPool
 from tritonbundle.bench.options import client_timeout_s, setup_timeout_s
 from tritonbundle.bench.phase import Context, sweep, wait_idle
 from tritonbundle.bench.workspace import Built, child_env
 from tritonbundle.errors import TritonBundleError
+from tritonbundle.measure.loadgen import LoadPool
 from tritonbundle.measure.probes import CpuMeter
 from tritonbundle.recipes import Recipe
 from tritonbundle.server import free_port

@@ -6,6 +6,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tritonbundle.errors import ConfigError
 from tritonbundle.recipes import BENCH_MODELS
@@ -42,6 +43,8 @@ class BenchOptions:
     timeout_s: float = 0.0
     seed: int = 0
     keep_work: bool = False
+    #: Manifest settings from a tune run's winner (``--tuned tune.json``), over the hand-set ones above.
+    tuned: dict[str, Any] = field(default_factory=dict)
     #: Share of each model's time for each system (unused time rolls over).
     shares: dict[str, float] = field(default_factory=lambda: {"naive": 0.15, "peer": 0.25, "bundle": 0.45, "ceiling": 0.15})
 

@@ -16,12 +16,12 @@ import time
 from typing import Any
 
 from tritonbundle.bench.answers import check_answers, references
-from tritonbundle.bench.loadgen import LoadPool
 from tritonbundle.bench.naive import health_s, http_server, post_texts
 from tritonbundle.bench.options import client_timeout_s, setup_timeout_s
 from tritonbundle.bench.peer_server import SETTINGS
 from tritonbundle.bench.phase import Context, sweep, wait_idle
 from tritonbundle.bench.workspace import Built
+from tritonbundle.measure.loadgen import LoadPool
 from tritonbundle.measure.probes import CpuMeter
 from tritonbundle.recipes import Recipe
 

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from tritonbundle import traffic as traffic_mod
-from tritonbundle.bench.loadgen import LoadPool
 from tritonbundle.bench.options import BenchOptions, Clock, expected_steps, step_timing
 from tritonbundle.log import LOG
 from tritonbundle.measure.latency import Slo, StepResult
+from tritonbundle.measure.loadgen import LoadPool
 from tritonbundle.measure.probes import GpuSampler
 from tritonbundle.measure.search import Sweep, search_rate
 

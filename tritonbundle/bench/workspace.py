@@ -19,6 +19,14 @@ from tritonbundle.recipes import Recipe
 
 TOKENIZER_ENV = "TRITONBUNDLE_TOKENIZER"
 STUB_BIN_ENV = "TRITONBUNDLE_STUB_BIN"
+#: tritonserver's arguments on the GPU machine: no DCGM there, and the Python backend's shared
+#: memory sized for batches of 512-token requests.
+SERVER_ARGS = ("--allow-gpu-metrics=false", "--backend-config=python,shm-default-byte-size=16777216")
+
+
+def load_procs(requested: int) -> int:
+    """Load generator processes: as requested, else half the cores less one for the server (at most 8)."""
+    return requested or max(1, min(8, (os.cpu_count() or 2) // 2 - 1))
 
 
 def tokenizer_file() -> Path:
@@ -41,6 +49,8 @@ def manifest_for(recipe: Recipe, options: BenchOptions, traffic_path: Path, toke
             "tokenizer_instances": options.tokenizer_instances,
             "tokenizer_queue_delay_us": options.tokenizer_queue_delay_us,
             "cuda_graphs": options.device == "cuda",
+            # A tune run's winner (``--tuned``) replaces the hand-set values above.
+            **{k: list(v) if isinstance(v, tuple) else v for k, v in options.tuned.items()},
         },
         "models": [{
             "name": recipe.model_name, "task": "text-embedding", "source": {"recipe": recipe.name},
@@ -52,6 +62,14 @@ def manifest_for(recipe: Recipe, options: BenchOptions, traffic_path: Path, toke
             "outputs": [{"name": "embedding", "dtype": "FP32", "shape": ["batch", recipe.hidden]}],
         }],
     }
+
+
+def write_manifest(recipe: Recipe, options: BenchOptions, folder: Path, traffic_path: Path, tokenizer: Path) -> Path:
+    """``folder/models.yaml``: the manifest the bench builds (and ``tritonbundle tune --bench-model`` tunes)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "models.yaml"
+    path.write_text(yaml.safe_dump(manifest_for(recipe, options, traffic_path, tokenizer), sort_keys=False))
+    return path
 
 
 @dataclass
@@ -69,9 +87,7 @@ def build_repository(recipe: Recipe, options: BenchOptions, work: Path, traffic_
     from tritonbundle.build.stage import BuildOptions, build, load_manifest, plan_model
 
     folder = work / recipe.model_name
-    folder.mkdir(parents=True, exist_ok=True)
-    manifest_path = folder / "models.yaml"
-    manifest_path.write_text(yaml.safe_dump(manifest_for(recipe, options, traffic_path, tokenizer), sort_keys=False))
+    manifest_path = write_manifest(recipe, options, folder, traffic_path, tokenizer)
     build_options = BuildOptions(manifest=manifest_path, repository=folder / "model_repository", artifacts=folder / "artifacts")
     build(build_options)
     spec = load_manifest(build_options).models[0]

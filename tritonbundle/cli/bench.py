@@ -20,6 +20,7 @@ def cmd_gpu(args: argparse.Namespace) -> int:
     from tritonbundle.bench.options import BenchOptions
     from tritonbundle.bench.report import print_summary
     from tritonbundle.bench.run import run_bench
+    from tritonbundle.tune.run import winner_overrides
 
     options = BenchOptions(
         out=args.out, work=args.work, budget_s=args.budget_s, models=_names(args.models), systems=_names(args.systems),
@@ -30,6 +31,7 @@ def cmd_gpu(args: argparse.Namespace) -> int:
         ladder_start=args.ladder_start, ladder_factor=args.ladder_factor, refine=args.refine, max_rate=args.max_rate,
         ceiling_batches=_ints(args.ceiling_batches), timeout_s=args.timeout_s, seed=args.seed,
         shares={k.strip(): float(v) for k, v in (x.split("=", 1) for x in args.shares.split(",") if x.strip())},
+        tuned=winner_overrides(args.tuned) if args.tuned else {},
     )
     result = run_bench(options)
     print_summary(result)
@@ -76,5 +78,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="each system's share of a model's time (unused time rolls over)")
     g.add_argument("--timeout-s", type=float, default=0.0, help="client deadline per request (default: 20 x the SLO, at least 1 s)")
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--tuned", type=Path,
+                   help="a tune run's tune.json: its winner's settings replace the hand-set ones above (every model)")
     g.add_argument("--work", type=Path, help="keep the work folder here (repositories, logs); default: a temporary folder")
     g.set_defaults(func=cmd_gpu)

@@ -1,7 +1,7 @@
 """Open-model load generation: Poisson arrivals from several processes, same request stream for every
 system under test.
 
-Each worker is ``python -m tritonbundle.bench.loadgen``: it reads one JSON command per line on stdin
+Each worker is ``python -m tritonbundle.measure.loadgen``: it reads one JSON command per line on stdin
 and answers one JSON line on stdout. ``setup`` connects (gRPC: the project's ``AsyncGrpcClient`` on
 the ensemble; HTTP: aiohttp against the naive server) and builds its text pool from the traffic
 sample; ``step`` sends Poisson arrivals at a rate for a while and returns the latencies of the
@@ -232,7 +232,7 @@ class LoadPool:
             log = open(self.log_dir / f"loadgen-{self.name}-{i}.log", "w")  # noqa: SIM115 - closed in stop()
             self._logs.append(log)
             self.procs.append(subprocess.Popen(  # noqa: S603
-                [sys.executable, "-m", "tritonbundle.bench.loadgen", *(["--uvloop"] if self.uvloop else [])],
+                [sys.executable, "-m", "tritonbundle.measure.loadgen", *(["--uvloop"] if self.uvloop else [])],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=log, text=True, env=env, bufsize=1,
             ))

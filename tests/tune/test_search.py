@@ -1,0 +1,65 @@
+"""Coordinate descent over a synthetic response surface (the measure function is the unit's input;
+the real server is measured in test_tune_cpu.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tritonbundle.tune.search import Point, coordinate_descent, reason
+from tritonbundle.tune.space import Knob, Space, key
+
+SPACE = Space((Knob("instances", (1, 2, 3, 4)), Knob("max_queue_delay_us", (0, 500, 1000, 2500, 5000))))
+
+
+def surface(config: dict[str, Any]) -> float | None:
+    """Best at 3 instances and 1000 us; 5000 us misses the SLO at every rate."""
+    if config["max_queue_delay_us"] == 5000:
+        return None
+    return 100.0 - 20 * abs(config["instances"] - 3) - abs(config["max_queue_delay_us"] - 1000) / 50
+
+
+def run(start: dict[str, Any], budget: int = 100) -> tuple[Any, list[dict[str, Any]]]:
+    measured: list[dict[str, Any]] = []
+
+    def measure(label: str, config: dict[str, Any]) -> Point:
+        measured.append(config)
+        return Point(label, config, surface(config))
+
+    return coordinate_descent(measure, start, SPACE, can_continue=lambda: len(measured) < budget), measured
+
+
+def test_finds_the_best_point_from_a_bad_start_without_measuring_any_point_twice() -> None:
+    result, measured = run({"instances": 1, "max_queue_delay_us": 5000})
+    assert result.best is not None and result.best.config == {"instances": 3, "max_queue_delay_us": 1000}
+    assert len({key(c) for c in measured}) == len(measured)
+    assert result.moves[0][:3] == ("max_queue_delay_us", 5000, 2500)  # every instance count fails at 5000 us
+
+
+def test_a_failed_point_is_kept_and_loses() -> None:
+    result, _ = run({"instances": 3, "max_queue_delay_us": 2500})
+    failed = [p for p in result.points if p.rate is None]
+    assert failed and failed[0].config["max_queue_delay_us"] == 5000
+    assert result.best is not None and result.best.rate is not None
+
+
+def test_the_budget_stops_the_search_and_keeps_what_was_measured() -> None:
+    result, measured = run({"instances": 1, "max_queue_delay_us": 0}, budget=3)
+    assert result.stopped == "time budget" and len(result.points) == len(measured) == 3
+    assert result.best is max(result.points, key=lambda p: p.score)
+
+
+def test_moves_below_the_noise_margin_are_not_taken() -> None:
+    def flat(label: str, config: dict[str, Any]) -> Point:
+        return Point(label, config, 100.0 + config["instances"] * 0.5)  # +0.5 % per instance: noise
+
+    result = coordinate_descent(flat, {"instances": 1, "max_queue_delay_us": 0}, SPACE, can_continue=lambda: True)
+    assert result.moves == []
+
+
+def test_the_reason_names_the_winner_the_defaults_and_each_move() -> None:
+    result, _ = run({"instances": 1, "max_queue_delay_us": 5000})
+    baseline = Point("defaults", {"instances": 1, "max_queue_delay_us": 2000}, 50.0)
+    text = reason(result, baseline)
+    assert "instances=3" in text and "50.0 req/s" in text and "+100%" in text
+    assert "max_queue_delay_us 5000 -> 2500" in text
+    assert reason(result, result.best).count("manifest's own setting") == 1

@@ -1,0 +1,57 @@
+"""The tuner's search space: candidate values seeded from the SLO, the cores and the engine's launch times."""
+
+from __future__ import annotations
+
+from tritonbundle.manifest import Tunables
+from tritonbundle.tune.space import ORDER, Knob, describe, key, space
+
+
+def test_every_knob_is_a_manifest_tunable() -> None:
+    assert set(ORDER) <= set(Tunables.__dataclass_fields__)
+
+
+def test_queue_delays_stay_within_a_tenth_of_the_slo() -> None:
+    delays = space(slo_ms=50, cores=2, text=True, gpu=False).knob("max_queue_delay_us").values
+    assert delays[0] == 0 and max(delays) == 5000
+    assert space(slo_ms=10, cores=2, text=True, gpu=False).knob("max_queue_delay_us").values[-1] == 1000
+
+
+def test_instances_bounded_by_the_cores() -> None:
+    assert space(slo_ms=50, cores=2, text=True, gpu=False).knob("instances").values == (1, 2)
+    assert space(slo_ms=50, cores=16, text=True, gpu=True).knob("instances").values[-1] == 8
+
+
+def test_launch_times_cut_the_batch_buckets_where_a_launch_outgrows_half_the_slo() -> None:
+    launch = {(1, 64): 1.0, (32, 512): 12.0, (64, 512): 24.0, (128, 512): 51.0}
+    s = space(slo_ms=50, cores=16, text=True, gpu=True, launch_ms=launch)
+    assert max(max(b) for b in s.knob("batch_buckets").values) == 64
+    assert any("at 128" in n for n in s.notes)
+    everything_fits = space(slo_ms=500, cores=16, text=True, gpu=True, launch_ms=launch)
+    assert max(max(b) for b in everything_fits.knob("batch_buckets").values) == 256
+
+
+def test_a_model_without_a_tokenizer_has_no_tokenizer_knobs() -> None:
+    names = [k.name for k in space(slo_ms=50, cores=4, text=False, gpu=False).knobs]
+    assert "tokenizer_instances" not in names and "instances" in names
+
+
+def test_neighbours_and_the_nearest_value_for_an_off_grid_start() -> None:
+    knob = Knob("max_queue_delay_us", (0, 500, 1000, 2500, 5000))
+    assert knob.neighbours(1000) == [500, 2500]
+    assert knob.neighbours(0) == [500]
+    assert knob.neighbours(40000) == [5000]
+    buckets = Knob("batch_buckets", ((1,), (1, 8), (1, 8, 32)))
+    assert buckets.neighbours((1, 8)) == [(1,), (1, 8, 32)]
+
+
+def test_key_and_describe_treat_lists_and_tuples_alike() -> None:
+    assert key({"batch_buckets": [1, 8], "instances": 2}) == key({"instances": 2, "batch_buckets": (1, 8)})
+    assert describe({"instances": 2, "batch_buckets": (1, 8)}) == "batch_buckets=[1, 8], instances=2"
+
+
+def test_the_start_and_the_defaults_join_the_candidates() -> None:
+    s = space(slo_ms=50, cores=2, text=True, gpu=False,
+              include=({"max_queue_delay_us": 2000, "batch_buckets": [1, 16]}, {"max_queue_delay_us": 20000}))
+    assert s.knob("max_queue_delay_us").values == (0, 500, 1000, 2000, 2500, 5000, 20000)
+    assert s.knob("max_queue_delay_us").neighbours(2000) == [1000, 2500]
+    assert (1, 16) in s.knob("batch_buckets").values

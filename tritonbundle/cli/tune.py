@@ -1,0 +1,145 @@
+"""``tritonbundle tune``: the serving configuration from the traffic sample and an SLO."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tritonbundle import runtimes
+from tritonbundle.cli import defaults
+from tritonbundle.errors import ConfigError
+from tritonbundle.manifest import PRECISIONS, TARGETS, Tunables
+from tritonbundle.tune.space import ORDER
+
+
+def _knobs(text: str) -> tuple[str, ...]:
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    unknown = [n for n in names if n not in ORDER]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown knob(s) {', '.join(unknown)}; known: {', '.join(ORDER)}")
+    return names
+
+
+def _start(text: str) -> dict[str, Any]:
+    """``instances=1,max_queue_delay_us=0,batch_buckets=[1]``: YAML values, as in the manifest."""
+    known = {f.name for f in Tunables.__dataclass_fields__.values()}
+    out: dict[str, Any] = {}
+    for item in _split_top(text):
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not sep or name not in known:
+            raise argparse.ArgumentTypeError(f"--start: {item!r} is not <manifest key>=<value> (keys: {', '.join(ORDER)}, ...)")
+        parsed = yaml.safe_load(value)
+        out[name] = tuple(parsed) if isinstance(parsed, list) else parsed
+    return out
+
+
+def _split_top(text: str) -> list[str]:
+    """Split on commas outside brackets."""
+    parts, depth, current = [], 0, ""
+    for ch in text:
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += ch
+    return [p for p in (*parts, current) if p.strip()]
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from tritonbundle.tune.run import TuneOptions, run_tune
+
+    overrides = {key: getattr(args, key) for key in ("target", "runtime", "precision") if getattr(args, key, None)}
+    manifest, artifacts, tuned = args.manifest, args.artifacts, None
+    server_args: tuple[str, ...] = ()
+    if args.bench_model:
+        manifest, artifacts, server_args = _bench_workspace(args)
+    elif args.write:
+        tuned = args.manifest
+    else:
+        tuned = args.manifest.with_name(f"{args.manifest.stem}.tuned{args.manifest.suffix}")
+    options = TuneOptions(
+        out=args.out, manifest=manifest, artifacts=artifacts, slo_ms=args.slo_p99_ms, budget_s=args.budget_s,
+        model=args.model, traffic=args.traffic, overrides=overrides, start=args.start, knobs=args.knobs,
+        window_s=args.window_s, load_procs=args.load_procs or 1, start_rate=args.start_rate, work=args.work,
+        tuned_manifest=tuned, extra_server_args=server_args,
+    )
+    result = run_tune(options)
+    print(f"report: {args.out}/tune.md {args.out}/tune.json {args.out}/tune.png")
+    if result.get("reason"):
+        print(f"why: {result['reason']}")
+    winner = result.get("winner")
+    if not winner:
+        print("no configuration met the SLO: see tune.md for what each one did")
+        return 1
+    print(f"winner: {args.out}/winner.yaml" + (f"; manifest with it: {tuned}" if tuned else ""))
+    return 0
+
+
+def _bench_workspace(args: argparse.Namespace) -> tuple[Path, Path, tuple[str, ...]]:
+    """The benchmark's manifest for ``--bench-model`` (pytorch runtime, its hand-set serving settings,
+    the synthetic chat traffic) written under the work folder: how the tuner runs on the GPU machine."""
+    from tritonbundle import traffic
+    from tritonbundle.bench.options import BenchOptions
+    from tritonbundle.bench.workspace import (
+        SERVER_ARGS,
+        load_procs,
+        prepare_process_env,
+        tokenizer_file,
+        write_manifest,
+    )
+    from tritonbundle.recipes import BENCH_MODELS
+
+    if args.work is None:
+        raise ConfigError("--bench-model needs --work (the benchmark's manifest, weights and repositories go there)")
+    if args.bench_model not in BENCH_MODELS:
+        raise ConfigError(f"--bench-model: known: {', '.join(BENCH_MODELS)}")
+    prepare_process_env()
+    args.work.mkdir(parents=True, exist_ok=True)
+    bench = BenchOptions(out=args.out, device=args.device, slo_ms=args.slo_p99_ms, models=(args.bench_model,),
+                         instances=2 if args.device == "cuda" else 1)
+    sample = traffic.load(args.traffic) if args.traffic else traffic.synthetic("chat", n=10_000, seed=0)
+    traffic_path = traffic.dump(sample, args.work / "traffic.jsonl")
+    recipe = BENCH_MODELS[args.bench_model]
+    manifest = write_manifest(recipe, bench, args.work / "bench", traffic_path, tokenizer_file())
+    args.model = recipe.model_name
+    args.load_procs = load_procs(args.load_procs)
+    return manifest, args.work / "bench" / "artifacts", SERVER_ARGS if args.device == "cuda" else ()
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "tune", help="pick instances, queue delays, batch sizes from the traffic sample and a p99 SLO, on the real server",
+        description="Measure candidate serving configurations on the real tritonserver: each is written by the "
+                    "build stage (the manifest plus overrides), served, and driven by the traffic sample at rising "
+                    "rates until p99 misses the SLO. A coordinate descent over the knobs picks the next candidate. "
+                    "Writes tune.md/.json/.png and winner.yaml to --out and the manifest with the winner beside "
+                    "the manifest (<name>.tuned.yaml, or the manifest itself with --write).",
+    )
+    p.add_argument("--slo-p99-ms", type=float, default=50.0, help="p99 latency SLO, end to end through the ensemble")
+    p.add_argument("--budget-s", type=float, default=300.0, help="wall time for the whole search; results are kept as it goes")
+    p.add_argument("--manifest", type=Path, default=defaults.MANIFEST, help="models manifest (YAML)")
+    p.add_argument("--artifacts", type=Path, default=defaults.ARTIFACTS, help="ONNX files, plans, logs")
+    p.add_argument("--model", help="the text-embedding model to tune (default: the manifest's first)")
+    p.add_argument("--traffic", type=Path, help="traffic sample (JSON Lines); overrides the manifest's")
+    p.add_argument("--target", choices=TARGETS, help="override the manifest's target server")
+    p.add_argument("--runtime", choices=runtimes.names(), help="override the model's runtime")
+    p.add_argument("--precision", choices=PRECISIONS, help="override the model's precision")
+    p.add_argument("--start", type=_start, default={},
+                   help="where the search starts, as manifest keys: 'instances=1,max_queue_delay_us=0,batch_buckets=[1]' "
+                        "(default: the manifest's values)")
+    p.add_argument("--knobs", type=_knobs, default=ORDER, help=f"knobs to search, in this order (default: {','.join(ORDER)})")
+    p.add_argument("--window-s", type=float, default=3.0, help="measured seconds per load level")
+    p.add_argument("--start-rate", type=float, default=4.0, help="first offered load of the first point (req/s)")
+    p.add_argument("--load-procs", type=int, default=0, help="load generator processes (default: 1; --bench-model: cores/2 - 1)")
+    p.add_argument("--out", type=Path, default=defaults.TUNE_REPORT, help="report folder")
+    p.add_argument("--write", action="store_true", help="write the winner into the manifest itself (keeps <manifest>.bak)")
+    p.add_argument("--work", type=Path, help="keep each point's repository and server log here (default: a temporary folder)")
+    p.add_argument("--bench-model", help="tune the benchmark's model (minilm, bert-base) with its manifest: the GPU machine's run")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="with --bench-model: where the encoder runs")
+    p.set_defaults(func=cmd_tune)

@@ -1,0 +1,148 @@
+"""What a tune run leaves behind, in its report folder:
+
+* ``tune.json``: every point measured (configuration, rate at the SLO, p50/p99 there, CPU and GPU
+  use, every load level), the winner, the shipped defaults' point and the reason; rewritten after
+  every point, so an interrupted run keeps what it measured
+* ``tune.md``: the same as a table, with the reason in plain words
+* ``tune.png``: p99 against offered load for every point, and the throughput/latency front
+* ``winner.yaml``: the winning overrides, as manifest keys
+
+and, beside the manifest, a copy of it with the winner written into the tuned model's entry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tritonbundle.bench.report import write_json
+from tritonbundle.errors import ConfigError
+from tritonbundle.tune.search import Point, Result, reason
+from tritonbundle.tune.space import Config, Space, describe
+
+
+def _point_json(point: Point | None) -> dict[str, Any] | None:
+    if point is None:
+        return None
+    return {"label": point.label, "config": point.config, "rate": point.rate,
+            "p50_ms": point.detail.get("p50_ms"), "p99_ms": point.detail.get("p99_ms")}
+
+
+def summary(found: Result, baseline: Point | None, searched: Space) -> dict[str, Any]:
+    """The verdict of a search: the winner, the defaults' point, the moves and why."""
+    return {
+        "winner": _point_json(found.best), "baseline": _point_json(baseline), "search_stopped": found.stopped,
+        "moves": [{"knob": k, "from": a, "to": b, "rate_before": r0, "rate_after": r1} for k, a, b, r0, r1 in found.moves],
+        "reason": reason(found, baseline),
+    }
+
+
+def write(result: dict[str, Any], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(result, out / "tune.json")
+    (out / "tune.md").write_text(markdown(result))
+    with contextlib.suppress(Exception):  # a plot is a convenience: never lose the numbers to it
+        plot(result, out / "tune.png")
+    winner = result.get("winner")
+    if winner:
+        (out / "winner.yaml").write_text(yaml.safe_dump(_yaml_config(winner["config"]), sort_keys=False))
+
+
+def _yaml_config(config: Config) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in config.items()}
+
+
+def _f(value: Any, spec: str = ",.1f") -> str:
+    return format(value, spec) if isinstance(value, (int, float)) else "-"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [f"# tune: {result.get('model')}, p99 <= {result.get('slo_p99_ms')} ms", ""]
+    status = result.get("status")
+    lines.append(f"Status: {status}; budget {_f(result.get('budget_s'), '.0f')} s; command: `{result.get('command', '')}`")
+    lines.append("")
+    if result.get("reason"):
+        lines += [f"**Why:** {result['reason']}.", ""]
+    for note in (result.get("space") or {}).get("notes", []):
+        lines.append(f"- {note}")
+    lines += ["", "| # | point | configuration | req/s at SLO | p50 ms | p99 ms | server CPU cores | GPU util % | start s | status |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    winner = (result.get("winner") or {}).get("config")
+    for i, p in enumerate(result.get("points", [])):
+        d = p.get("detail", {})
+        mark = " **(winner)**" if winner is not None and p["config"] == winner else ""
+        gpu = d.get("gpu_util_mean")
+        lines.append(
+            f"| {i} | {p['label']}{mark} | {describe(p['config'])} | {_f(p.get('rate'))} | {_f(d.get('p50_ms'))} "
+            f"| {_f(d.get('p99_ms'))} | {_f(d.get('server_cores'), '.2f')} | {_f(gpu)} | {_f(d.get('startup_s'))} "
+            f"| {d.get('status', '')} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def plot(result: dict[str, Any], path: Path) -> Path | None:
+    """Left: p99 against offered load, one line per point. Right: each point's best level (rate at
+    the SLO, p99 there) with the front of points no other beats on both."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = [p for p in result.get("points", []) if (p.get("detail") or {}).get("sweep")]
+    if not points:
+        return None
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5), dpi=100)
+    best: list[tuple[float, float, str]] = []
+    for i, p in enumerate(points):
+        steps = sorted(p["detail"]["sweep"]["steps"], key=lambda s: s["offered_rps"])
+        left.plot([s["offered_rps"] for s in steps], [_ms(s["p99_ms"]) for s in steps], marker="o", markersize=3,
+                  label=f"{i}: {p['label']}")
+        if p.get("rate") and p["detail"].get("p99_ms") is not None:
+            best.append((float(p["rate"]), float(p["detail"]["p99_ms"]), str(i)))
+    slo = float(result.get("slo_p99_ms") or 0)
+    left.axhline(slo, color="grey", linestyle=":", label="SLO")
+    left.set_xscale("log")
+    left.set_yscale("log")
+    left.set_xlabel("offered load (req/s)")
+    left.set_ylabel("p99 latency (ms)")
+    left.set_title("p99 against offered load, per configuration")
+    left.legend(fontsize=6)
+    if best:
+        right.scatter([b[0] for b in best], [b[1] for b in best], color="#4C72B0")
+        for rate, p99, label in best:
+            right.annotate(label, (rate, p99), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        front = sorted((b for b in best if not any(o[0] >= b[0] and o[1] < b[1] or o[0] > b[0] and o[1] <= b[1]
+                                                   for o in best)), key=lambda b: b[0])
+        right.plot([b[0] for b in front], [b[1] for b in front], color="#C44E52", label="front")
+        right.legend(fontsize=7)
+    right.set_xlabel("rate at the SLO (req/s)")
+    right.set_ylabel("p99 at that rate (ms)")
+    right.set_title("throughput / latency of each configuration")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _ms(value: Any) -> float:
+    return float("nan") if value in (None, "inf") else float(value)
+
+
+def tuned_manifest(manifest: Path, model: str, config: Config, destination: Path) -> Path:
+    """``manifest`` with ``config`` written into ``model``'s entry, saved as ``destination`` (its
+    folder should be the manifest's: the paths inside stay relative to it). Writing over the
+    manifest itself keeps the previous one as ``<manifest>.bak``; YAML comments are not kept."""
+    data = yaml.safe_load(manifest.read_text())
+    entry = next((m for m in data.get("models", []) if m.get("name") == model), None)
+    if entry is None:
+        raise ConfigError(f"{manifest}: no model named {model!r} to write the tuned settings into")
+    entry.update(_yaml_config(config))
+    if destination.resolve() == manifest.resolve():
+        shutil.copyfile(manifest, manifest.with_name(manifest.name + ".bak"))
+    header = f"# {manifest.name} with the settings `tritonbundle tune` picked for {model}\n"
+    destination.write_text(header + yaml.safe_dump(data, sort_keys=False))
+    return destination

@@ -1,0 +1,279 @@
+"""``tritonbundle tune``, the I/O: each candidate configuration is written by the build stage (the
+manifest plus overrides, the same code path as ``tritonbundle build``), served by the real
+tritonserver, and driven by the benchmark's open-model load generator on the traffic sample; its rate
+at the SLO comes from the measurement core's rate search. Results are written after every point, so
+an interrupted run keeps what it measured; a configuration that fails to load is recorded and skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tritonbundle.build.stage import BuildOptions, build, load_manifest
+from tritonbundle.errors import ConfigError, TritonBundleError
+from tritonbundle.log import LOG, step
+from tritonbundle.manifest import ModelSpec
+from tritonbundle.measure import triton_metrics
+from tritonbundle.measure.latency import Slo, StepResult
+from tritonbundle.measure.loadgen import LoadError, LoadPool
+from tritonbundle.measure.probes import CpuMeter, GpuSampler
+from tritonbundle.measure.search import search_rate
+from tritonbundle.server import ServerOptions, TritonServer
+from tritonbundle.tune import report
+from tritonbundle.tune.search import Point, Result, coordinate_descent
+from tritonbundle.tune.space import ORDER, Config, Space, describe, key, space
+
+
+@dataclass
+class TuneOptions:
+    out: Path
+    manifest: Path
+    artifacts: Path
+    slo_ms: float = 50.0
+    budget_s: float = 300.0
+    model: str | None = None
+    traffic: Path | None = None
+    #: Applied to every candidate (``--target``, ``--runtime``, ``--precision``).
+    overrides: dict[str, Any] = field(default_factory=dict)
+    #: Where the search starts (tunables); empty: the manifest's own values.
+    start: dict[str, Any] = field(default_factory=dict)
+    knobs: tuple[str, ...] = ORDER
+    window_s: float = 3.0
+    load_procs: int = 1
+    start_rate: float = 4.0
+    max_rate: float = 100_000.0
+    work: Path | None = None
+    #: Where the manifest with the winner written in goes (None: only ``winner.yaml`` in ``out``).
+    tuned_manifest: Path | None = None
+    extra_server_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.budget_s < 20:
+            raise ConfigError("--budget-s must be at least 20 seconds (a few load levels of one configuration)")
+        if self.slo_ms <= 0:
+            raise ConfigError("--slo-p99-ms must be > 0")
+
+
+class _Clock:
+    def __init__(self, budget_s: float) -> None:
+        self.deadline = time.monotonic() + budget_s
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+
+def run_tune(options: TuneOptions) -> dict[str, Any]:
+    clock = _Clock(options.budget_s)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate)
+    options.out.mkdir(parents=True, exist_ok=True)
+    work = options.work or Path(tempfile.mkdtemp(prefix="tritonbundle-tune-"))
+    base = BuildOptions(manifest=options.manifest, artifacts=options.artifacts, traffic=options.traffic,
+                        overrides=dict(options.overrides), models=(options.model,) if options.model else ())
+    spec = _spec(base, options.model)
+    traffic_path = options.traffic or spec.traffic
+    if traffic_path is None:
+        raise ConfigError(f"model {spec.name}: tuning draws requests from a traffic sample: set 'traffic' or --traffic")
+    defaults: Config = {k: getattr(spec, k) for k in options.knobs if hasattr(spec, k)}
+    start = {**defaults, **options.start}
+    result: dict[str, Any] = {"command": "tritonbundle " + " ".join(sys.argv[1:]), "model": spec.name, "slo_p99_ms": options.slo_ms, "budget_s": options.budget_s,
+                              "manifest": str(options.manifest), "overrides": options.overrides, "defaults": defaults,
+                              "start": start, "points": [], "status": "running"}
+    gpu = GpuSampler().start() if spec.target == "gpu" else None
+    pool = LoadPool(options.load_procs, work / "logs", "tune").start()
+    points: list[Point] = []
+
+    def save() -> None:
+        result["points"] = [dataclasses.asdict(p) for p in points]
+        report.write(result, options.out)
+
+    def measure(label: str, config: Config) -> Point:
+        t0 = time.monotonic()
+        # The ladder starts below the best rate any point sustained: the first levels of a good
+        # configuration would only confirm what is already known.
+        known = max((p.score for p in points), default=0.0)
+        start_rate = max(options.start_rate, known / 4)
+        point = _measure(label, config, options, base, spec, Path(traffic_path), work, pool, gpu, clock, len(points),
+                         start_rate)
+        point.detail["seconds"] = round(time.monotonic() - t0, 1)
+        points.append(point)
+        LOG.info("    %s: %s -> %s", label, describe(config),
+                 f"{point.rate:,.1f} req/s at the SLO" if point.rate else point.detail.get("status", "missed"))
+        save()
+        return point
+
+    try:
+        step(f"tune {spec.name}: p99 <= {options.slo_ms:g} ms, {options.budget_s:.0f} s")
+        first = measure("start", start)
+        # The shipped defaults are always measured (second, so an early stop still reports them):
+        # the winner must beat them on the same measurement.
+        baseline = first if start == defaults else measure("the manifest's defaults", defaults)
+        launch_ms = {_shape(text): float(ms) for text, ms in (first.detail.get("launch_ms_by_shape") or {}).items()}
+        searched = space(slo_ms=options.slo_ms, cores=os.cpu_count() or 1, text=spec.task == "text-embedding",
+                         gpu=spec.target == "gpu", launch_ms=launch_ms or None, knobs=options.knobs,
+                         include=(start, defaults))
+        result["space"] = {"knobs": {k.name: list(k.values) for k in searched.knobs}, "notes": list(searched.notes)}
+        # The descent steps from the better of the start and the defaults.
+        found = _search(measure, {key(p.config): p for p in points}, max(first, baseline, key=lambda p: p.score).config,
+                        searched, clock)
+        found.best = max((p for p in points if p.rate), key=lambda p: p.score, default=None)
+        result.update(report.summary(found, baseline, searched))
+        result["status"] = "done"
+    except (KeyboardInterrupt, SystemExit):
+        result["status"] = "interrupted"
+        raise
+    finally:
+        pool.stop()
+        if gpu is not None:
+            gpu.stop()
+        save()
+        winner = result.get("winner")
+        if winner and options.tuned_manifest is not None:
+            report.tuned_manifest(options.manifest, spec.name, winner["config"], options.tuned_manifest)
+        if options.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _spec(base: BuildOptions, model: str | None) -> ModelSpec:
+    """The model to tune: ``model``, else the manifest's first text-embedding model (the load
+    generator sends texts through its ensemble)."""
+    specs = list(load_manifest(base).models)
+    if model is not None:
+        named = [s for s in specs if s.name == model]
+        if not named:
+            raise ConfigError(f"--model {model}: the manifest has {', '.join(s.name for s in specs)}")
+        specs = named
+    text = [s for s in specs if s.task == "text-embedding"]
+    if not text:
+        raise ConfigError("tune drives text requests through a text-embedding model's ensemble: "
+                          f"{model or 'the manifest'} has none")
+    return text[0]
+
+
+def _search(measure: Callable[[str, Config], Point], known: dict[Any, Point], start: Config, searched: Space,
+            clock: _Clock) -> Result:
+    def measure_or_reuse(label: str, config: Config) -> Point:
+        return known.get(key(config)) or measure(label, config)
+
+    def can_continue() -> bool:
+        """Time for another point like the ones so far (a point cut short says nothing)."""
+        durations = [float(p.detail.get("seconds", 0.0)) for p in known.values()]
+        return clock.left() > max(15.0, 0.8 * sum(durations) / max(1, len(durations)))
+
+    return coordinate_descent(measure_or_reuse, start, searched, can_continue=can_continue)
+
+
+def _measure(label: str, config: Config, options: TuneOptions, base: BuildOptions, spec: ModelSpec, traffic_path: Path,
+             work: Path, pool: LoadPool, gpu: GpuSampler | None, clock: _Clock, index: int, start_rate: float) -> Point:
+    folder = work / f"point-{index}"
+    stats_dir = folder / "stats"
+    stats_dir.mkdir(parents=True, exist_ok=True)
+    detail: dict[str, Any] = {"status": "ok"}
+    try:
+        build(dataclasses.replace(base, repository=folder / "model_repository", overrides={**base.overrides, **config}))
+    except TritonBundleError as e:
+        return Point(label, config, None, {"status": f"build failed: {e}"})
+    os.environ["TRITONBUNDLE_STATS_DIR"] = str(stats_dir)
+    server = TritonServer(ServerOptions(folder / "model_repository", http_port=0, grpc_port=0, metrics_port=0,
+                                        log_path=folder / "tritonserver.log", exit_timeout_s=5,
+                                        extra_args=list(options.extra_server_args)))
+    try:
+        started = time.monotonic()
+        server.start(wait=False)
+        server.wait_ready(timeout_s=min(300.0, max(20.0, clock.left() - 10)))
+        detail["startup_s"] = round(time.monotonic() - started, 1)
+        detail["launch_ms_by_shape"] = _launch_ms(stats_dir)
+        pool.setup(kind="grpc", url=server.grpc_url, model=spec.name, traffic=str(traffic_path), seed=index,
+                   timeout_s=max(1.0, 20 * options.slo_ms / 1000), ready_timeout_s=60)
+        assert server.process is not None
+        meter = CpuMeter({"server": server.process.pid, **{f"load{i}": p for i, p in enumerate(pool.pids)}})
+        # Unmeasured traffic first: the first requests after a start pay for lazy initialisation
+        # (sessions, shapes, stubs), which would otherwise land in the first level's p99.
+        pool.step(start_rate, warmup_s=max(1.0, options.window_s / 2), window_s=0.5, grace_s=1.0, seed=index)
+        sweep = search_rate(
+            lambda rate: _level(rate, options, pool, server, meter, gpu, index),
+            slo=Slo(p99_ms=options.slo_ms, max_failure_ratio=0.01), start=start_rate, factor=2.0, refine=2,
+            max_rate=options.max_rate, can_continue=lambda: clock.left() > options.window_s * 2 + 5,
+        )
+    except (TritonBundleError, LoadError) as e:
+        detail["status"] = f"failed: {(str(e).splitlines() or [type(e).__name__])[0]}"
+        return Point(label, config, None, detail)
+    finally:
+        server.stop(timeout_s=15)
+        os.environ.pop("TRITONBUNDLE_STATS_DIR", None)
+    best = sweep.best
+    detail.update({"sweep": sweep.to_json(), "stopped": sweep.stopped})
+    if best is not None:
+        cores = best.extra.get("cpu_cores") or {}
+        detail.update({"p50_ms": best.p50_ms, "p99_ms": best.p99_ms, "cpu_cores_by_process": cores,
+                       "server_cores": round(sum(v for k, v in cores.items() if k.startswith("server:")), 2),
+                       "gpu_util_mean": best.extra.get("gpu_util_mean"), "triton": best.extra.get("triton")})
+    else:
+        detail["status"] = f"no rate met the SLO ({sweep.stopped})"
+    return Point(label, config, sweep.best_rps, detail)
+
+
+def _level(rate: float, options: TuneOptions, pool: LoadPool, server: TritonServer, meter: CpuMeter,
+           gpu: GpuSampler | None, index: int) -> StepResult:
+    _drain(server.metrics_url, max_s=10.0)
+    before = (triton_metrics.scrape(server.metrics_url), meter.read(), time.monotonic())
+    warmup, grace = max(0.5, options.window_s / 4), min(2.0, max(1.0, 4 * options.slo_ms / 1000))
+    t0 = time.monotonic()
+    result = pool.step(rate, warmup_s=warmup, window_s=options.window_s, grace_s=grace, seed=index * 1000 + int(rate))
+    after = (triton_metrics.scrape(server.metrics_url), meter.read(), time.monotonic())
+    result.extra["triton"] = {v.model: v.to_json() for v in triton_metrics.view(before[0], after[0])}
+    result.extra["cpu_cores"] = CpuMeter.delta(before[1], after[1], after[2] - before[2])
+    if gpu is not None:
+        result.extra.update(gpu.window(t0 + warmup, t0 + warmup + options.window_s))
+    LOG.info("      %8.1f req/s offered: %8.1f answered/s, p99 %7.1f ms, failed %d", rate, result.achieved_rps,
+             result.p99_ms, result.failed)
+    return result
+
+
+def _drain(metrics_url: str, *, max_s: float) -> None:
+    deadline = time.monotonic() + max_s
+    while time.monotonic() < deadline and triton_metrics.pending_requests(metrics_url) > 0:
+        time.sleep(0.05)
+
+
+def _shape(text: str) -> tuple[int, int]:
+    batch, _, length = text.partition("x")
+    return int(batch), int(length)
+
+
+def _launch_ms(stats_dir: Path) -> dict[str, float] | None:
+    """"<batch>x<padded length>" -> ms per launch, as the pytorch runtime's engine timed its graphs
+    at start-up (the slowest instance's figure); None for runtimes that report none."""
+    from tritonbundle.runtimes.pytorch.stats import read_stats_info
+
+    timings: dict[str, float] = {}
+    for info in read_stats_info(stats_dir):
+        for shape, ms in (info.get("timings_ms") or {}).items():
+            timings[shape] = max(timings.get(shape, 0.0), float(ms))
+    return timings or None
+
+
+def winner_overrides(path: Path) -> dict[str, Any]:
+    """The winning configuration of a tune run (``tune.json``), to apply as manifest overrides."""
+    data = json.loads(path.read_text())
+    winner = data.get("winner")
+    if not winner:
+        raise ConfigError(f"{path}: the tune run found no configuration that met the SLO")
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in winner["config"].items()}

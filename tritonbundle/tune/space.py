@@ -1,0 +1,120 @@
+"""The search space: which knobs the tuner turns, the values it tries, and where it starts.
+
+Every knob is a manifest tunable (``tritonbundle.manifest.Tunables``), so a winner is a set of
+manifest overrides the build stage applies as it would any other. Candidate values are seeded from
+what can be computed before measuring: the queue delays from the SLO (a batcher that waits a tenth
+of the SLO has spent it), the instance counts from the cores, and, where the engine reports its
+launch times (the pytorch runtime's CUDA graphs), the batch sizes whose slowest launch fits in half
+the SLO.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+Config = dict[str, Any]
+
+#: The order the coordinate descent visits the knobs: the biggest effects first.
+ORDER = ("batch_buckets", "instances", "max_queue_delay_us", "tokenizer_instances", "tokenizer_queue_delay_us",
+         "preferred_batch_sizes")
+BUCKET_SETS: tuple[tuple[int, ...], ...] = (
+    (1,), (1, 8), (1, 8, 32), (1, 4, 16, 64), (1, 2, 4, 8, 16, 32, 64), (1, 2, 4, 8, 16, 32, 64, 128),
+    (1, 2, 4, 8, 16, 32, 64, 128, 256),
+)
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    values: tuple[Any, ...]
+
+    def neighbours(self, value: Any) -> list[Any]:
+        """The values next to ``value`` (its nearest candidate when it is not one)."""
+        if value in self.values:
+            i = self.values.index(value)
+        else:
+            i = min(range(len(self.values)), key=lambda j: abs(_scalar(self.values[j]) - _scalar(value)))
+            return [self.values[i]]
+        return [self.values[j] for j in (i - 1, i + 1) if 0 <= j < len(self.values)]
+
+
+def _scalar(value: Any) -> float:
+    if isinstance(value, tuple):
+        return float(max(value, default=0))
+    if isinstance(value, str):
+        return float(("none", "max", "buckets").index(value)) if value in ("none", "max", "buckets") else 0.0
+    return float(value)
+
+
+@dataclass(frozen=True)
+class Space:
+    knobs: tuple[Knob, ...]
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def knob(self, name: str) -> Knob:
+        return next(k for k in self.knobs if k.name == name)
+
+
+def space(*, slo_ms: float, cores: int, text: bool, gpu: bool, launch_ms: Mapping[tuple[int, int], float] | None = None,
+          knobs: Sequence[str] = ORDER, include: Sequence[Mapping[str, Any]] = ()) -> Space:
+    """The knobs to search for a model served under ``slo_ms`` on a machine with ``cores`` cores.
+
+    ``launch_ms``: the engine's measured time per launch at (batch, padded length), when it reports
+    them: batch sizes whose slowest launch takes more than half the SLO are left out. ``include``:
+    configurations whose values join the candidates (the start and the manifest's own settings, so
+    the search can step from them).
+    """
+    notes = []
+    slo_us = slo_ms * 1000
+    delays = tuple(sorted({0, int(slo_us / 100), int(slo_us / 50), int(slo_us / 20), int(slo_us / 10)}))
+    notes.append(f"queue delays {', '.join(f'{d} us' for d in delays)}: up to a tenth of the {slo_ms:g} ms SLO")
+    most = max(1, cores if not gpu else min(8, cores // 2))
+    instances = tuple(n for n in (1, 2, 3, 4, 6, 8) if n <= most) or (1,)
+    notes.append(f"instances up to {instances[-1]} ({cores} cores{', GPU' if gpu else ''})")
+    buckets = BUCKET_SETS
+    if launch_ms:
+        slowest = {b: max(t for (bb, _), t in launch_ms.items() if bb == b) for b, _ in launch_ms}
+        fits = [b for b, t in slowest.items() if t <= slo_ms / 2]
+        if len(fits) < len(slowest):  # else every measured size fits: nothing says where to stop
+            largest = max(fits, default=1)
+            buckets = tuple(s for s in BUCKET_SETS if max(s) <= largest) or ((1,),)
+            notes.append(f"batch buckets up to {largest}: the engine's slowest launch at {largest} rows "
+                         f"({slowest.get(largest, 0):.1f} ms) fits in half the SLO, at {min(set(slowest) - set(fits))} "
+                         "it does not")
+        else:
+            notes.append(f"batch buckets: the engine's slowest launch at {max(slowest)} rows takes "
+                         f"{slowest[max(slowest)]:.1f} ms, within half the SLO")
+    elif not gpu:
+        buckets = tuple(s for s in BUCKET_SETS if max(s) <= 64)
+    all_knobs = {
+        "batch_buckets": Knob("batch_buckets", buckets),
+        "instances": Knob("instances", instances),
+        "max_queue_delay_us": Knob("max_queue_delay_us", delays),
+        "tokenizer_instances": Knob("tokenizer_instances", tuple(n for n in (1, 2, 4, 6, 8) if n <= max(1, cores))),
+        "tokenizer_queue_delay_us": Knob("tokenizer_queue_delay_us", tuple(d for d in (0, 100, 200, 500, 1000) if d <= slo_us / 20)),
+        "preferred_batch_sizes": Knob("preferred_batch_sizes", ("none", "max", "buckets")),
+    }
+    chosen = [_with(all_knobs[k], [c[k] for c in include if k in c]) for k in knobs
+              if k in all_knobs and (text or not k.startswith("tokenizer_"))]
+    return Space(tuple(chosen), tuple(notes))
+
+
+def _with(knob: Knob, extra: Sequence[Any]) -> Knob:
+    """``knob`` with ``extra`` values among its candidates, in order."""
+    values = list(knob.values)
+    for value in extra:
+        value = tuple(value) if isinstance(value, list) else value
+        if value not in values:
+            values.append(value)
+    return Knob(knob.name, tuple(sorted(values, key=lambda v: (_scalar(v), len(v) if isinstance(v, tuple) else 0))))
+
+
+def key(config: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """A hashable identity of a configuration."""
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in config.items()))
+
+
+def describe(config: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={list(v) if isinstance(v, tuple) else v}" for k, v in sorted(config.items()))
