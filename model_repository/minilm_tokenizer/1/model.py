@@ -24,10 +24,10 @@ _HERE = Path(__file__).resolve().parent
 if (_HERE / "tritonbundle").is_dir() and sys.path[:1] != [str(_HERE)]:
     sys.path.insert(0, str(_HERE))  # the package modules the build copied next to this file
 
-import numpy as np  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
-from tritonbundle.contract import TokenizerParameters, pad_length  # noqa: E402
+from tritonbundle.contract import TokenizerParameters  # noqa: E402
+from tritonbundle.runtimes.tokenizer.batch import tokenize  # noqa: E402
 
 try:
     import triton_python_backend_utils as pb_utils
@@ -91,23 +91,21 @@ class TritonPythonModel:
         return texts
 
     def execute(self, requests: list[Any]) -> list[Any]:
-        responses = []
-        for request in requests:
+        """One tokenizer call for every text of every request in the dynamic batch."""
+        responses: list[Any] = [None] * len(requests)
+        texts: list[str] = []
+        good: list[tuple[int, int, int]] = []  # (request, first text, number of texts)
+        for index, request in enumerate(requests):
             try:
-                texts = self._texts(request)
+                mine = self._texts(request)
             except RequestError as e:
-                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=_error(str(e))))
+                responses[index] = pb_utils.InferenceResponse(output_tensors=[], error=_error(str(e)))
                 continue
-            encodings = self.tokenizer.encode_batch(texts)
-            length = pad_length(max(len(e.ids) for e in encodings), self.targets)
-            ids = np.full((len(texts), length), self.pad_id, dtype=np.int64)
-            mask = np.zeros((len(texts), length), dtype=np.int64)
-            for row, enc in enumerate(encodings):
-                ids[row, : len(enc.ids)] = enc.ids
-                mask[row, : len(enc.ids)] = 1
-            responses.append(
-                pb_utils.InferenceResponse(
-                    output_tensors=[pb_utils.Tensor(self.ids_name, ids), pb_utils.Tensor(self.mask_name, mask)]
-                )
+            good.append((index, len(texts), len(mine)))
+            texts.extend(mine)
+        tokens = tokenize(self.tokenizer, texts, [(s, n) for _, s, n in good], self.targets, self.pad_id)
+        for (index, _, _), (ids, mask) in zip(good, tokens):
+            responses[index] = pb_utils.InferenceResponse(
+                output_tensors=[pb_utils.Tensor(self.ids_name, ids), pb_utils.Tensor(self.mask_name, mask)]
             )
         return responses
