@@ -11,7 +11,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "tritonbundle"
 #: Lowest first. A unit may import its own modules and units of lower layers only.
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"__init__", "contract", "errors"}),
+    frozenset({"__init__", "contract", "errors", "canary"}),
     frozenset({"log", "files"}),
     frozenset({"proc", "modelconfig", "traffic"}),
     frozenset({"manifest", "payloads"}),

@@ -15,6 +15,7 @@ import contextlib
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import time
 import urllib.request
@@ -122,6 +123,40 @@ def stop_group(proc: subprocess.Popen[Any], *, grace_s: float = 10.0) -> int | N
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
     return proc.returncode
+
+
+def port_free(address: str, port: int) -> bool:
+    """True when ``address:port`` can be bound (nobody listens there)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind: TIME_WAIT is not "taken"
+        try:
+            s.bind((address, port))
+        except OSError:
+            return False
+    return True
+
+
+def port_holder(port: int) -> str:
+    """Who listens on TCP ``port``: "pid 123 (tritonserver --model-repository=...)", read from /proc;
+    "an unknown process" when that cannot be read (another user's, or not Linux)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(fields[9])
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for fd in (entry / "fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:[") and target[8:-1] in inodes:
+                    cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+                    return f"pid {entry.name} ({cmd[:120]})"
+    return "an unknown process"
 
 
 def http_ok(url: str, *, timeout_s: float = 2.0) -> bool:

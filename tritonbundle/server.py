@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tritonbundle import proc
+from tritonbundle.canary import Canary
 from tritonbundle.contract import RESTRICTED_APIS, RESTRICTED_HEADER
 from tritonbundle.errors import ServerError
 from tritonbundle.log import LOG
@@ -186,6 +187,7 @@ class TritonServer:
     options: ServerOptions
     installation: Installation | None = None
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    _log_offset: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         o = self.options
@@ -249,11 +251,33 @@ class TritonServer:
         if not repo.is_dir():
             raise ServerError(f"model repository {repo} does not exist (run `tritonbundle repo` first)")
         assert self.installation is not None
+        self._check_ports()
         LOG.debug("starting %s", redact(" ".join(self.command()), o.restricted_api_key))
+        log = Path(o.log_path) if o.log_path else None
+        self._log_offset = log.stat().st_size if log is not None and log.exists() else 0
         self.process = proc.start_group(self.command(), log=o.log_path, env=self.installation.env)
         if wait:
             self.wait_ready(timeout_s=ready_timeout_s)
         return self
+
+    def _check_ports(self) -> None:
+        """Refuse to start on a port someone else holds: the readiness poll would ask them, not us."""
+        o = self.options
+        for what, port in (("HTTP", o.http_port), ("gRPC", o.grpc_port), ("metrics", o.metrics_port)):
+            if not proc.port_free(o.address, port):
+                raise ServerError(f"the {what} port {o.address}:{port} is taken by {proc.port_holder(port)}: "
+                                  "stop it or choose another port")
+
+    def came_up(self) -> bool:
+        """Whether the last start reached serving (its log says the endpoints started), even if it
+        went down before the readiness poll saw it."""
+        path = self.options.log_path
+        if path is None or not Path(path).exists():
+            return False
+        with open(path, "rb") as f:
+            f.seek(self._log_offset)
+            text = f.read().decode(errors="replace")
+        return "Started HTTPService" in text or "Started GRPCInferenceService" in text
 
     def is_ready(self) -> bool:
         return proc.http_ok(f"http://{self.http_url}/v2/health/ready")
@@ -268,7 +292,7 @@ class TritonServer:
                 )
             if self.is_ready():
                 return
-            time.sleep(0.25)
+            time.sleep(0.1)
         self.stop()
         raise ServerError(f"tritonserver was not ready after {timeout_s:g} s\n{self.log_tail()}")
 
@@ -298,38 +322,76 @@ class TritonServer:
 def supervise(
     server: TritonServer, *, restart: bool, max_restarts: int = 10, backoff_s: float = 1.0,
     stop_event: threading.Event | None = None, ready_timeout_s: float = 120.0, already_started: bool = False,
+    canary: Canary | None = None, canary_interval_s: float = 5.0, canary_misses: int = 2, healthy_reset_s: float = 60.0,
 ) -> int:
-    """Run the server until it exits or ``stop_event`` is set; restart it after a crash if asked.
+    """Run the server until ``stop_event`` is set. It is down when its process exits, or when the
+    ``canary`` finds a model that cannot answer ``canary_misses`` times in a row (every
+    ``canary_interval_s``): a dead Python stub, which Triton 2.51 still reports READY.
 
-    Restarts use exponential backoff (capped at 30 s) and give up after ``max_restarts`` crashes in
-    a row that never reached READY.
+    Without ``restart`` a down server ends the run with a non-zero code and the reason logged (so
+    compose or Kubernetes restart the container). With it, the server is restarted after a backoff
+    that doubles per crash (1 s, 2 s, ... at most 30 s) and resets once it has stayed up
+    ``healthy_reset_s``. Only a start that never came up (no READY, and no "Started" line in its log:
+    a poison request can crash a server before the readiness poll sees it) counts towards
+    ``max_restarts``; that many in a row end the run with :class:`ServerError`.
     """
     stop_event = stop_event or threading.Event()
-    failures = 0
+    failed_starts = crashes = 0
     if not already_started:
         server.start(ready_timeout_s=ready_timeout_s)
+    up_since = time.monotonic()
     while True:
-        assert server.process is not None
-        while not stop_event.is_set() and server.process.poll() is None:
-            stop_event.wait(0.5)
-        if stop_event.is_set():
+        reason = _watch(server, stop_event, canary, canary_interval_s, canary_misses)
+        if reason is None:
             return server.stop() or 0
-        code = server.process.returncode
-        LOG.warning("tritonserver exited with code %s", code)
+        # A server whose models cannot answer would drain for its whole exit timeout, waiting on
+        # requests a dead stub never finishes: a short grace, then SIGKILL.
+        grace = min(2.0, server.options.exit_timeout_s + 1.0)
         if not restart:
-            server.stop()
+            LOG.error("%s: stopping (run with --restart to restart it here)", reason)
+            code = server.stop(timeout_s=grace)
             return code if code else 1
-        failures += 1
-        if failures > max_restarts:
-            raise ServerError(f"tritonserver crashed {failures} times in a row; giving up\n{server.log_tail()}")
-        delay = min(30.0, backoff_s * 2 ** (failures - 1))
-        LOG.info("restarting tritonserver in %.1f s (restart %d of at most %d)", delay, failures, max_restarts)
-        server.stop()
+        crashes = 1 if time.monotonic() - up_since >= healthy_reset_s else crashes + 1
+        delay = min(30.0, backoff_s * 2 ** (crashes - 1))
+        LOG.warning("%s: restarting tritonserver in %.1f s", reason, delay)
+        server.stop(timeout_s=grace)
         if stop_event.wait(delay):
             return 0
         try:
             server.start(ready_timeout_s=ready_timeout_s)
-            failures = 0
+            failed_starts = 0
+            up_since = time.monotonic()
             LOG.info("tritonserver is ready again")
         except ServerError as e:
-            LOG.warning("restart failed: %s", str(e).splitlines()[0])
+            if server.came_up():
+                LOG.warning("tritonserver came up and went down before it was seen ready: %s", str(e).splitlines()[0])
+                continue
+            failed_starts += 1
+            LOG.warning("restart %d of at most %d failed: %s", failed_starts, max_restarts, str(e).splitlines()[0])
+            if failed_starts >= max_restarts:
+                raise ServerError(f"tritonserver failed to start {failed_starts} times in a row; giving up\n"
+                                  f"{server.log_tail()}") from e
+
+
+def _watch(server: TritonServer, stop_event: threading.Event, canary: Canary | None, interval_s: float,
+           misses_allowed: int) -> str | None:
+    """Wait until the server is down (the reason) or ``stop_event`` is set (None)."""
+    misses = 0
+    next_probe = time.monotonic() + interval_s
+    while not stop_event.wait(0.25):
+        process = server.process
+        if process is None or process.poll() is not None:
+            return f"tritonserver exited with code {None if process is None else process.returncode}"
+        if canary is None or time.monotonic() < next_probe:
+            continue
+        problems = [p for p in canary.check() if p.fatal]
+        next_probe = time.monotonic() + interval_s
+        if not problems:
+            misses = 0
+            continue
+        misses += 1
+        text = "; ".join(str(p) for p in problems)
+        LOG.warning("canary %d of %d: %s", misses, misses_allowed, text)
+        if misses >= misses_allowed:
+            return f"models do not answer ({text})"
+    return None

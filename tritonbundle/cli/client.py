@@ -6,10 +6,11 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tritonbundle.cli import defaults
-from tritonbundle.errors import TritonBundleError
+from tritonbundle.errors import ConfigError, TritonBundleError
 
 if TYPE_CHECKING:
     from tritonbundle.clients.sync import _BaseClient
@@ -57,9 +58,19 @@ def cmd_load(args: argparse.Namespace) -> int:
 
 def cmd_health(args: argparse.Namespace) -> int:
     with client(args, check_model=False) as c:
-        health = c.health()
+        health: dict[str, object] = dict(c.health())
+    if args.canary:
+        from tritonbundle.canary import Canary, served_models
+
+        if args.protocol != "http":
+            raise ConfigError("--canary sends its requests over HTTP: pass the HTTP address")
+        models = served_models(args.repository) if args.repository else [args.model]
+        url = args.url or os.environ.get(defaults.URL_ENV) or defaults.HTTP_URL
+        problems = Canary(f"http://{url}", models, timeout_s=args.timeout_s).check()
+        health["answers"] = not any(p.fatal for p in problems)
+        health["problems"] = [str(p) for p in problems]
     print(json.dumps(health))
-    return 0 if health["live"] and health["ready"] else 1
+    return 0 if health["live"] and health["ready"] and health.get("answers", True) else 1
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -99,8 +110,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         p.add_argument("names", nargs="+", metavar="MODEL")
         p.set_defaults(func=cmd_load)
 
-    p = sub.add_parser("health", help="server liveness and readiness")
+    p = sub.add_parser("health", help="server liveness and readiness (--canary: and that the models answer)")
     _connection(p)
+    p.add_argument("--canary", action="store_true",
+                   help="also send the smallest real request to --model (or every model of --repository): "
+                        "Triton 2.51 says ready while a model's Python stub is dead")
+    p.add_argument("--repository", type=Path, help="with --canary: probe every model of this repository folder")
     p.set_defaults(func=cmd_health)
 
     p = sub.add_parser("models", help="models in the repository: versions, states, batching")

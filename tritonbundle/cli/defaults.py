@@ -26,6 +26,8 @@ METRICS_PORT = 8002
 EXIT_TIMEOUT_S = 30
 READY_TIMEOUT_S = 180.0
 MAX_RESTARTS = 10
+CANARY_INTERVAL_S = 2.0
+CANARY_TIMEOUT_S = 4.0
 
 # -- clients ------------------------------------------------------------------------------------------
 MODEL = "minilm"

@@ -14,6 +14,7 @@ from tritonbundle.log import LOG, step
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from tritonbundle.canary import Canary, served_models
     from tritonbundle.errors import ServerError
     from tritonbundle.runtimes.tensorrt import serving
     from tritonbundle.server import ServerOptions, TritonServer, supervise
@@ -52,8 +53,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
              f"  (log: {args.log_file})" if args.log_file else "")
     if args.ready_file:
         args.ready_file.write_text(json.dumps({"http": server.http_url, "grpc": server.grpc_url, "metrics": server.metrics_url}))
+    canary = None
+    if args.canary_interval_s > 0:
+        canary = Canary(f"http://{server.http_url}", served_models(args.repository), timeout_s=args.canary_timeout_s)
     return supervise(server, restart=args.restart, max_restarts=args.max_restarts, stop_event=stop,
-                     ready_timeout_s=args.ready_timeout_s, already_started=True)
+                     ready_timeout_s=args.ready_timeout_s, already_started=True, canary=canary,
+                     canary_interval_s=args.canary_interval_s)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -71,7 +76,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="how long Triton drains in-flight requests on stop")
     p.add_argument("--ready-timeout-s", type=float, default=defaults.READY_TIMEOUT_S)
     p.add_argument("--restart", action="store_true", help="restart the server when it crashes (with backoff)")
-    p.add_argument("--max-restarts", type=int, default=defaults.MAX_RESTARTS)
+    p.add_argument("--max-restarts", type=int, default=defaults.MAX_RESTARTS,
+                   help="failed starts in a row (never ready) before giving up; crashes after a start do not count")
+    p.add_argument("--canary-interval-s", type=float, default=defaults.CANARY_INTERVAL_S,
+                   help="send every model its smallest request this often; two internal errors in a row (a dead "
+                        "Python stub, which Triton 2.51 reports ready) mean down: restart (--restart) or exit non-zero. 0: off")
+    p.add_argument("--canary-timeout-s", type=float, default=defaults.CANARY_TIMEOUT_S,
+                   help="per canary request; a timeout counts as busy, not down")
     p.add_argument("--api-key-env", default=defaults.API_KEY_ENV,
                    help="environment variable holding the key that unlocks the repository/shared-memory APIs")
     p.add_argument("--tritonserver", help="tritonserver binary (default: $TRITONSERVER, else the nvidia-pytriton wheel's)")

@@ -1,0 +1,169 @@
+"""A model that cannot answer while Triton says READY: the shape-overflow request that aborts the
+encoder's Python stub (Triton 2.51 computes the byte size of an INT64 ``[1, 2^61]`` input as 0), and a
+SIGKILLed stub (the OOM killer). The supervisor's canary finds both within seconds and restarts the
+server; ``tritonbundle health --canary`` reports them; without ``--restart`` ``serve`` exits non-zero
+with the reason, so a container runtime restarts it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import API_KEY
+from tritonbundle.cli import main
+from tritonbundle.server import free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+REPORT = Path(__file__).resolve().parents[2] / "reports" / "reliability"
+EMBED = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": ["hello"]}]}
+
+
+def post(url: str, body: dict[str, Any], *, timeout_s: float = 5.0, binary_header: bool = False) -> int | None:
+    data = json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}
+    if binary_header:
+        headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(data))}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers), timeout=timeout_s) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+    except OSError:
+        return None
+
+
+def shape_overflow(http: str) -> int | None:
+    """About 230 bytes, no key: two INT64 inputs of shape [1, 2^61] whose byte count (2^64) overflows to the
+    binary_data_size they claim (0)."""
+    spec = {"datatype": "INT64", "shape": [1, 2**61], "parameters": {"binary_data_size": 0}}
+    body = {"inputs": [{"name": "input_ids", **spec}, {"name": "attention_mask", **spec}]}
+    return post(f"http://{http}/v2/models/minilm_encoder/infer", body, binary_header=True)
+
+
+def stub_pids(model: str, http: str) -> list[int]:
+    """The Python stubs of ``model`` under the tritonserver serving ``http`` (other servers may run)."""
+    port = http.rsplit(":", 1)[1]
+    procs: dict[int, tuple[int, list[bytes]]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            procs[int(entry.name)] = (ppid, argv)
+    servers = {pid for pid, (_, argv) in procs.items() if argv and argv[0].endswith(b"tritonserver")
+               and f"--http-port={port}".encode() in argv}
+    return [pid for pid, (ppid, argv) in procs.items() if ppid in servers and argv
+            and argv[0].endswith(b"triton_python_backend_stub") and any(model.encode() in a for a in argv)]
+
+
+def answers(http: str) -> bool:
+    return post(f"http://{http}/v2/models/minilm/infer", EMBED, timeout_s=2) == 200
+
+
+def outage(http: str, started: float, limit_s: float = 90) -> dict[str, float]:
+    """Seconds from ``started`` until embeddings fail, and until they answer again."""
+    failed_at = None
+    while time.monotonic() - started < limit_s:
+        ok = answers(http)
+        if not ok and failed_at is None:
+            failed_at = time.monotonic()
+        if ok and failed_at is not None:
+            return {"broken_after_s": round(failed_at - started, 2), "answers_again_after_s": round(time.monotonic() - started, 2)}
+        time.sleep(0.1)
+    raise AssertionError(f"no recovery within {limit_s} s (failed: {failed_at is not None})")
+
+
+def serve(repository: Path, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
+    http, grpc, metrics = free_port(), free_port(), free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tritonbundle", "serve", "--repository", str(repository), "--http-port", str(http),
+         "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--log-file", str(tmp_path / "tritonserver.log"), *extra],
+        stdout=open(tmp_path / "serve.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
+        env={**os.environ, "TRITONBUNDLE_API_KEY": API_KEY},
+    )
+    deadline = time.monotonic() + 180
+    while not answers(f"127.0.0.1:{http}"):
+        assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
+        time.sleep(0.2)
+    return process, f"127.0.0.1:{http}"
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+def test_supervisor_brings_back_a_server_whose_encoder_stub_died(repository: Path, tmp_path: Path) -> None:
+    process, http = serve(repository, tmp_path, "--restart")
+    try:
+        t0 = time.monotonic()
+        assert shape_overflow(http) == 500, "Triton 2.51 aborts the encoder's stub on this request"
+        overflow = outage(http, t0)
+
+        (stub,) = stub_pids("minilm_encoder", http)
+        t1 = time.monotonic()
+        os.kill(stub, signal.SIGKILL)
+        killed = outage(http, t1)
+        figures = {"shape_overflow": overflow, "sigkilled_stub": killed, "canary_interval_s": 2.0}
+        REPORT.mkdir(parents=True, exist_ok=True)
+        (REPORT / "canary.json").write_text(json.dumps(figures, indent=2))
+        print(f"\noutage windows: {figures}")
+        for window in (overflow, killed):
+            assert window["answers_again_after_s"] < 45, figures
+        log = (tmp_path / "serve.log").read_text()
+        assert "models do not answer" in log and "is not healthy" in log and "ready again" in log
+    finally:
+        stop(process)
+
+
+def test_without_restart_serve_exits_non_zero_and_says_why(repository: Path, tmp_path: Path) -> None:
+    process, http = serve(repository, tmp_path)
+    try:
+        assert shape_overflow(http) == 500
+        code = process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            stop(process)
+    assert code != 0
+    assert "models do not answer" in (tmp_path / "serve.log").read_text()
+
+
+def test_health_canary_sees_a_dead_stub_that_readiness_misses(
+    repository: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from tritonbundle.server import ServerOptions, TritonServer
+
+    server = TritonServer(ServerOptions(repository, http_port=0, grpc_port=0, metrics_port=0,
+                                        log_path=tmp_path / "log", exit_timeout_s=2))
+    server.start(ready_timeout_s=180)
+    try:
+        assert main(["health", "--url", server.http_url, "--canary", "--repository", str(repository)]) == 0
+        capsys.readouterr()
+        assert shape_overflow(server.http_url) == 500
+        assert main(["health", "--url", server.http_url]) == 0, "Triton 2.51: READY with a dead stub"
+        assert main(["health", "--url", server.http_url, "--canary", "--repository", str(repository)]) == 1
+        report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert report["ready"] is True and report["answers"] is False
+        assert any("minilm_encoder" in p and "not healthy" in p for p in report["problems"])
+        # The script the images and the chart run for their health checks says the same.
+        script = Path(__file__).resolve().parents[2] / "tritonbundle" / "canary.py"
+        done = subprocess.run([sys.executable, str(script), "--url", f"http://{server.http_url}", "--repository",
+                               str(repository)], capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 1 and "not healthy" in done.stderr
+    finally:
+        server.stop(timeout_s=5)

@@ -1,0 +1,143 @@
+"""The supervisor's rules, on a stand-in for the server process (the real server's crashes and dead
+stubs are in test_crashes.py and test_canary.py): what counts as a failed start, the backoff, never
+giving up silently, refusing a port someone else holds; and the canary's requests."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tritonbundle.canary import Problem, request_for
+from tritonbundle.errors import ServerError
+from tritonbundle.server import ServerOptions, TritonServer, supervise
+
+
+class _Exited:
+    returncode = 1
+
+    def poll(self) -> int:
+        return 1
+
+
+@dataclass
+class FakeServer:
+    """Starts as scripted: "up" (ready, then exits at once), "flash" (exits before ready, but its log
+    says it came up), "never" (never comes up)."""
+
+    script: list[str]
+    options: ServerOptions = field(default_factory=lambda: ServerOptions(Path("."), unrestricted=True, exit_timeout_s=1))
+    process: Any = field(default_factory=_Exited)
+    starts: int = 0
+    last: str = "up"
+
+    def start(self, *, ready_timeout_s: float = 0) -> None:
+        self.starts += 1
+        self.last = self.script.pop(0) if self.script else "stop"
+        if self.last in ("flash", "never"):
+            raise ServerError(f"{self.last}: exited before becoming ready")
+        if self.last == "stop":
+            raise KeyboardInterrupt
+
+    def came_up(self) -> bool:
+        return self.last == "flash"
+
+    def stop(self, *, timeout_s: float | None = None) -> int:
+        return 1
+
+    def log_tail(self) -> str:
+        return "(log)"
+
+
+def run(script: list[str], **kw: Any) -> tuple[FakeServer, Any]:
+    server = FakeServer(script)
+    try:
+        outcome: Any = supervise(server, restart=True, backoff_s=0.001, already_started=True, **kw)  # type: ignore[arg-type]
+    except (ServerError, KeyboardInterrupt) as e:
+        outcome = e
+    return server, outcome
+
+
+def test_crashes_after_coming_up_never_exhaust_the_restarts() -> None:
+    server, outcome = run(["flash"] * 8 + ["up"] * 4, max_restarts=3)
+    assert isinstance(outcome, KeyboardInterrupt), "it kept restarting past --max-restarts crash-after-start loops"
+    assert server.starts == 13
+
+
+def test_starts_that_never_come_up_end_the_run_with_the_reason() -> None:
+    server, outcome = run(["up", "never", "never", "never"], max_restarts=3)
+    assert isinstance(outcome, ServerError) and "failed to start 3 times in a row" in str(outcome)
+    assert server.starts == 4
+
+
+def test_a_good_start_resets_the_failed_start_count() -> None:
+    _, outcome = run(["never", "never", "up", "never", "never", "up"], max_restarts=3)
+    assert isinstance(outcome, KeyboardInterrupt)
+
+
+def test_without_restart_a_crash_is_an_exit_code_not_silence() -> None:
+    server = FakeServer([])
+    assert supervise(server, restart=False, already_started=True) == 1  # type: ignore[arg-type]
+
+
+def test_a_canary_problem_stops_the_server_only_when_fatal() -> None:
+    class Alive:
+        returncode = None
+
+        def poll(self) -> None:
+            return None
+
+    class Canary:
+        def __init__(self, problems: list[list[Problem]]) -> None:
+            self.problems = problems
+
+        def check(self) -> list[Problem]:
+            return self.problems.pop(0) if self.problems else []
+
+    busy = [Problem("m", "HTTP 503", fatal=False)]
+    dead = [Problem("m", "HTTP 500: Stub process 'm_0_0' is not healthy.", fatal=True)]
+    server = FakeServer([])
+    server.process = Alive()
+    stop = threading.Event()
+    timer = threading.Timer(3.0, stop.set)
+    timer.start()
+    try:
+        code = supervise(server, restart=False, already_started=True, stop_event=stop,  # type: ignore[arg-type]
+                         canary=Canary([busy, busy, busy, dead, dead]), canary_interval_s=0.05)  # type: ignore[arg-type]
+    finally:
+        timer.cancel()
+    assert code == 1 and not stop.is_set(), "two fatal answers in a row end the run; busy ones do not"
+
+
+def test_a_port_held_by_someone_else_is_refused_naming_the_holder(tmp_path: Path) -> None:
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    try:
+        server = TritonServer(ServerOptions(tmp_path, http_port=port, grpc_port=0, metrics_port=0))
+        with pytest.raises(ServerError, match=rf"HTTP port 127.0.0.1:{port} is taken by pid \d+"):
+            server.start(wait=False)
+        assert server.process is None
+    finally:
+        holder.close()
+
+
+def test_the_canary_request_is_the_smallest_the_config_accepts() -> None:
+    config = {"max_batch_size": 32, "input": [
+        {"name": "TEXT", "data_type": "TYPE_STRING", "dims": [1]},
+        {"name": "input_ids", "data_type": "TYPE_INT64", "dims": [-1]},
+        {"name": "image", "data_type": "TYPE_FP32", "dims": [3, 2]},
+        {"name": "extra", "data_type": "TYPE_FP32", "dims": [-1], "optional": True},
+    ]}
+    inputs = {i["name"]: i for i in request_for(config)["inputs"]}
+    assert inputs["TEXT"] == {"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": ["ok"]}
+    assert inputs["input_ids"]["shape"] == [1, 1] and inputs["input_ids"]["data"] == [1]
+    assert inputs["image"]["shape"] == [1, 3, 2] and len(inputs["image"]["data"]) == 6
+    assert "extra" not in inputs
+    assert request_for({"max_batch_size": 0, "input": [{"name": "x", "data_type": "TYPE_INT32", "dims": [-1]}]})[
+        "inputs"][0]["shape"] == [1]
