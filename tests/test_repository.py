@@ -76,9 +76,10 @@ def test_failed_build_leaves_the_previous_repository_in_place(repository: Path, 
 
 
 @pytest.mark.slow
-def test_failure_after_staging_swaps_nothing_in(repository: Path, tmp_path: Path) -> None:
+def test_failure_after_staging_swaps_nothing_in(repository: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import shutil
 
+    from tritonbundle.build import repository as repository_mod
     from tritonbundle.build.repository import write_repository
     from tritonbundle.build.stage import BuildOptions, existing_artifacts, plan_all
 
@@ -89,11 +90,13 @@ def test_failure_after_staging_swaps_nothing_in(repository: Path, tmp_path: Path
     options = BuildOptions(manifest=ROOT / "build" / "models.yaml", artifacts=ROOT / "build" / "artifacts", repository=repo)
     entries = [(spec, plan, existing_artifacts(spec, options)) for spec, plan in plan_all(options)]
 
-    def gate(staging: Path, names: list[str]) -> None:
+    def failing_check(staging: Path, names: object) -> None:
+        # Every model is staged by now; the check that runs before the swap fails.
         assert (staging / "minilm_encoder" / "config.pbtxt").exists()
-        raise RuntimeError("accuracy gate failed")
+        raise RuntimeError("staged repository check failed")
 
-    with pytest.raises(RuntimeError, match="accuracy gate"):
-        write_repository(entries, repo, work_root=tmp_path / "work", before_swap=gate)
+    monkeypatch.setattr(repository_mod, "_check_staged", failing_check)
+    with pytest.raises(RuntimeError, match="staged repository check"):
+        write_repository(entries, repo, work_root=tmp_path / "work")
     assert {p: p.read_bytes() for p in repo.rglob("*") if p.is_file()} == before
     assert not list(tmp_path.glob(".model_repository.*"))
