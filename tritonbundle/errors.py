@@ -70,6 +70,11 @@ class ServerUnavailableError(ClientError):
     """The server could not be reached or refused for load (connection refused, HTTP 503, UNAVAILABLE)."""
 
 
+class ClientBusyError(ClientError):
+    """This client already has its limit of requests in flight: refused at once, like the server's
+    own overload answer, instead of queueing where no deadline or metric sees it. Not retried."""
+
+
 class DeadlineExceededError(ClientError):
     """The call did not finish within its deadline (client side or Triton's server-side timeout)."""
 

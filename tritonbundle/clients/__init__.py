@@ -10,6 +10,7 @@ retry only safe failures, and raise the project's error types (``tritonbundle.er
 from tritonbundle.clients.core import ModelInfo, RetryPolicy
 from tritonbundle.clients.sync import GrpcClient, HttpClient, connect
 from tritonbundle.errors import (
+    ClientBusyError,
     ClientError,
     DeadlineExceededError,
     InvalidInputError,
@@ -20,7 +21,7 @@ from tritonbundle.errors import (
 )
 
 __all__ = [
-    "ClientError", "DeadlineExceededError", "GrpcClient", "HttpClient", "InvalidInputError",
+    "ClientBusyError", "ClientError", "DeadlineExceededError", "GrpcClient", "HttpClient", "InvalidInputError",
     "MetadataMismatchError", "ModelInfo", "ModelNotFoundError", "RetryPolicy", "ServerUnavailableError", "UnauthorizedError", "connect",
 ]
 

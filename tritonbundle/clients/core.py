@@ -33,13 +33,17 @@ class RetryPolicy:
     Safe: the connection was refused or dropped (the served models are stateless, so an inference
     is idempotent even when the server died mid-request), HTTP 503, gRPC UNAVAILABLE (overload, or
     the server is restarting). Never retried: invalid input, unknown
-    model, deadline exceeded, internal errors. Attempts stop early when the call's deadline would
-    pass before the next one could start.
+    model, deadline exceeded, internal errors, this client's own in-flight limit. Attempts stop early
+    when the call's deadline would pass before the next one could start.
+
+    The default keeps retrying until the call's deadline (``timeout_s``, 30 s by default), at most
+    one attempt a second once backed off: a restart of the server (a few seconds; up to about 15 s
+    when the supervisor's canary restarts it) is ridden over. Set ``max_attempts`` to bound it.
     """
 
-    max_attempts: int = 4
+    max_attempts: int = 1000
     initial_backoff_s: float = 0.05
-    max_backoff_s: float = 2.0
+    max_backoff_s: float = 1.0
     multiplier: float = 2.0
 
     def __post_init__(self) -> None:

@@ -16,6 +16,7 @@ the model's ``max_batch_size`` are split and the results put back together in or
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
@@ -220,22 +221,42 @@ class _BaseClient(core.ClientBase):
         raise NotImplementedError
 
 class HttpClient(_BaseClient):
-    """HTTP/REST client; tensors travel as binary data, not JSON."""
+    """HTTP/REST client; tensors travel as binary data, not JSON.
+
+    Safe to share between threads: tritonclient's HTTP client runs on geventhttpclient, whose
+    connections belong to the gevent hub of the thread that made them (used from another thread,
+    calls failed, hung to their deadline, or came back corrupted), so each thread gets its own
+    connection pool, made on its first call and closed with the client.
+    """
 
     protocol = "http"
 
     def _open(self) -> None:
-        import tritonclient.http as httpclient
+        self._local = threading.local()
+        self._pools: list[Any] = []
+        self._pools_lock = threading.Lock()
 
-        self._client = httpclient.InferenceServerClient(
-            self.url, concurrency=self.pool_size, connection_timeout=self.connect_timeout_s,
-            network_timeout=self.timeout_s + 5.0, verbose=self.verbose,
-        )
+    @property
+    def _client(self) -> Any:
+        pool = getattr(self._local, "pool", None)
+        if pool is None:
+            import tritonclient.http as httpclient
+
+            pool = httpclient.InferenceServerClient(
+                self.url, concurrency=self.pool_size, connection_timeout=self.connect_timeout_s,
+                network_timeout=self.timeout_s + 5.0, verbose=self.verbose,
+            )
+            self._local.pool = pool
+            with self._pools_lock:
+                self._pools.append(pool)
+        return pool
 
     def _close(self) -> None:
-        client = getattr(self, "_client", None)
-        if client is not None:
-            client.close()
+        with self._pools_lock:
+            pools, self._pools = list(getattr(self, "_pools", [])), []
+        for pool in pools:
+            with contextlib.suppress(Exception):  # another thread's pool: its hub may be gone
+                pool.close()
 
     def _is_live(self) -> bool:
         return bool(self._client.is_server_live(headers=self.headers))
