@@ -105,3 +105,34 @@ def test_cli_load_needs_the_key(explicit_server: tuple[Any, Path]) -> None:
     allowed = subprocess.run(base, capture_output=True, text=True, timeout=120, env={**env, "TRITONBUNDLE_API_KEY": API_KEY})
     assert allowed.returncode == 0, allowed.stderr
     assert "loaded minilm_tokenizer" in allowed.stdout
+
+
+def test_a_refused_version_is_quarantined_and_a_restart_serves_the_old_one(explicit_server: tuple[Any, Path]) -> None:
+    from tritonbundle.clients import HttpClient
+    from tritonbundle.server import ServerOptions, TritonServer
+
+    server, repo = explicit_server
+    with HttpClient(server.http_url, api_key=API_KEY) as client:
+        serving = client.model_info("minilm_encoder").version
+        before = client.embed(["unchanged"])
+    _new_version(repo, 11, broken=True)
+    env = {**os.environ, "TRITONBUNDLE_API_KEY": API_KEY}
+    done = subprocess.run([sys.executable, "-m", "tritonbundle", "load", "--url", server.http_url, "--repository",
+                           str(repo), "minilm_encoder"], capture_output=True, text=True, timeout=180, env=env)
+    assert done.returncode == 1, done.stderr
+    assert "refused version(s) 11" in done.stderr and f"serving version {serving}" in done.stderr, done.stderr
+    assert not (repo / "minilm_encoder" / "11").exists()
+    assert (repo / "minilm_encoder" / "1").is_dir(), "only the version this load refused is moved"
+    (moved,) = (repo.parent / f"{repo.name}.quarantine" / "minilm_encoder").glob("11-*")
+    assert "version 11" in (moved / "error.txt").read_text() or (moved / "error.txt").read_text().strip()
+
+    # A restart (a new server on the same repository) loads the known-good version.
+    restarted = TritonServer(ServerOptions(repo, http_port=0, grpc_port=0, metrics_port=0, log_path=repo.parent / "log2",
+                                           model_control_mode="explicit", load_models=("*",), restricted_api_key=API_KEY))
+    restarted.start(ready_timeout_s=120)
+    try:
+        with HttpClient(restarted.http_url, api_key=API_KEY) as client:
+            assert client.model_info("minilm_encoder").version == serving
+            np.testing.assert_allclose(client.embed(["unchanged"]), before, atol=1e-5)
+    finally:
+        restarted.stop(timeout_s=10)

@@ -7,10 +7,10 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tritonbundle.cli import defaults
-from tritonbundle.errors import ConfigError, TritonBundleError
+from tritonbundle.errors import ClientError, ConfigError, TritonBundleError
 
 if TYPE_CHECKING:
     from tritonbundle.clients.sync import _BaseClient
@@ -48,12 +48,38 @@ def cmd_load(args: argparse.Namespace) -> int:
     """Load or unload a model on a server running with explicit model control."""
     with client(args, check_model=False) as c:
         for name in args.names:
-            if args.command == "load":
-                c.load_model(name)
-            else:
+            if args.command == "unload":
                 c.unload_model(name)
+            else:
+                try:
+                    c.load_model(name)
+                except ClientError as e:
+                    if args.repository is None:
+                        raise
+                    _quarantine_refused(c, args.repository, name, e)
+                    return 1
             print(f"{args.command}ed {name}")
     return 0
+
+
+def _quarantine_refused(c: Any, repository: Path, name: str, error: ClientError) -> None:
+    """Move the versions the server refused out of ``repository`` and load what is left (the version
+    that was serving), so that neither this server nor its next start tries the broken one again."""
+    import re
+
+    from tritonbundle.build.repository import quarantine
+
+    # Only what this load refused, as Triton names it ("version 11 is at UNAVAILABLE state: <why>"):
+    # the index also lists retired versions (unloaded) and versions refused before, as UNAVAILABLE.
+    refused = {v: str(error) for v in re.findall(r"version (\d+) is at UNAVAILABLE state", str(error))}
+    moved = [quarantine(repository, name, v, reason) for v, reason in sorted(refused.items())
+             if (repository / name / v).is_dir()]
+    if moved:
+        c.load_model(name)
+    serving = c.model_info(name).version if moved else "?"
+    print(f"tritonbundle load: {name}: the server refused version(s) {', '.join(sorted(refused)) or '?'} "
+          f"({str(error).splitlines()[0]}); moved to {', '.join(map(str, moved)) or 'nothing (not found)'}; "
+          f"serving version {serving}", file=sys.stderr)
 
 
 def cmd_health(args: argparse.Namespace) -> int:
@@ -108,6 +134,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         p = sub.add_parser(verb, help=text)
         _connection(p)
         p.add_argument("names", nargs="+", metavar="MODEL")
+        if verb == "load":
+            p.add_argument("--repository", type=Path,
+                           help="the server's repository folder: a version the server refuses is moved out of it "
+                                "(to <repository>.quarantine/, with its error) and the model is loaded again")
         p.set_defaults(func=cmd_load)
 
     p = sub.add_parser("health", help="server liveness and readiness (--canary: and that the models answer)")
