@@ -41,6 +41,7 @@ CASES = [
     Case("batch larger than max_batch_size", "minilm", {"TEXT": _text(*[b"x"] * 33)}, "batch-size must be <= 32"),
     Case("empty batch", "minilm", {"TEXT": np.empty((0, 1), dtype=object)}, "TEXT is empty|got 0"),
     Case("empty text", "minilm", {"TEXT": _text(b"")}, "TEXT[0] is empty"),
+    Case("only control characters", "minilm", {"TEXT": _text(b"ok", b"\x00\x01 \t")}, "TEXT[1] is empty"),
     Case("non-UTF-8 text", "minilm", {"TEXT": _text(b"ok", b"\xc3\x28")}, "TEXT[1] is not valid UTF-8"),
     Case("text larger than the input limit", "minilm", {"TEXT": _text(b"a" * (2 << 20))}, "the limit is 1048576 bytes"),
     Case("unknown model", "no_such_model", {"TEXT": _text(b"x")}, "unknown model: 'no_such_model'"),
@@ -182,3 +183,14 @@ def test_fuzz_text_arrays_keep_every_row(texts: list[str | bytes]) -> None:
     array = core.text_array(texts)
     assert array.shape == (len(texts), 1)
     assert [a[0] for a in array] == [t.encode() if isinstance(t, str) else t for t in texts]
+
+
+def test_a_long_text_is_cut_before_tokenizing_and_embeds_as_its_truncation(server: Any) -> None:
+    """A text near the 1 MiB limit is cut to 100 characters per token of max_length before the
+    tokenizer sees it: the same embedding as the text truncated to 512 tokens, without tokenizing a
+    megabyte first."""
+    from tritonbundle.clients import HttpClient
+
+    with HttpClient(server.http_url) as client:
+        huge, short = client.embed(["word " * 200_000, "word " * 1_000])
+    np.testing.assert_allclose(huge, short, atol=1e-5)

@@ -4,7 +4,10 @@ Settings: :class:`tritonbundle.contract.TokenizerParameters` in the config's ``p
   tokenizer_file     tokenizer.json in the version directory (Hugging Face ``tokenizers`` format)
   max_length         longer texts are truncated to this many tokens (documented behaviour)
   max_text_bytes     longer texts are refused (INVALID_ARG) before tokenizing: a guard against
-                     multi-megabyte bodies, far beyond what truncation to max_length keeps anyway
+                     multi-megabyte bodies, far beyond what truncation to max_length keeps anyway.
+                     Texts within it are cut to CHARS_PER_TOKEN x max_length characters before
+                     tokenizing (a megabyte took about a second of a core to tokenize, only to be
+                     truncated to max_length tokens)
   padding_targets    each request is padded to the smallest target that holds its longest text
                      (:func:`tritonbundle.contract.pad_length`), so that same-shape requests meet in
                      the dynamic batcher (TensorRT profiles). Empty: pad to the request's own longest
@@ -46,6 +49,16 @@ class RequestError(ValueError):
     pass
 
 
+#: BERT's WordPiece turns a word longer than 100 characters into one [UNK]: 100 characters per token
+#: of max_length keep every token a text can contribute, unless it is mostly runs of whitespace.
+CHARS_PER_TOKEN = 100
+
+
+def has_content(text: str) -> bool:
+    """Something the tokenizer keeps: not only whitespace and control characters ("\\x00")."""
+    return any(not ch.isspace() and ch.isprintable() for ch in text)
+
+
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
@@ -85,8 +98,10 @@ class TritonPythonModel:
                 raise RequestError(
                     f"{self.input_name}[{i}] is not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})"
                 ) from None
-            if not text.strip():
-                raise RequestError(f"{self.input_name}[{i}] is empty: send at least one non-whitespace character")
+            text = text[: CHARS_PER_TOKEN * self.max_length]
+            if not has_content(text):
+                raise RequestError(f"{self.input_name}[{i}] is empty: send at least one character that is not "
+                                   "whitespace or a control character")
             texts.append(text)
         return texts
 
