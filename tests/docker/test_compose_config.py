@@ -125,7 +125,8 @@ def test_triton_has_shm_size_ulimits_healthcheck_restart_policy_and_a_read_only_
     assert triton["ulimits"]["memlock"] == -1 or triton["ulimits"]["memlock"] == {"soft": -1, "hard": -1}
     assert triton["ulimits"]["stack"] in (67108864, {"soft": 67108864, "hard": 67108864})
     health = triton["healthcheck"]
-    assert "/v2/health/ready" in " ".join(health["test"])
+    assert health["test"][:3] == ["CMD", "python3", SERVER_CANARY], "the server image has no tritonbundle package"
+    assert_canary_probes_the_served_repository(triton)
     assert duration_s(health["start_period"]) >= 300, "plan loading takes minutes on a GPU"
     assert triton["restart"] == "unless-stopped"
     mounts = [v for v in triton["volumes"] if v["target"] == "/models"]
@@ -135,6 +136,61 @@ def test_triton_has_shm_size_ulimits_healthcheck_restart_policy_and_a_read_only_
     assert "TRITONBUNDLE_API_KEY" in triton["environment"], "restricted APIs take their key from the environment"
     # The plan check's override of the TensorRT version it finds: passed through, empty by default.
     assert triton["environment"]["TRITONBUNDLE_TENSORRT_VERSION"] == ""
+
+
+#: The canary the server image's healthcheck runs (docker/Dockerfile.server copies tritonbundle/canary.py there).
+SERVER_CANARY = "/opt/tritonbundle/bin/canary.py"
+CANARY_SOURCE = ROOT / "tritonbundle" / "canary.py"
+
+
+def option(argv: list[str], name: str) -> str:
+    """The value of ``name`` in ``argv``, given as ``name value`` or ``name=value``."""
+    for i, arg in enumerate(argv):
+        if arg == name:
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    raise AssertionError(f"{name} is not in {argv}")
+
+
+def assert_canary_probes_the_served_repository(triton: Config) -> None:
+    """The healthcheck sends every model of the repository Triton serves (inside the read-only mount) its
+    smallest request on the container's own HTTP port; its request timeouts fit in the check's timeout."""
+    health = triton["healthcheck"]
+    test = health["test"]
+    served = option(triton["command"], "--model-repository" if triton["command"][0] == "tritonserver" else "--repository")
+    assert option(test, "--repository") == served == "/models/model_repository"
+    assert any(served.startswith(v["target"] + "/") for v in triton["volumes"]), "the repository is a mount"
+    assert option(test, "--url") == "http://127.0.0.1:8000" and option(triton["command"], "--http-port") == "8000"
+    # Two requests per model (config, then inference), each given --timeout-s: three models fit. A dead
+    # stub's 500 comes after the Python backend's 1 s stub check: shorter, and it would pass as busy.
+    assert 2 * 3 * float(option(test, "--timeout-s")) < duration_s(health["timeout"])
+    assert float(option(test, "--timeout-s")) >= 2
+    assert "/v2/health/ready" not in " ".join(test), "ready says nothing about a dead Python stub"
+
+
+def test_images_healthchecks_run_the_canary_on_the_repository_their_command_serves() -> None:
+    """The Dockerfiles' HEALTHCHECKs (what `docker run` without compose gets) run the same canary as compose;
+    the server image carries it as a copy of tritonbundle/canary.py (no tritonbundle package there), which the
+    build context admits."""
+    for name, canary in (("Dockerfile.server", ["python3", SERVER_CANARY]),
+                         ("Dockerfile.cpu", ["python3", "-m", "tritonbundle.canary"])):
+        text = (DOCKER_DIR / name).read_text()
+        health = re.search(r"^HEALTHCHECK (.*?)\\\n\s+CMD (\[.*\])$", text, re.M)
+        assert health, f"{name}: no HEALTHCHECK in exec form"
+        test = json.loads(health.group(2))
+        assert test[:len(canary)] == canary, f"{name}: {test}"
+        cmd = json.loads(re.search(r"^CMD (\[.*\])$", text, re.M).group(1))  # type: ignore[union-attr]
+        served = option(cmd, "--model-repository" if cmd[0] == "tritonserver" else "--repository")
+        assert option(test, "--repository") == served == "/models/model_repository", name
+        assert option(test, "--url") == "http://127.0.0.1:8000", name
+        timeout = duration_s(re.search(r"--timeout=(\S+)", health.group(1)).group(1))  # type: ignore[union-attr]
+        assert 2 * 3 * float(option(test, "--timeout-s")) < timeout and float(option(test, "--timeout-s")) >= 2, name
+    server = (DOCKER_DIR / "Dockerfile.server").read_text()
+    assert re.search(rf"^COPY tritonbundle/canary\.py {re.escape(SERVER_CANARY)}$", server, re.M)
+    # The module runs as a script there: standard library only, no tritonbundle imports.
+    assert not re.search(r"^\s*(from|import) tritonbundle", CANARY_SOURCE.read_text(), re.M)
+    assert "!tritonbundle/" in (ROOT / ".dockerignore").read_text().splitlines()
 
 
 def test_engines_and_timing_cache_live_in_named_volumes(gpu: Config) -> None:
@@ -256,8 +312,11 @@ def test_cpu_variant_swaps_the_gpu_services_for_the_cpu_image(cpu: Config) -> No
     assert ["--target", "cpu"] == build["entrypoint"][5:7] and "onnxruntime" in build["entrypoint"]
     assert triton["command"][:2] == ["tritonbundle", "serve"] and "--model-control-mode" in triton["command"]
     assert triton["build"]["dockerfile"] == "docker/Dockerfile.cpu"
-    # kept from the GPU stack: healthcheck, shm, read-only repository, loopback ports, restart policy
-    assert "/v2/health/ready" in " ".join(triton["healthcheck"]["test"])
+    # kept from the GPU stack: healthcheck (the canary, from the installed package: the CPU image has no
+    # /opt/tritonbundle/bin), shm, read-only repository, loopback ports, restart policy
+    assert triton["healthcheck"]["test"][:4] == ["CMD", "python3", "-m", "tritonbundle.canary"]
+    assert_canary_probes_the_served_repository(triton)
+    assert duration_s(triton["healthcheck"]["interval"]) <= 5, "`up --wait` sees the CPU server soon"
     assert int(triton["shm_size"]) >= 1 << 30
     assert any(v["target"] == "/models" and v["read_only"] for v in triton["volumes"])
     assert {p["host_ip"] for p in triton["ports"]} == {"127.0.0.1"}

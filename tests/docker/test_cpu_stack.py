@@ -81,6 +81,15 @@ def test_triton_runs_non_root_read_only_with_the_repository_mounted_read_only(cp
     assert info["HostConfig"]["ShmSize"] >= 1 << 30
 
 
+def test_healthy_means_every_model_answered_the_canary(cpu_stack: Stack) -> None:
+    """The healthcheck that `up --wait` waited for is the canary: each model of the served repository
+    answered its smallest request (not merely /v2/health/ready)."""
+    container = cpu_stack.container("triton")
+    log = json.loads(run(["docker", "inspect", "-f", "{{json .State.Health.Log}}", container]).stdout)
+    assert log and log[-1]["ExitCode"] == 0, log
+    assert re.search(r"canary: 3 of 3 models answered in \d+ ms", log[-1]["Output"]), log[-1]["Output"]
+
+
 def test_restricted_apis_need_the_key_from_the_environment(cpu_stack: Stack) -> None:
     url = f"http://{cpu_stack.http_url}/v2/repository/index"
     assert http_status(url, method="POST") == 403

@@ -186,6 +186,35 @@ def test_server_image_gives_the_python_models_tokenizers(images: Images) -> None
     assert out[0] == "/opt/tritonbundle/python" and f"tokenizers=={out[1]}" in constraints
 
 
+CANARY = ROOT / "tritonbundle" / "canary.py"
+
+
+def test_images_health_checks_run_the_canary_they_carry(images: Images) -> None:
+    """The server image carries tritonbundle/canary.py as /opt/tritonbundle/bin/canary.py (no tritonbundle
+    package there); the CPU image runs the installed module. Each image's own HEALTHCHECK command, run in it
+    as its user on a read-only root with a one-model repository and no server listening, reports the model
+    down (exit 1): the command, its interpreter and the file it names are all there."""
+    carried = run(["docker", "run", "--rm", "--entrypoint", "cat", images.server_standin,
+                   "/opt/tritonbundle/bin/canary.py"]).stdout
+    assert carried == CANARY.read_text()
+    with tempfile.TemporaryDirectory() as tmp:
+        repository = Path(tmp) / "model_repository"
+        (repository / "m").mkdir(parents=True)
+        (repository / "m" / "config.pbtxt").write_text('name: "m"\n')
+        for path in (Path(tmp), repository, repository / "m"):
+            path.chmod(0o755)
+        (repository / "m" / "config.pbtxt").chmod(0o644)
+        for image in (images.server_standin, images.cpu):
+            test = json.loads(run(["docker", "image", "inspect", "--format", "{{json .Config.Healthcheck.Test}}",
+                                   image]).stdout)
+            assert test[0] == "CMD" and "--repository" in test, test
+            down = run(["docker", "run", "--rm", "--read-only", "--tmpfs", "/tmp", "--network", "none",
+                        "-v", f"{repository}:/models/model_repository:ro", "--entrypoint", test[1], image, *test[2:]],
+                       check=False)
+            assert down.returncode == 1, f"{image}: {down.stdout}{down.stderr}"
+            assert "canary: m: no answer" in down.stderr and "0 of 1 models answered" in down.stdout, down.stderr
+
+
 def test_entrypoint_locks_the_restricted_apis_when_no_key_is_set(images: Images) -> None:
     """The GPU server's entrypoint turns `tritonserver ARGS` into ARGS + --http-restricted-api and
     --grpc-restricted-protocol for the four APIs; with no key set the key is random (APIs locked)."""

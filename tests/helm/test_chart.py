@@ -20,6 +20,7 @@ import re
 import subprocess
 import sys
 import threading
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -260,14 +261,82 @@ def _balanced(promql: str) -> bool:
 
 # -- policy ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("scenario", ALL)
-def test_server_has_startup_liveness_and_readiness_probes_on_triton_health(rendered: dict[str, list[Obj]], scenario: str) -> None:
-    c = server_container(rendered[scenario])
+def test_server_has_a_startup_probe_on_readiness_then_liveness_and_readiness_through_the_canary(
+    rendered: dict[str, list[Obj]], scenario: str,
+) -> None:
+    """Startup waits for /v2/health/ready (the models loaded); liveness and readiness then exec the canary,
+    which sends every served model its smallest request: /v2/health/ready says ready while a Python-backend
+    stub is dead (Triton before NGC 26.04), /v2/health/live never looks at the models."""
+    docs = rendered[scenario]
+    c = server_container(docs)
     assert c["startupProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
-    assert c["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
-    assert c["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
     # Sized for plan loading: the startup budget (15 min by default) before liveness takes over.
     startup = c["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= values_yaml()["probes"]["startup"]["budgetSeconds"]
+    liveness, readiness = c["livenessProbe"], c["readinessProbe"]
+    assert "httpGet" not in liveness and "httpGet" not in readiness
+    assert liveness["exec"]["command"] == readiness["exec"]["command"]
+    command = liveness["exec"]["command"]
+    assert command[:4] == ["python3", f"{SCRIPTS_DIR}/canary.py", "--url", "http://127.0.0.1:8000"]
+    assert f"--http-port={command[3].rsplit(':', 1)[1]}" in c["args"]
+    models = ci_values(scenario).get("probes", {}).get("canary", {}).get("models") if scenario != "defaults" else None
+    served = flags(c)["--model-repository"][0]
+    if served.startswith("s3://"):
+        # The repository is in the bucket: the values name the models.
+        assert models and _canary_targets(command) == [x for m in models for x in ("--model", m)]
+    else:
+        assert _canary_targets(command) == ["--repository", served]
+        assert any(served == m["mountPath"] or served.startswith(m["mountPath"] + "/") for m in c["volumeMounts"]) \
+            or scenario == "baked-image-values.yaml", "the repository the canary reads is inside the pod"
+    # Two requests per model (its config, one inference), each given --timeout-s: three models fit. A dead
+    # stub's 500 comes after the Python backend's 1 s stub check: a shorter timeout would call it busy.
+    request_timeout = float(command[command.index("--timeout-s") + 1])
+    assert request_timeout >= 2
+    for probe in (liveness, readiness):
+        assert 2 * 3 * request_timeout < probe["timeoutSeconds"]
+    assert _scripts(docs)["data"]["canary.py"] == CANARY.read_text()
+
+
+def _canary_targets(command: list[str]) -> list[str]:
+    """The canary's --repository / --model arguments."""
+    out = []
+    for i, arg in enumerate(command):
+        if arg in ("--repository", "--model"):
+            out += [arg, command[i + 1]]
+    return out
+
+
+def test_canary_probes_switch_back_to_tritons_health_endpoints(helm: Path) -> None:
+    docs = render(helm, sets={"probes.canary.enabled": "false"})
+    c = server_container(docs)
+    assert c["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    assert "exec" not in c["livenessProbe"] and "exec" not in c["readinessProbe"]
+    assert "canary.py" not in _scripts(docs)["data"]
+    # Nor is the canary needed for an object store then.
+    render(helm, "object-store-values.yaml", sets={"probes.canary.enabled": "false", "probes.canary.models": "null"})
+
+
+def test_canary_follows_the_http_port_the_request_timeout_and_the_models_asked_for(helm: Path, tmp_path: Path) -> None:
+    values = _write_values(tmp_path, "server:\n  ports:\n    http: 9000\n"
+                                     "probes:\n  canary:\n    requestTimeoutSeconds: 0.5\n    models: [minilm]\n")
+    docs = render(helm, values)
+    command = server_container(docs)["livenessProbe"]["exec"]["command"]
+    assert command[2:6] == ["--url", "http://127.0.0.1:9000", "--timeout-s", "0.5"]
+    assert _canary_targets(command) == ["--model", "minilm"]
+    # Explicit model control: the models loaded at start, not every folder of the repository.
+    docs = render(helm, sets={"server.modelControlMode": "explicit", "server.loadModels": "{minilm,minilm_encoder}"})
+    command = server_container(docs)["readinessProbe"]["exec"]["command"]
+    assert _canary_targets(command) == ["--model", "minilm", "--model", "minilm_encoder"]
+    docs = render(helm, sets={"server.modelControlMode": "explicit", "server.loadModels": "{*}"})
+    command = server_container(docs)["readinessProbe"]["exec"]["command"]
+    assert _canary_targets(command) == ["--repository", "/run/tritonbundle/model_repository"]
+
+
+def test_canary_with_an_object_store_and_no_models_is_refused_with_the_fix(helm: Path) -> None:
+    result = template(helm, "object-store-values.yaml", sets={"probes.canary.models": "null"}, check=False)
+    assert result.returncode != 0
+    assert "probes.canary.models" in result.stderr and "probes.canary.enabled=false" in result.stderr
 
 
 def test_startup_probe_budget_comes_from_values(helm: Path) -> None:
@@ -535,6 +604,8 @@ def test_engine_build_init_container_builds_on_the_node_into_the_fingerprint_dir
 SCRIPTS_DIR = "/opt/tritonbundle/scripts"
 PLAN_CHECK = CHART / "files" / "tensorrt-plans.py"
 SERVING_PY = ROOT / "tritonbundle" / "runtimes" / "tensorrt" / "serving.py"
+CANARY = CHART / "files" / "canary.py"
+CANARY_PY = ROOT / "tritonbundle" / "canary.py"
 
 
 def _scripts(docs: list[Obj]) -> Obj:
@@ -545,6 +616,12 @@ def test_chart_plan_check_is_a_byte_for_byte_copy_of_the_packages_serving_script
     assert PLAN_CHECK.read_bytes() == SERVING_PY.read_bytes(), (
         "helm/tritonbundle/files/tensorrt-plans.py differs from tritonbundle/runtimes/tensorrt/serving.py; refresh "
         "the chart's copy: cp tritonbundle/runtimes/tensorrt/serving.py helm/tritonbundle/files/tensorrt-plans.py")
+
+
+def test_chart_canary_is_a_byte_for_byte_copy_of_the_packages_canary() -> None:
+    assert CANARY.read_bytes() == CANARY_PY.read_bytes(), (
+        "helm/tritonbundle/files/canary.py differs from tritonbundle/canary.py; refresh the chart's copy: "
+        "cp tritonbundle/canary.py helm/tritonbundle/files/canary.py")
 
 
 @pytest.mark.parametrize("scenario", ALL)
@@ -600,7 +677,7 @@ def test_object_store_source_reads_s3_with_credentials_from_the_secret(rendered:
 
 def test_aws_s3_without_endpoint_uses_the_plain_bucket_url(helm: Path) -> None:
     docs = render(helm, sets={"modelRepository.source": "s3", "modelRepository.s3.path": "my-bucket/repo",
-                              "engineBuild.enabled": "false"})
+                              "engineBuild.enabled": "false", "probes.canary.models": "{minilm}"})
     assert flags(server_container(docs))["--model-repository"] == ["s3://my-bucket/repo"]
     assert "AWS_ACCESS_KEY_ID" not in {e["name"] for e in server_container(docs)["env"]}
 
@@ -617,8 +694,8 @@ def test_baked_image_source_serves_the_repository_inside_the_image(rendered: dic
     assert c["image"] == "registry.example.com/ml/tritonbundle-server-l40s:0.1.0-ngc26.07"
     assert "initContainers" not in workload(docs)["spec"]["template"]["spec"]
     assert not objects(docs, "PersistentVolumeClaim")
-    # No build scripts, only the plan check the server starts through.
-    assert list(one(docs, "ConfigMap")["data"]) == ["tensorrt-plans.py"]
+    # No build scripts, only the plan check the server starts through and the canary its probes run.
+    assert list(one(docs, "ConfigMap")["data"]) == ["tensorrt-plans.py", "canary.py"]
 
 
 def test_service_exposes_http_grpc_h2c_and_metrics(rendered: dict[str, list[Obj]]) -> None:
@@ -698,6 +775,7 @@ def _write_values(tmp_path: Path, text: str) -> str:
     ("replicaCont: 2\n", "replicaCont"),
     ("server:\n  exitTimeoutSecs: 10\n", "exitTimeoutSecs"),
     ("autoscaling:\n  enabled: true\n  maxReplica: 4\n", "maxReplica"),
+    ("probes:\n  canary:\n    enable: false\n", "enable"),
 ])
 def test_schema_rejects_a_misspelt_key_and_names_it(helm: Path, tmp_path: Path, values: str, named: str) -> None:
     result = template(helm, _write_values(tmp_path, values), check=False)
@@ -711,6 +789,8 @@ def test_schema_rejects_a_misspelt_key_and_names_it(helm: Path, tmp_path: Path, 
     ("restrictedApi:\n  enabled: \"yes\"\n", "/restrictedApi/enabled"),
     ("modelRepository:\n  source: nfs\n", "/modelRepository/source"),
     ("securityContext:\n  privileged: true\n", "/securityContext/privileged"),
+    ("probes:\n  canary:\n    requestTimeoutSeconds: 0\n", "/probes/canary/requestTimeoutSeconds"),
+    ("probes:\n  canary:\n    models: minilm\n", "/probes/canary/models"),
 ])
 def test_schema_rejects_a_wrong_type_or_value_and_names_the_key(helm: Path, tmp_path: Path, values: str, named: str) -> None:
     result = template(helm, _write_values(tmp_path, values), check=False)
@@ -994,14 +1074,25 @@ def test_helm_test_script_passes_against_a_server_that_answers_and_guards_its_ap
         server.shutdown()
 
 
+def _run_probe(command: list[str], repository: Path, http_port: int) -> subprocess.CompletedProcess[str]:
+    """A rendered exec probe run as the kubelet would, with the chart's canary.py, this repository and port."""
+    argv = [sys.executable if a == "python3" else str(CANARY) if a == f"{SCRIPTS_DIR}/canary.py" else a for a in command]
+    argv = [str(repository) if a == "/run/tritonbundle/model_repository" else a for a in argv]
+    argv = [a.replace("127.0.0.1:8000", f"127.0.0.1:{http_port}") for a in argv]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30, env={"PATH": os.environ["PATH"]})
+
+
 @pytest.mark.slow
-def test_rendered_tritonserver_arguments_start_a_real_triton_that_passes_the_helm_test(
+def test_rendered_tritonserver_arguments_start_a_real_triton_that_passes_the_helm_test_and_the_canary_probes(
     rendered: dict[str, list[Obj]], repository: Path, tmp_path: Path,
 ) -> None:
     """The chart's own command and tritonserver arguments, with $(TRITONBUNDLE_API_KEY) expanded as the kubelet
     does, start the CPU tritonserver (2.51, Python backend) on this repository through tensorrt-plans.py (no
     plans here: it checks, then execs tritonserver), and the `helm test` script passes against it: readiness,
-    one BYTES inference, the restricted API refusing a request without the key."""
+    one BYTES inference, the restricted API refusing a request without the key. The liveness/readiness
+    command passes too; once the encoder's Python stub is dead (the shape-overflow request), Triton still says
+    ready on /v2/health/ready (the httpGet readiness probe would pass) and the canary probe fails."""
+    from tests.reliability.test_canary import shape_overflow
     from tritonbundle.server import ServerOptions, TritonServer, free_port
 
     key = "k" * 32
@@ -1027,10 +1118,20 @@ def test_rendered_tritonserver_arguments_start_a_real_triton_that_passes_the_hel
 
     options = ServerOptions(repository, http_port=ports["http"], grpc_port=ports["grpc"],
                             metrics_port=ports["metrics"], log_path=tmp_path / "tritonserver.log")
+    probe = container["livenessProbe"]["exec"]["command"]
+    assert probe == container["readinessProbe"]["exec"]["command"]
     with ChartArgsServer(options).start(ready_timeout_s=180) as server:
         result = _run_helm_test_script(f"http://{server.http_url}", API_HEADER="tritonbundle-key", API_KEY=key)
+        answered = _run_probe(probe, repository, ports["http"])
+        assert shape_overflow(server.http_url) == 500
+        with urllib.request.urlopen(f"http://{server.http_url}/v2/health/ready", timeout=5) as r:
+            ready = r.status
+        down = _run_probe(probe, repository, ports["http"])
     assert result.returncode == 0, result.stdout + result.stderr
     assert "L2 norm 1.0000" in result.stdout  # the MiniLM embedding is normalised
+    assert answered.returncode == 0 and "3 of 3 models answered" in answered.stdout, answered.stdout + answered.stderr
+    assert ready == 200, "Triton 2.51 says ready with a dead stub"
+    assert down.returncode == 1 and "minilm_encoder" in down.stderr and "not healthy" in down.stderr, down.stderr
 
 
 # -- docs -----------------------------------------------------------------------------------------

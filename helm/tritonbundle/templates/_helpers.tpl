@@ -166,6 +166,29 @@ Model repository
 {{- end }}
 
 {{/*
+The canary the liveness and readiness probes exec (files/canary.py, mounted from the scripts ConfigMap):
+every served model gets its smallest real request on the container's own HTTP port. The models: those of
+probes.canary.models; else, with explicit model control, server.loadModels (unless "*"); else every model
+folder of the repository the server reads (source pvc or image: a path inside the pod; s3 needs models).
+*/}}
+{{- define "tritonbundle.canaryCommand" -}}
+{{- $v := .Values }}
+{{- $cmd := list "python3" "/opt/tritonbundle/scripts/canary.py" "--url" (printf "http://127.0.0.1:%d" (int $v.server.ports.http)) "--timeout-s" (toString $v.probes.canary.requestTimeoutSeconds) }}
+{{- $models := $v.probes.canary.models }}
+{{- if and (not $models) (eq $v.server.modelControlMode "explicit") (not (has "*" $v.server.loadModels)) }}
+{{- $models = $v.server.loadModels }}
+{{- end }}
+{{- if $models }}
+{{- range $models }}
+{{- $cmd = append (append $cmd "--model") . }}
+{{- end }}
+{{- else }}
+{{- $cmd = append (append $cmd "--repository") (include "tritonbundle.modelRepositoryUrl" .) }}
+{{- end }}
+{{- toJson $cmd }}
+{{- end }}
+
+{{/*
 Restricted API key
 */}}
 {{- define "tritonbundle.apiKeySecretName" -}}
@@ -222,6 +245,9 @@ Checks that values.schema.json cannot express. Included by the workload template
 {{- end }}
 {{- if and (eq $v.modelRepository.source "s3") (not $v.modelRepository.s3.path) }}
 {{- fail "modelRepository.s3.path is required when modelRepository.source=s3 (bucket/prefix, no scheme)" }}
+{{- end }}
+{{- if and $v.probes.canary.enabled (eq $v.modelRepository.source "s3") (not $v.probes.canary.models) (not (and (eq $v.server.modelControlMode "explicit") (not (has "*" $v.server.loadModels)))) }}
+{{- fail "probes.canary with modelRepository.source=s3 needs the models to probe in probes.canary.models (the repository is in the bucket, not in the pod), or probes.canary.enabled=false for the httpGet probes" }}
 {{- end }}
 {{- if and $v.metrics.serviceMonitor.enabled $v.metrics.podMonitor.enabled }}
 {{- fail "enable metrics.serviceMonitor or metrics.podMonitor, not both (every series would be scraped twice)" }}

@@ -235,17 +235,30 @@ spec:
         periodSeconds: {{ $v.probes.startup.periodSeconds }}
         timeoutSeconds: {{ $v.probes.startup.timeoutSeconds }}
         failureThreshold: {{ div (add $v.probes.startup.budgetSeconds $v.probes.startup.periodSeconds -1) $v.probes.startup.periodSeconds }}
+      {{- /* Liveness and readiness: the canary (every served model answers its smallest request; busy answers
+      pass), because /v2/health/ready says ready while a Python-backend stub is dead before NGC 26.04 and
+      /v2/health/live never looks at the models. probes.canary.enabled=false: Triton's health endpoints. */}}
       livenessProbe:
+        {{- if $v.probes.canary.enabled }}
+        exec:
+          command: {{ include "tritonbundle.canaryCommand" . }}
+        {{- else }}
         httpGet:
           path: /v2/health/live
           port: http
+        {{- end }}
         periodSeconds: {{ $v.probes.liveness.periodSeconds }}
         timeoutSeconds: {{ $v.probes.liveness.timeoutSeconds }}
         failureThreshold: {{ $v.probes.liveness.failureThreshold }}
       readinessProbe:
+        {{- if $v.probes.canary.enabled }}
+        exec:
+          command: {{ include "tritonbundle.canaryCommand" . }}
+        {{- else }}
         httpGet:
           path: /v2/health/ready
           port: http
+        {{- end }}
         periodSeconds: {{ $v.probes.readiness.periodSeconds }}
         timeoutSeconds: {{ $v.probes.readiness.timeoutSeconds }}
         failureThreshold: {{ $v.probes.readiness.failureThreshold }}

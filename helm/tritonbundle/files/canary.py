@@ -1,0 +1,150 @@
+"""Readiness that means "answers": the smallest real request to every served model.
+
+Triton's ``/v2/health/ready`` says READY while a Python-backend model's stub is dead (aborted by a
+malformed request, or SIGKILLed by the OOM killer): no release restarts a dead stub
+(python_backend ``src/python_be.cc``, ``TRITONBACKEND_ModelInstanceExecute``: "If restart is equal to
+true, it indicates that the stub process is unhealthy", r25.08 and r26.07 alike), and every request
+to the model fails with "Stub process ... is not healthy". Since NGC 25.12/26.01 the model turns not
+ready (python_backend 395a780, ``TRITONBACKEND_ModelInstanceReady``) and since 26.04 the server's
+``/v2/health/ready`` says so too (core 53fc26e, server issue #8604); Triton 2.51, the CPU tier's, does
+neither. This module sends each model one request built
+from its own configuration (``/v2/models/<name>/config``: one row of BYTES ``"ok"`` or of ones, each
+variable dimension 1) and reports the models that did not answer.
+
+Standard library only, and no tritonbundle imports: the images and the Helm chart run this file as a
+script for their health checks (``python3 canary.py --repository /models/model_repository``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: config.pbtxt data types -> the inference protocol's.
+DATATYPES = {
+    "TYPE_STRING": "BYTES", "TYPE_BOOL": "BOOL", "TYPE_UINT8": "UINT8", "TYPE_INT8": "INT8", "TYPE_INT16": "INT16",
+    "TYPE_INT32": "INT32", "TYPE_INT64": "INT64", "TYPE_FP16": "FP16", "TYPE_FP32": "FP32", "TYPE_FP64": "FP64",
+    "TYPE_BF16": "BF16",
+}
+
+
+def served_models(repository: Path) -> list[str]:
+    """The models of a repository folder: sub-folders with a ``config.pbtxt``."""
+    return sorted(p.parent.name for p in Path(repository).glob("*/config.pbtxt"))
+
+
+def request_for(config: dict[str, Any]) -> dict[str, Any]:
+    """The smallest request ``config``'s inputs accept: batch 1 (when it batches), variable dims 1."""
+    batched = int(config.get("max_batch_size") or 0) > 0
+    inputs = []
+    for spec in config.get("input", []):
+        if spec.get("optional"):
+            continue
+        dims = [int(d) for d in spec.get("dims", [])]
+        if spec.get("reshape") is not None and not dims:
+            dims = [1]
+        shape = ([1] if batched else []) + [1 if d < 0 else d for d in dims]
+        datatype = DATATYPES.get(spec.get("data_type", ""), "FP32")
+        count = math.prod(shape) if shape else 1
+        data: list[Any] = ["ok"] * count if datatype == "BYTES" else [True] * count if datatype == "BOOL" else [1] * count
+        inputs.append({"name": spec["name"], "datatype": datatype, "shape": shape, "data": data})
+    return {"inputs": inputs}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A model that did not answer. ``fatal``: it cannot (an internal error such as a dead stub, or
+    no server); else it is busy (503 overload, a timeout) or the probe itself was refused (4xx), which
+    a restart would not fix."""
+
+    model: str
+    message: str
+    fatal: bool
+
+    def __str__(self) -> str:
+        return f"{self.model}: {self.message}"
+
+
+@dataclass
+class Canary:
+    """Probes ``models`` on the server at ``url`` (``http://host:port``)."""
+
+    url: str
+    models: Sequence[str]
+    timeout_s: float = 5.0
+    _requests: dict[str, dict[str, Any]] = field(default_factory=dict, init=False, repr=False)
+
+    def check(self) -> list[Problem]:
+        """One problem per model that did not answer (empty: every model answered)."""
+        problems = []
+        for model in self.models:
+            try:
+                self._infer(model)
+            except (OSError, ValueError) as e:
+                problems.append(Problem(model, _describe(e), _fatal(e)))
+        return problems
+
+    def _infer(self, model: str) -> None:
+        if model not in self._requests:
+            config = json.loads(self._call(f"/v2/models/{model}/config"))
+            self._requests[model] = request_for(config)
+        self._call(f"/v2/models/{model}/infer", self._requests[model])
+
+    def _call(self, path: str, body: dict[str, Any] | None = None) -> bytes:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url.rstrip("/") + path, data=data,
+                                     headers={"Content-Type": "application/json"} if data else {})
+        with urllib.request.urlopen(req, timeout=self.timeout_s) as r:  # noqa: S310 - the server's own address
+            return bytes(r.read())
+
+
+def _fatal(e: BaseException) -> bool:
+    if isinstance(e, urllib.error.HTTPError):
+        return e.code >= 500 and e.code not in (503, 504)
+    if isinstance(e, urllib.error.URLError):
+        return not isinstance(e.reason, TimeoutError)
+    return not isinstance(e, TimeoutError)
+
+
+def _describe(e: BaseException) -> str:
+    if isinstance(e, urllib.error.HTTPError):
+        try:
+            message = json.loads(e.read() or b"{}").get("error", "")
+        except ValueError:
+            message = ""
+        return f"HTTP {e.code}{': ' + message if message else ''}"
+    if isinstance(e, urllib.error.URLError):
+        return f"no answer ({e.reason})"
+    return f"{type(e).__name__}: {e}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="exit 0 when every served model answers its smallest request")
+    ap.add_argument("--url", default="http://127.0.0.1:8000", help="the server's HTTP address")
+    ap.add_argument("--repository", type=Path, help="probe every model of this repository folder")
+    ap.add_argument("--model", action="append", default=[], help="probe this model (repeatable)")
+    ap.add_argument("--timeout-s", type=float, default=4.0, help="per request")
+    args = ap.parse_args(argv)
+    models = list(args.model) + (served_models(args.repository) if args.repository else [])
+    if not models:
+        ap.error("name the models: --repository DIR or --model NAME")
+    started = time.monotonic()
+    problems = Canary(args.url, models, timeout_s=args.timeout_s).check()
+    for problem in problems:
+        print(f"canary: {problem}{'' if problem.fatal else ' (busy or refused: not counted as down)'}", file=sys.stderr)
+    print(f"canary: {len(models) - len(problems)} of {len(models)} models answered in "
+          f"{(time.monotonic() - started) * 1000:.0f} ms")
+    return 1 if any(p.fatal for p in problems) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
