@@ -94,6 +94,12 @@ class Canary:
         return problems
 
     def _infer(self, model: str) -> None:
+        try:  # 2.51 says ready with a dead stub; NGC 26.04+ says not ready (then requests get a 4xx)
+            self._call(f"/v2/models/{model}/ready")
+        except urllib.error.HTTPError as e:
+            if e.code in (400, 404):
+                raise NotReadyError(f"model not ready (HTTP {e.code} from /v2/models/{model}/ready)") from e
+            raise
         if model not in self._requests:
             config = json.loads(self._call(f"/v2/models/{model}/config"))
             self._requests[model] = request_for(config)
@@ -107,7 +113,13 @@ class Canary:
             return bytes(r.read())
 
 
+class NotReadyError(ValueError):
+    """The server says the model is not ready: a dead stub on NGC 26.04 and later."""
+
+
 def _fatal(e: BaseException) -> bool:
+    if isinstance(e, NotReadyError):
+        return True
     if isinstance(e, urllib.error.HTTPError):
         return e.code >= 500 and e.code not in (503, 504)
     if isinstance(e, urllib.error.URLError):
