@@ -87,8 +87,10 @@ def run(
 # -- process groups -----------------------------------------------------------------------------------
 def start_group(
     argv: Sequence[str | os.PathLike[str]], *, log: Path | IO[bytes] | None = None, env: Mapping[str, str] | None = None,
+    inherit_env: bool = True,
 ) -> subprocess.Popen[bytes]:
-    """Start ``argv`` as the leader of a new session (its own process group), output to ``log``.
+    """Start ``argv`` as the leader of a new session (its own process group), output to ``log``;
+    its environment is this one plus ``env`` (``inherit_env=False``: ``env`` alone).
     Not logged here: the command may carry a secret (tritonserver's API key); callers log it redacted."""
     out: Any = subprocess.DEVNULL
     if isinstance(log, Path):
@@ -99,7 +101,7 @@ def start_group(
     try:
         return subprocess.Popen(  # noqa: S603
             [str(a) for a in argv], stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            env=None if env is None else {**os.environ, **env},
+            env=dict(env) if not inherit_env and env is not None else None if env is None else {**os.environ, **env},
         )
     finally:
         if isinstance(log, Path):

@@ -255,7 +255,11 @@ class TritonServer:
         LOG.debug("starting %s", redact(" ".join(self.command()), o.restricted_api_key))
         log = Path(o.log_path) if o.log_path else None
         self._log_offset = log.stat().st_size if log is not None and log.exists() else 0
-        self.process = proc.start_group(self.command(), log=o.log_path, env=self.installation.env)
+        # The key reaches tritonserver on its command line only (2.51 has no other way to take it):
+        # never through the environment, which every Python stub inherits and may log.
+        env = {k: v for k, v in {**os.environ, **self.installation.env}.items()
+               if not (o.restricted_api_key and v == o.restricted_api_key)}
+        self.process = proc.start_group(self.command(), log=o.log_path, env=env, inherit_env=False)
         if wait:
             self.wait_ready(timeout_s=ready_timeout_s)
         return self

@@ -93,6 +93,12 @@ def test_no_key_reaches_a_log(repository: Path, tmp_path: Path) -> None:
         assert _status(http, "/v2/repository/index") == 403
         assert _status(http, "/v2/repository/index", {"tritonbundle-key": secret}) == 200
         assert _status(http, "/v2/repository/index", {"tritonbundle-key": "guess"}) == 403
+        # Nor the environment of tritonserver or of any Python stub it started (they may log it).
+        children = _descendants(proc.pid)
+        assert any(name.endswith("tritonserver") for name, _ in children.values())
+        assert any("stub" in name for name, _ in children.values()), children
+        leaked = [name for name, environ in children.values() if secret.encode() in environ]
+        assert not leaked, f"the API key is in the environment of {leaked}"
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
@@ -124,3 +130,27 @@ def test_pinned_dependencies_pass_the_audit_or_are_documented() -> None:
                if line.strip() and not line.startswith("#")}
     findings = [f"{d['name']} {d['version']}: {v['id']}" for d in audited for v in d.get("vulns", []) if v["id"] not in allowed]
     assert not findings, "fix or document in requirements/audit-allowlist.txt: " + "; ".join(findings)
+
+
+def _descendants(root: int) -> dict[int, tuple[str, bytes]]:
+    """pid -> (program, environment) of every process below ``root``, read from /proc."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    found, frontier = {}, [root]
+    while frontier:
+        pid = frontier.pop()
+        for child, parent in parents.items():
+            if parent == pid and child not in found:
+                try:
+                    argv0 = (Path("/proc") / str(child) / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+                    environ = (Path("/proc") / str(child) / "environ").read_bytes()
+                except OSError:
+                    continue
+                found[child] = (argv0, environ)
+                frontier.append(child)
+    return found
