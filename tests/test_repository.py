@@ -100,3 +100,12 @@ def test_failure_after_staging_swaps_nothing_in(repository: Path, tmp_path: Path
         write_repository(entries, repo, work_root=tmp_path / "work")
     assert {p: p.read_bytes() for p in repo.rglob("*") if p.is_file()} == before
     assert not list(tmp_path.glob(".model_repository.*"))
+
+
+def test_served_files_are_copies_not_links_of_the_artifacts(default_repository: Path) -> None:
+    """A later export rewrites build/artifacts: a hard link would change the served model with it."""
+    artifacts = ROOT / "build" / "artifacts" / "minilm"
+    for served, artifact in ((default_repository / "minilm_encoder" / "1" / "model.onnx", artifacts / "model.onnx"),
+                             (default_repository / "minilm_tokenizer" / "1" / "tokenizer.json", artifacts / "tokenizer.json")):
+        assert served.read_bytes() == artifact.read_bytes()
+        assert served.stat().st_ino != artifact.stat().st_ino, f"{served} is a hard link of {artifact}"

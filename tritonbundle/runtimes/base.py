@@ -97,8 +97,17 @@ def needs_calibration(spec: ModelSpec) -> None:
         )
 
 
+def copy_artifact(src: Path, dst: Path) -> None:
+    """Copy a build artifact into a version folder. Never a hard link: the artifacts folder is
+    rewritten by later exports and conversions, and a link would change the served file with it."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.unlink(missing_ok=True)
+    shutil.copy2(src, dst)
+
+
 def link_or_copy(src: Path, dst: Path) -> None:
-    """Hard-link ``src`` to ``dst`` (same file system), else copy it."""
+    """Hard-link ``src`` to ``dst`` (same file system), else copy it. Only for files of a previous
+    repository version, which nothing writes again (the swap moves them away whole)."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     if dst.exists():
         dst.unlink()

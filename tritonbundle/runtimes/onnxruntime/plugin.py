@@ -15,8 +15,8 @@ from tritonbundle.runtimes import served
 from tritonbundle.runtimes.base import (
     BuildContext,
     Written,
+    copy_artifact,
     encoder_config,
-    link_or_copy,
     needs_calibration,
     warmups,
 )
@@ -62,7 +62,7 @@ class OnnxRuntime:
 
     def write_files(self, ctx: BuildContext, version_dir: Path) -> Written:
         assert ctx.onnx_path is not None, "the onnxruntime runtime needs an ONNX file"
-        link_or_copy(ctx.onnx_path, version_dir / "model.onnx")
+        copy_artifact(ctx.onnx_path, version_dir / "model.onnx")
         if ctx.spec.target == "cpu":
             served.install(MODEL_PY, version_dir)
         return Written()

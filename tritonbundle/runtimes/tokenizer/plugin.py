@@ -11,7 +11,7 @@ from tritonbundle.manifest import ModelSpec
 from tritonbundle.modelconfig import DynamicBatching, InstanceGroup, ModelConfig, TensorSpec
 from tritonbundle.plan import ModelPlan
 from tritonbundle.runtimes import served
-from tritonbundle.runtimes.base import link_or_copy, queue_policy
+from tritonbundle.runtimes.base import copy_artifact, queue_policy
 
 MODEL_PY = Path(__file__).with_name("model.py")
 TOKENIZER_FILE = "tokenizer.json"
@@ -42,4 +42,4 @@ def config(spec: ModelSpec, plan: ModelPlan) -> ModelConfig:
 
 def write_files(tokenizer_json: Path, version_dir: Path) -> None:
     served.install(MODEL_PY, version_dir)
-    link_or_copy(tokenizer_json, version_dir / TOKENIZER_FILE)
+    copy_artifact(tokenizer_json, version_dir / TOKENIZER_FILE)
