@@ -176,6 +176,10 @@ class ServerOptions:
             self.restricted_api_key = secrets.token_urlsafe(24)
 
 
+#: Error lines the wheel's CPU-only tritonserver writes at every start.
+_BENIGN_ERRORS = ("CudaDriverHelper has not been initialized", "CUDA driver", "cuda", "GPU metrics")
+
+
 @dataclass
 class TritonServer:
     """A running ``tritonserver`` process; a context manager that stops it on exit.
@@ -291,14 +295,28 @@ class TritonServer:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
-                raise ServerError(
-                    f"tritonserver exited with code {self.process.returncode} before becoming ready\n{self.log_tail()}"
-                )
+                raise ServerError(f"tritonserver exited with code {self.process.returncode} before becoming ready: "
+                                  f"{self.cause()}\n{self.log_tail()}")
             if self.is_ready():
                 return
             time.sleep(0.1)
         self.stop()
-        raise ServerError(f"tritonserver was not ready after {timeout_s:g} s\n{self.log_tail()}")
+        raise ServerError(f"tritonserver was not ready after {timeout_s:g} s: {self.cause()}\n{self.log_tail()}")
+
+    def cause(self) -> str:
+        """The first error this start logged (a "failed to load" line, then any other glog ``E``
+        line except the CPU build's CUDA notices), else a pointer to the log."""
+        path = self.options.log_path
+        if path is None or not Path(path).exists():
+            return "no server log to say why"
+        with open(path, "rb") as f:
+            f.seek(self._log_offset)
+            lines = [line.strip() for line in f.read().decode(errors="replace").splitlines()]
+        errors = [line for line in lines if len(line) > 5 and line[0] == "E" and line[1:5].isdigit()
+                  and not any(noise in line for noise in _BENIGN_ERRORS)]
+        for line in [line for line in lines if "failed to load" in line] + errors:
+            return line.split("] ", 1)[1] if "] " in line else line
+        return f"no error line in {path} (its tail follows)"
 
     def log_tail(self, lines: int = 25) -> str:
         path = self.options.log_path

@@ -141,3 +141,21 @@ def test_the_canary_request_is_the_smallest_the_config_accepts() -> None:
     assert "extra" not in inputs
     assert request_for({"max_batch_size": 0, "input": [{"name": "x", "data_type": "TYPE_INT32", "dims": [-1]}]})[
         "inputs"][0]["shape"] == [1]
+
+
+@pytest.mark.slow
+def test_a_failed_start_names_its_cause(tmp_path: Path) -> None:
+    from tritonbundle.modelconfig import InstanceGroup, ModelConfig, TensorSpec, write_config
+
+    repo = tmp_path / "repo"
+    (repo / "broken" / "1").mkdir(parents=True)
+    (repo / "broken" / "1" / "model.onnx").write_bytes(b"this is not an ONNX model")
+    write_config(ModelConfig(name="broken", backend="onnxruntime", max_batch_size=0,
+                             inputs=(TensorSpec("x", "FP32", (1,)),), outputs=(TensorSpec("y", "FP32", (1,)),),
+                             instance_groups=(InstanceGroup(1, "KIND_CPU"),)), repo / "broken")
+    server = TritonServer(ServerOptions(repo, http_port=0, grpc_port=0, metrics_port=0, log_path=tmp_path / "log"))
+    with pytest.raises(ServerError) as failed:
+        server.start(ready_timeout_s=120)
+    first_line = str(failed.value).splitlines()[0]
+    assert "before becoming ready" in first_line and "broken" in first_line, first_line
+    assert "Protobuf parsing failed" in first_line or "failed to load" in first_line, first_line

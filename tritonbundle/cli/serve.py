@@ -24,6 +24,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if problems:
             raise ServerError("refusing to start: " + "; ".join(problems))
 
+    if args.log_file is None:  # a failed start must be able to say why
+        import tempfile
+
+        args.log_file = Path(tempfile.gettempdir()) / f"tritonbundle-serve-{os.getpid()}.log"
+        LOG.info("server log: %s (--log-file to choose)", args.log_file)
     key = os.environ.get(args.api_key_env) if args.api_key_env else None
     if not key:
         LOG.info("$%s is not set: the model-repository, shared-memory, trace and logging APIs are locked with "
