@@ -37,6 +37,17 @@ def test_target_index_refuses_a_row_longer_than_every_target() -> None:
     assert contract.pad_length(7, []) == 7  # the ragged policy: pad to the request's own longest row
 
 
+def test_token_ids_outside_the_table_are_named_with_their_place() -> None:
+    ids = np.array([[101, 7, 102], [101, 30522, 102]], np.int64)
+    assert contract.token_ids_problem("input_ids", ids, 30522) == (
+        "input input_ids holds 30522 at [1, 1]: token ids must lie in [0, 30522) (the model's vocabulary)"
+    )
+    assert "holds -3 at [0, 2]" in contract.token_ids_problem("ids", np.array([[1, 2, -3]]), 10)
+    assert contract.token_ids_problem("ids", np.array([[0, 9]]), 10) == ""
+    assert contract.token_ids_problem("ids", np.array([[99]]), 0) == ""  # table size unknown: not checked
+    assert contract.token_ids_problem("ids", np.zeros((1, 0), np.int64), 10) == ""
+
+
 def _pytorch() -> PyTorchParameters:
     return PyTorchParameters(
         padding_policy="targets", padding_targets=(32, 512), max_sequence_length=512, weights_file="w",

@@ -50,6 +50,16 @@ CASES = [
     Case("extra input", "minilm", {"TEXT": _text(b"x"), "EXTRA": _text(b"y")}, "Got input(s) ['EXTRA','TEXT']"),
     Case("mismatched ids and mask", "minilm_encoder",
          {"input_ids": np.ones((1, 4), np.int64), "attention_mask": np.ones((1, 5), np.int64)}, "inputs disagree"),
+    # Token input sent straight to the encoder: ONNX Runtime's own failures were HTTP 500 / INTERNAL.
+    Case("token id beyond the vocabulary", "minilm_encoder",
+         {"input_ids": np.array([[101, 999999, 102]], np.int64), "attention_mask": np.ones((1, 3), np.int64)},
+         "input input_ids holds 999999 at [0, 1]: token ids must lie in [0, 30522)"),
+    Case("negative token id", "minilm_encoder",
+         {"input_ids": np.array([[101, -5, 102]], np.int64), "attention_mask": np.ones((1, 3), np.int64)},
+         "input input_ids holds -5"),
+    Case("empty sequence", "minilm_encoder",
+         {"input_ids": np.ones((1, 0), np.int64), "attention_mask": np.ones((1, 0), np.int64)},
+         "a dynamic dimension is empty"),
 ]
 
 

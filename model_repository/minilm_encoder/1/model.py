@@ -11,6 +11,11 @@ Settings: :class:`tritonbundle.contract.OnnxRuntimeParameters` in the config's `
   intra_op_threads     ONNX Runtime threads per instance (0: ONNX Runtime's default)
   max_sequence_length  longest dynamic dimension accepted (0: no limit); longer requests get INVALID_ARG
   pad_values           input name -> padding value (default 0)
+
+Client errors (INVALID_ARG: HTTP 400, gRPC INVALID_ARGUMENT) rather than ONNX Runtime failures: an input
+with an empty dynamic dimension, an index input outside the table it gathers from (found in the graph:
+a ``Gather`` of an initializer by a graph input, such as token ids into the word embeddings), and any
+error ONNX Runtime itself reports as an invalid argument.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ if (_HERE / "tritonbundle").is_dir() and sys.path[:1] != [str(_HERE)]:
 import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
-from tritonbundle.contract import OnnxRuntimeParameters  # noqa: E402
+from tritonbundle.contract import OnnxRuntimeParameters, token_ids_problem  # noqa: E402
 
 try:
     import triton_python_backend_utils as pb_utils
@@ -50,6 +55,24 @@ class RequestError(ValueError):
     pass
 
 
+def index_tables(onnx_path: Path, input_names: list[str]) -> dict[str, int]:
+    """Graph input -> rows of the initializer it indexes with ``Gather`` (token ids -> vocabulary size)."""
+    import onnx
+
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    dims = {t.name: list(t.dims) for t in graph.initializer}
+    tables: dict[str, int] = {}
+    for node in graph.node:
+        if node.op_type != "Gather" or len(node.input) != 2:
+            continue
+        table, indices = node.input
+        axis = next((int(a.i) for a in node.attribute if a.name == "axis"), 0)
+        if indices in input_names and len(dims.get(table, ())) > axis:
+            rows = int(dims[table][axis])
+            tables[indices] = min(rows, tables.get(indices, rows))
+    return tables
+
+
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
@@ -67,6 +90,7 @@ class TritonPythonModel:
         self.pad_values = params.pad_values
         self.inputs = [(i["name"], _NP[i["data_type"]], [int(d) for d in i["dims"]]) for i in config["input"]]
         self.outputs = [o["name"] for o in config["output"]]
+        self.tables = index_tables(version_dir / params.onnx_file, [name for name, _, _ in self.inputs])
         graph_inputs = {i.name for i in self.session.get_inputs()}
         missing = [name for name, _, _ in self.inputs if name not in graph_inputs]
         if missing:
@@ -93,6 +117,11 @@ class TritonPythonModel:
                     f"input {name} has shape {list(array.shape)}: longer than the largest supported "
                     f"sequence length {self.max_seq}"
                 )
+            if any(d == -1 and size == 0 for d, size in zip(dims, array.shape[1:])):
+                raise RequestError(f"input {name} has shape {list(array.shape)}: a dynamic dimension is empty")
+            problem = token_ids_problem(name, array, self.tables.get(name, 0))
+            if problem:
+                raise RequestError(problem)
             arrays[name] = array
         shapes = {tuple(a.shape[:2]) for a in arrays.values() if a.ndim >= 2}
         if len(shapes) > 1 and self.batched:
@@ -134,9 +163,11 @@ class TritonPythonModel:
         try:
             results = self.session.run(self.outputs, feed)
         except Exception as e:  # noqa: BLE001 - any ONNX Runtime failure becomes an error response
+            # ONNX Runtime's InvalidArgument: the request's content, not the server, is at fault.
+            code = "INVALID_ARG" if type(e).__name__ == "InvalidArgument" else "INTERNAL"
             for index, _ in group:
                 responses[index] = pb_utils.InferenceResponse(
-                    output_tensors=[], error=_error(f"ONNX Runtime failed: {e}", "INTERNAL")
+                    output_tensors=[], error=_error(f"ONNX Runtime failed: {e}", code)
                 )
             return
         start = 0

@@ -128,6 +128,26 @@ def test_token_input_longer_than_the_limit_is_refused_by_name(pytorch_server: An
         client.infer({"input_ids": ids, "attention_mask": np.ones_like(ids)}, model="minilm_encoder")
 
 
+@pytest.mark.parametrize(("ids", "mask", "message"), [
+    ([[101, 30522, 102]], [[1, 1, 1]], r"holds 30522 at \[0, 1\]: token ids must lie in \[0, 30522\)"),
+    ([[101, -1, 102]], [[1, 1, 1]], "holds -1"),
+    ([[]], [[]], r"shape \[1, 0\]: the sequence is empty"),
+])
+def test_token_input_the_embedding_table_cannot_take_is_refused_by_name(
+    pytorch_server: Any, ids: list[list[int]], mask: list[list[int]], message: str
+) -> None:
+    """On a GPU an id outside the table is a device-side assert that leaves the model's CUDA context dead."""
+    from tritonbundle.clients import GrpcClient, HttpClient, InvalidInputError
+
+    feed = {"input_ids": np.array(ids, np.int64), "attention_mask": np.array(mask, np.int64)}
+    with GrpcClient(pytorch_server.grpc_url) as client, pytest.raises(InvalidInputError, match=message):
+        client.infer(feed, model="minilm_encoder")
+    with HttpClient(pytorch_server.http_url) as http, pytest.raises(InvalidInputError, match=message):
+        http.infer(feed, model="minilm_encoder")
+    with HttpClient(pytorch_server.http_url) as http:
+        assert http.embed(["still serving"]).shape == (1, 384)
+
+
 def test_the_encoder_writes_its_statistics_for_the_benchmark(pytorch_server: Any) -> None:
     from tritonbundle.clients import GrpcClient
     from tritonbundle.runtimes.pytorch.stats import read_stats, read_stats_info

@@ -62,6 +62,8 @@ class Engine:
         config, state = recipes.load_folder(Path(weights_dir))
         self.module: Any = recipes.encoder(config, state, dtype=self.dtype, device=self.device)
         self.hidden = int(config["hidden_size"])
+        #: Rows of the embedding table: token ids outside [0, vocab_size) are refused before they reach it.
+        self.vocab_size = int(config["vocab_size"])
         self.max_sequence_length = int(max_sequence_length)
         self.targets = tuple(sorted(int(t) for t in targets)) or (self.max_sequence_length,)
         self.use_graphs = bool(cuda_graphs and on_gpu and batch_buckets)

@@ -26,7 +26,7 @@ if (_HERE / "tritonbundle").is_dir() and sys.path[:1] != [str(_HERE)]:
 import numpy as np  # noqa: E402
 import numpy.typing as npt  # noqa: E402
 
-from tritonbundle.contract import PyTorchParameters  # noqa: E402
+from tritonbundle.contract import PyTorchParameters, token_ids_problem  # noqa: E402
 from tritonbundle.runtimes.pytorch.engine import Engine  # noqa: E402
 from tritonbundle.runtimes.pytorch.launch import used_lengths  # noqa: E402
 from tritonbundle.runtimes.pytorch.stats import new_stats, writer_for  # noqa: E402
@@ -98,6 +98,11 @@ class TritonPythonModel:
                 f"input {self.input_names[0]} has shape {list(ids.shape)}: longer than the largest supported "
                 f"sequence length {self.max_seq}"
             )
+        if ids.shape[1] == 0:
+            raise RequestError(f"input {self.input_names[0]} has shape {list(ids.shape)}: the sequence is empty")
+        problem = token_ids_problem(self.input_names[0], ids, self.engine.vocab_size)
+        if problem:
+            raise RequestError(problem)
         return ids, mask
 
     def execute(self, requests: list[Any]) -> list[Any]:

@@ -62,6 +62,22 @@ def pad_length(longest: int, targets: Sequence[int]) -> int:
     return int(ordered[i]) if i < len(ordered) else int(longest)
 
 
+# -- token input a served encoder accepts ------------------------------------------------------------------
+# A request that calls an encoder directly (not through the ensemble's tokenizer) may carry anything. What
+# breaks the model gets a client error naming the input: an id outside the embedding table is an index
+# error on the CPU, and on a GPU a device-side assert that leaves the CUDA context (so the model) dead.
+def token_ids_problem(name: str, ids: np.ndarray[Any, Any], vocab_size: int) -> str:
+    """Why ``ids`` cannot index a table of ``vocab_size`` rows ('' when it can; no check when the size is 0)."""
+    if ids.size == 0 or vocab_size <= 0:
+        return ""
+    low, high = int(ids.min()), int(ids.max())
+    if low >= 0 and high < vocab_size:
+        return ""
+    bad = low if low < 0 else high
+    where = [int(i) for i in np.argwhere(ids == bad)[0]]
+    return f"input {name} holds {bad} at {where}: token ids must lie in [0, {vocab_size}) (the model's vocabulary)"
+
+
 # -- parameter records ---------------------------------------------------------------------------------
 class ContractError(ValueError):
     """A config's parameters do not match the record its model reads."""
