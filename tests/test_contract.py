@@ -52,7 +52,7 @@ def _pytorch() -> PyTorchParameters:
     return PyTorchParameters(
         padding_policy="targets", padding_targets=(32, 512), max_sequence_length=512, weights_file="w",
         config_file="c", recipe="minilm", random_weights=False, precision="fp16", cuda_graphs=True,
-        batch_buckets=(1, 8),
+        batch_buckets=(1, 8), packing=True,
     )
 
 

@@ -203,6 +203,8 @@ class PyTorchParameters(EncoderParameters):
     cuda_graphs: bool
     #: Batch sizes CUDA graphs are captured for.
     batch_buckets: tuple[int, ...]
+    #: Several texts per row of a launch (the encoder's packed forward).
+    packing: bool
 
 
 @dataclasses.dataclass(frozen=True)

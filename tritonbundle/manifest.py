@@ -76,6 +76,9 @@ class Tunables:
     hardware_compatibility: str = knob("none", {"enum": ["none", "ampere+", "same-compute-capability"]})
     version_compatible: bool = knob(False, {"type": "boolean"})
     cuda_graphs: bool = knob(True, {"type": "boolean"})
+    packing: bool = knob(True, {"type": "boolean"},
+                         "pytorch runtime: short texts share rows of a launch, each attending only to itself, "
+                         "when that costs less than padding them to their own rows")
     multi_arch: bool = knob(False, {"type": "boolean"}, "name plans per compute capability (cc_model_filenames)")
 
 

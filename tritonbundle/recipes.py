@@ -187,6 +187,30 @@ def _encoder_class() -> type:
             counts = weights.sum(dim=1).clamp(min=1e-9)
             return torch.nn.functional.normalize(summed / counts, p=2.0, dim=1)
 
+        def packed(
+            self, input_ids: torch.Tensor, slots: torch.Tensor, position_ids: torch.Tensor, n_slots: int
+        ) -> torch.Tensor:
+            """Several texts per row: ``slots`` numbers each token's text 1..``n_slots`` (0: padding or a
+            masked token), ``position_ids`` restart at each text. A token attends only to tokens of its
+            own text (a padding token only to itself), so each text's embedding is what :meth:`forward`
+            gives it alone. Returns [batch, n_slots, hidden]; an unused slot is a zero vector."""
+            rows, width = slots.shape
+            keep = (slots[:, :, None] == slots[:, None, :]) & (slots[:, None, :] != 0)
+            keep = keep | torch.eye(width, dtype=torch.bool, device=slots.device)
+            mask = keep[:, None, :, :]
+            if self.additive:
+                dtype = self.bert.embeddings.word_embeddings.weight.dtype
+                mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+            hidden = self.bert(
+                input_ids=input_ids, attention_mask=mask, token_type_ids=torch.zeros_like(input_ids),
+                position_ids=position_ids,
+            ).last_hidden_state.float()
+            numbers = torch.arange(1, n_slots + 1, device=slots.device)
+            member = (slots[:, :, None] == numbers).float()  # [rows, width, n_slots]
+            summed = member.transpose(1, 2) @ hidden
+            counts = member.sum(dim=1).clamp(min=1e-9)[:, :, None]
+            return torch.nn.functional.normalize(summed / counts, p=2.0, dim=2)
+
     _CLASS.append(MeanPooledEncoder)
     return MeanPooledEncoder
 

@@ -65,7 +65,11 @@ def hints(b: dict[str, Any], options: BenchOptions) -> list[str]:
     pad = (b.get("padding") or {}).get("computed_per_useful")
     seq = (b.get("padding") or {}).get("seq_padded_per_useful")
     if pad is not None and pad > 1.15:
-        if seq is not None and pad > 1.01 * seq:
+        if seq is not None and pad < seq:
+            out.append(f"computed/useful tokens {pad:.2f} with texts packed into shared rows ({seq:.2f} padding each "
+                       "text to its target): the rest is packed rows left part empty and empty rows padding batches "
+                       "up to their bucket (finer batch buckets would lower it)")
+        elif seq is not None and pad > 1.01 * seq:
             out.append(f"computed/useful tokens {pad:.2f}, of which sequence padding {seq:.2f}: the rest is empty rows "
                        "padding batches up to their bucket and length groups merged into one launch (fewer launches)")
         else:

@@ -5,7 +5,6 @@ answer is checked against the recipe's encoder run one row at a time at the row'
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -86,29 +85,27 @@ def test_the_engine_matches_the_encoder_run_row_by_row_unpadded(weights: Path) -
 
 
 class _EagerGraph:
-    """Stands in for a captured CUDA graph: static buffers, replay() runs the module on them."""
+    """Stands in for a captured CUDA graph: static buffers, replay() runs the engine's forward on them."""
 
-    def __init__(self, module: Any, batch: int, target: int, hidden: int) -> None:
-        import torch
-
-        self.module = module
-        self.ids = torch.zeros((batch, target), dtype=torch.long)
-        self.mask = torch.zeros((batch, target), dtype=torch.long)
-        self.out = torch.full((batch, hidden), float("nan"))
+    def __init__(self, engine: Engine, batch: int, target: int) -> None:
+        self.forward = engine._forward
+        self.inputs = tuple(t.clone().zero_() for t in engine._dummy(batch, target))
+        self.out = self.forward(*self.inputs).clone().fill_(float("nan"))
 
     def replay(self) -> None:
         import torch
 
         with torch.no_grad():
-            self.out.copy_(self.module(self.ids, self.mask))
+            self.out.copy_(self.forward(*self.inputs))
 
 
 @pytest.mark.slow
-def test_the_graph_path_pads_batches_to_buckets_and_returns_rows_in_order(weights: Path) -> None:
+@pytest.mark.parametrize("packing", [False, True])
+def test_the_graph_path_pads_batches_to_buckets_and_returns_rows_in_order(weights: Path, packing: bool) -> None:
     targets, buckets = (16, 64, 512), (1, 2, 4, 8)
-    engine = Engine(weights, device="cpu", targets=targets).prepare()
+    engine = Engine(weights, device="cpu", targets=targets, packing=packing).prepare()
     engine.use_graphs, engine.buckets = True, buckets
-    engine.graphs = {(b, s): _EagerGraph(engine.module, b, s, engine.hidden) for b in buckets for s in targets}
+    engine.graphs = {(b, s): _EagerGraph(engine, b, s) for b in buckets for s in targets}  # type: ignore[misc]
     cost = {(b, s): 1e-3 + 1e-6 * b * s for b in buckets for s in targets}
     engine.planner = LaunchPlanner(targets, buckets, cost)
     lengths = [5, 16, 17, 40, 63, 200, 3, 9, 9, 9, 12, 33]
@@ -118,8 +115,27 @@ def test_the_graph_path_pads_batches_to_buckets_and_returns_rows_in_order(weight
     expected = _reference(weights, rows, masks)
     assert not np.isnan(got).any()
     assert ((got * expected).sum(axis=1)).min() > 0.9999
-    assert stats["computed_tokens"] == launch_tokens(engine.planner.plan(arr))
-    assert stats["launches"] == len(engine.planner.plan(arr))
+    launches = engine.planner.plan_packed(arr)[1] if packing else engine.planner.plan(arr)
+    assert stats["computed_tokens"] == launch_tokens(launches)
+    assert stats["launches"] == len(launches)
+    if packing:  # the short rows share rows of a launch: fewer tokens computed than one text per row
+        assert launch_tokens(launches) < launch_tokens(engine.planner.plan(arr))
+
+
+@pytest.mark.slow
+def test_packed_launches_match_the_encoder_row_by_row_also_for_masks_with_holes(weights: Path) -> None:
+    engine = Engine(weights, device="cpu", precision="fp32", targets=(16, 64, 128), packing=True).prepare()
+    rows, masks, lengths = _rows([5, 16, 17, 40, 3, 9, 9, 9, 12, 33, 120, 2], seed=5)
+    masks[3][7] = 0  # a masked token inside a row: it must be left out exactly as in the unpacked forward
+    ids, mask = stack_rows(rows, masks)
+    from tritonbundle.runtimes.pytorch.launch import used_lengths
+
+    stats = new_stats()
+    got = engine.embed(ids, mask, used_lengths(mask), stats)
+    plain = Engine(weights, device="cpu", precision="fp32", targets=(16, 64, 128)).prepare()
+    expected = plain.embed(ids, mask, used_lengths(mask))
+    np.testing.assert_allclose(got, expected, atol=2e-5)
+    assert stats["launches"] < len(plain.planner.plan(used_lengths(mask)))
 
 
 @pytest.mark.slow

@@ -109,3 +109,74 @@ def test_without_buckets_each_launch_has_exactly_its_rows() -> None:
     assert sum(len(m) for _, _, m in launches) == 4
     assert pe.launch_tokens(launches) == sum(b * s for b, s, _ in launches)
     assert planner.batches(5, 16) == [5] and planner.batches(0, 16) == []
+
+
+# -- packing ---------------------------------------------------------------------------------------------
+@settings(max_examples=150, deadline=None)
+@given(lengths=hs.lists(hs.integers(min_value=1, max_value=128), min_size=1, max_size=60),
+       width=hs.sampled_from([16, 64, 128]))
+def test_packing_puts_every_short_row_in_one_bin_within_its_width_and_slots(lengths: list[int], width: int) -> None:
+    short = [n for n in lengths if n <= width]
+    bins = pe.pack_rows(short, width, pe.max_slots(width))
+    assert sorted(i for b in bins for i in b) == list(range(len(short)))
+    for b in bins:
+        assert sum(short[i] for i in b) <= width
+        assert len(b) <= pe.max_slots(width)
+        # the target a bin lands on (at least its unit length) always has a slot for each of its texts
+        assert pe.max_slots(pe.unit_length(sum(short[i] for i in b), len(b))) >= len(b)
+
+
+@settings(max_examples=100, deadline=None)
+@given(lengths=hs.lists(hs.integers(min_value=1, max_value=512), min_size=1, max_size=80))
+def test_packed_plan_carries_every_text_once_and_never_costs_more(lengths: list[int]) -> None:
+    targets, buckets = (22, 32, 59, 121, 241, 512), (1, 2, 4, 8, 16, 32)
+    cost = {(b, s): 2e-4 + 1e-7 * b * s for b in buckets for s in targets}
+    planner = pe.LaunchPlanner(targets, buckets, cost)
+    arr = np.array(lengths)
+    units, launches = planner.plan_packed(arr)
+    texts = np.concatenate([units[u] for _, _, members in launches for u in members])
+    assert sorted(texts.tolist()) == list(range(len(lengths)))
+    for batch, target, members in launches:
+        assert batch in buckets and len(members) <= batch
+        for u in members:
+            assert pe.unit_length(int(arr[units[u]].sum()), len(units[u])) <= target
+            assert len(units[u]) <= pe.max_slots(target)
+    assert planner.launch_cost(launches) <= planner.launch_cost(planner.plan(arr)) + 1e-12
+
+
+def test_chat_traffic_packs_to_little_padding() -> None:
+    """The H200 bench's bert-base plan on chat-like lengths: packed, the computed tokens come close to the
+    useful ones; one text per row, empty rows and padded lengths cost about twice as much."""
+    from tritonbundle.traffic import synthetic
+
+    targets = (22, 32, 41, 50, 59, 71, 85, 102, 121, 143, 169, 199, 241, 299, 384, 512)
+    buckets = (1, 2, 4, 8, 16, 32)
+    # The H200's measured graph times for this model (docs/benchmarks/h200-bert-base.json, timings_ms:
+    # 0.71 ms for 1x22, 7.68 ms for 128x121, 39.9 ms for 128x512): a launch cost plus a cost per token.
+    cost = {(b, s): 6.5e-4 + 5.5e-7 * b * s for b in buckets for s in targets}
+    planner = pe.LaunchPlanner(targets, buckets, cost)
+    lengths = np.minimum(synthetic("chat", n=2000, seed=1).row_lengths(), 512)
+    plain = packed = useful = 0
+    plain_s = packed_s = 0.0
+    for batch in np.array_split(lengths, len(lengths) // 24):
+        one_per_row, (_, launches) = planner.plan(batch), planner.plan_packed(batch)
+        plain += pe.launch_tokens(one_per_row)
+        packed += pe.launch_tokens(launches)
+        plain_s += planner.launch_cost(one_per_row)
+        packed_s += planner.launch_cost(launches)
+        useful += int(batch.sum())
+    print(f"chat, 24 texts per call: computed/useful {plain / useful:.2f} one text per row, {packed / useful:.2f} packed; "
+          f"GPU time {packed_s / plain_s:.2f} of one text per row")
+    assert packed / useful <= 1.25 and plain / useful >= 1.5
+    assert packed_s <= 0.7 * plain_s
+
+
+def test_pack_inputs_places_each_text_back_to_back_with_its_number_and_positions() -> None:
+    ids = np.array([[101, 5, 6, 102, 0], [101, 7, 102, 0, 0], [101, 8, 9, 10, 102]])
+    masks = (ids != 0).astype(np.int64)
+    lengths = pe.used_lengths(masks)
+    host, rows, slots, texts = pe.pack_inputs(ids, masks, lengths, [np.array([0, 1]), np.array([2])], 2, 8)
+    assert host[0].tolist() == [[101, 5, 6, 102, 101, 7, 102, 0], [101, 8, 9, 10, 102, 0, 0, 0]]
+    assert host[1].tolist() == [[1, 1, 1, 1, 2, 2, 2, 0], [1, 1, 1, 1, 1, 0, 0, 0]]
+    assert host[2].tolist() == [[0, 1, 2, 3, 0, 1, 2, 0], [0, 1, 2, 3, 4, 0, 0, 0]]
+    assert rows.tolist() == [0, 0, 1] and slots.tolist() == [0, 1, 0] and texts.tolist() == [0, 1, 2]

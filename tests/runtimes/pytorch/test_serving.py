@@ -157,7 +157,8 @@ def test_the_encoder_writes_its_statistics_for_the_benchmark(pytorch_server: Any
     time.sleep(0.6)
     stats = read_stats(pytorch_server.stats_dir)
     assert stats["rows"] >= 2 and stats["useful_tokens"] > 0
-    assert stats["computed_tokens"] >= stats["seq_tokens"] >= stats["useful_tokens"]
+    # Packed launches may compute fewer tokens than padding each text to its target would.
+    assert stats["computed_tokens"] >= stats["useful_tokens"] and stats["seq_tokens"] >= stats["useful_tokens"]
     assert stats["t_execute_s"] > 0
     info = read_stats_info(pytorch_server.stats_dir)
     assert info and info[0]["device"] == "cpu" and info[0]["cuda_graphs"] is False

@@ -5,6 +5,11 @@ for every (batch bucket, padding target) of the build plan, the way a TensorRT e
 optimization profile per shape; the launch planner's costs are the graphs' measured replay times.
 On the CPU it runs eagerly in FP32 (no graphs), so the same engine is tested on the CPU server.
 Also used outside Triton: the benchmark's ceiling runs it in-process.
+
+With ``packing`` every launch runs the encoder's packed forward (several texts per row, each attending
+only to itself: :meth:`MeanPooledEncoder.packed`), and the planner packs short texts into shared rows
+when that costs less (:meth:`LaunchPlanner.plan_packed`); a launch's inputs are the token ids, each
+token's text number within its row and its position within its text.
 """
 
 from __future__ import annotations
@@ -19,7 +24,13 @@ import numpy.typing as npt
 
 from tritonbundle import recipes
 from tritonbundle.contract import target_index
-from tritonbundle.runtimes.pytorch.launch import EAGER_COST, LaunchPlanner, launch_tokens
+from tritonbundle.runtimes.pytorch.launch import (
+    EAGER_COST,
+    LaunchPlanner,
+    launch_tokens,
+    max_slots,
+    pack_inputs,
+)
 
 #: Host-side cost of one graph launch (input copies + replay call), added to its measured GPU time.
 LAUNCH_OVERHEAD_S = 30e-6
@@ -28,12 +39,13 @@ Shape = tuple[int, int]
 
 
 class _Graph:
-    """A captured graph and the static tensors it reads and writes."""
+    """A captured graph and the static tensors it reads and writes (``inputs``: the forward's inputs in
+    order, each [batch, target])."""
 
-    __slots__ = ("graph", "ids", "mask", "out")
+    __slots__ = ("graph", "inputs", "out")
 
-    def __init__(self, graph: Any, ids: Any, mask: Any, out: Any) -> None:
-        self.graph, self.ids, self.mask, self.out = graph, ids, mask, out
+    def __init__(self, graph: Any, inputs: Sequence[Any], out: Any) -> None:
+        self.graph, self.inputs, self.out = graph, tuple(inputs), out
 
     def replay(self) -> None:
         self.graph.replay()
@@ -45,6 +57,7 @@ class Engine:
     def __init__(
         self, weights_dir: Path | str, *, device: str = "cpu", precision: str = "fp16", targets: Sequence[int] = (512,),
         batch_buckets: Sequence[int] = (), cuda_graphs: bool = True, max_sequence_length: int = 512,
+        packing: bool = False,
     ) -> None:
         import torch
 
@@ -66,6 +79,7 @@ class Engine:
         self.vocab_size = int(config["vocab_size"])
         self.max_sequence_length = int(max_sequence_length)
         self.targets = tuple(sorted(int(t) for t in targets)) or (self.max_sequence_length,)
+        self.packing = bool(packing)
         self.use_graphs = bool(cuda_graphs and on_gpu and batch_buckets)
         self.buckets = tuple(sorted(int(b) for b in batch_buckets)) if self.use_graphs else ()
         self.graphs: dict[Shape, _Graph] = {}
@@ -81,8 +95,7 @@ class Engine:
         torch = self.torch
         start = time.monotonic()
         with torch.no_grad():
-            ids, mask = self._dummy(1, self.targets[0])
-            self.module(ids, mask)
+            self._forward(*self._dummy(1, self.targets[0]))
         if self.use_graphs:
             try:
                 self._capture()
@@ -100,12 +113,21 @@ class Engine:
         self.capture_s = time.monotonic() - start
         return self
 
-    def _dummy(self, batch: int, target: int) -> tuple[Any, Any]:
+    def _dummy(self, batch: int, target: int) -> tuple[Any, ...]:
+        """Inputs of one launch of this shape: ids and mask, or (packing) ids, text numbers, positions."""
         torch = self.torch
         ids = torch.zeros((batch, target), dtype=torch.long, device=self.device)
         ids[:, 0] = recipes.CLS_ID
         mask = torch.ones((batch, target), dtype=torch.long, device=self.device)
-        return ids, mask
+        if not self.packing:
+            return ids, mask
+        positions = torch.arange(target, device=self.device).expand(batch, target).contiguous()
+        return ids, mask, positions
+
+    def _forward(self, *inputs: Any) -> Any:
+        if not self.packing:
+            return self.module(*inputs)
+        return self.module.packed(*inputs, max_slots(int(inputs[0].shape[1])))
 
     def shapes(self) -> list[Shape]:
         return sorted(((b, s) for b in self.buckets for s in self.targets), key=lambda bs: -bs[0] * bs[1])
@@ -118,19 +140,18 @@ class Engine:
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side), torch.no_grad():
             for shape in shapes:
-                ids, mask = self._dummy(*shape)
+                inputs = self._dummy(*shape)
                 for _ in range(2):
-                    self.module(ids, mask)
-                statics[shape] = (ids, mask)
+                    self._forward(*inputs)
+                statics[shape] = inputs
         torch.cuda.current_stream(self.device).wait_stream(side)
         torch.cuda.synchronize(self.device)
         pool = torch.cuda.graph_pool_handle()
         for shape in shapes:  # largest first, so smaller graphs reuse the shared pool's memory
-            ids, mask = statics[shape]
             graph = torch.cuda.CUDAGraph()
             with torch.no_grad(), torch.cuda.graph(graph, pool=pool):
-                out = self.module(ids, mask)
-            self.graphs[shape] = _Graph(graph, ids, mask, out)
+                out = self._forward(*statics[shape])
+            self.graphs[shape] = _Graph(graph, statics[shape], out)
         torch.cuda.synchronize(self.device)
 
     def time_shapes(self, reps: int = 3, shapes: Iterable[Shape] | None = None) -> dict[Shape, float]:
@@ -164,7 +185,11 @@ class Engine:
             return out
         width = int(ids.shape[1])
         t0 = time.perf_counter()
-        launches = self.planner.plan(lengths)
+        units = None
+        if self.packing:
+            units, launches = self.planner.plan_packed(lengths)
+        else:
+            launches = self.planner.plan(lengths)
         t_plan = time.perf_counter() - t0
         gpu = self.device.type == "cuda"
         events = None
@@ -177,10 +202,14 @@ class Engine:
                 events[0].record()
             for batch, target, members in launches:
                 f0 = time.perf_counter()
-                host = np.zeros((2, batch, target), dtype=np.int64)  # token ids, attention mask
-                w = min(target, width)
-                host[0, : len(members), :w] = ids[members, :w]
-                host[1, : len(members), :w] = masks[members, :w]
+                if units is None:
+                    host = np.zeros((2, batch, target), dtype=np.int64)  # token ids, attention mask
+                    w = min(target, width)
+                    host[0, : len(members), :w] = ids[members, :w]
+                    host[1, : len(members), :w] = masks[members, :w]
+                    texts = members
+                else:
+                    host, rows, slots, texts = pack_inputs(ids, masks, lengths, [units[u] for u in members], batch, target)
                 f1 = time.perf_counter()
                 staged = torch.from_numpy(host)
                 if gpu:
@@ -190,15 +219,20 @@ class Engine:
                     staged = staged.pin_memory()
                 if self.use_graphs:
                     g = self.graphs[(batch, target)]
-                    g.ids.copy_(staged[0], non_blocking=True)
-                    g.mask.copy_(staged[1], non_blocking=True)
+                    for static, value in zip(g.inputs, staged):
+                        static.copy_(value, non_blocking=True)
                     g.replay()
-                    parts.append(g.out[: len(members)].clone())
+                    result = g.out
                 else:
                     staged = staged.to(self.device, non_blocking=True)
-                    result = self.module(staged[0], staged[1])
-                    parts.append(result[: len(members)])
-                order.append(members)
+                    result = self._forward(*staged)
+                if units is None:
+                    parts.append(result[: len(members)].clone() if self.use_graphs else result[: len(members)])
+                else:
+                    pick = torch.from_numpy(np.stack([rows, slots]))
+                    pick = (pick.pin_memory() if gpu else pick).to(self.device, non_blocking=True)
+                    parts.append(result[pick[0], pick[1]])  # advanced indexing: a copy, never the graph's output
+                order.append(texts)
                 t_fill += f1 - f0
                 t_launch += time.perf_counter() - f1
             if events:
@@ -225,6 +259,7 @@ class Engine:
         return {
             "device": str(self.device), "precision": self.precision, "cuda_graphs": self.use_graphs,
             "graphs": len(self.graphs), "batch_buckets": list(self.buckets), "padding_targets": list(self.targets),
+            "packing": self.packing,
             "prepare_s": round(self.capture_s, 3), "graph_error": self.graph_error,
             # Each captured graph's time per launch: the tuner sizes its batch buckets from them.
             "timings_ms": {f"{b}x{s}": round(t * 1000, 4) for (b, s), t in sorted(self.timings.items())},

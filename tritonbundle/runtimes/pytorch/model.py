@@ -62,7 +62,7 @@ class TritonPythonModel:
         self.engine = Engine(
             version_dir, device=device, precision=params.precision,
             targets=params.padding_targets or (self.max_seq,), batch_buckets=params.batch_buckets,
-            cuda_graphs=params.cuda_graphs, max_sequence_length=self.max_seq,
+            cuda_graphs=params.cuda_graphs, max_sequence_length=self.max_seq, packing=params.packing,
         ).prepare()
         self.stats = new_stats()
         info = {"model": self.name, "instance": args.get("model_instance_name", ""), **self.engine.describe()}

@@ -68,6 +68,7 @@ class PyTorchRuntime:
             config_file=recipes.CONFIG_FILE, recipe=str(spec.recipe),
             random_weights=recipes.recipe(str(spec.recipe)).random_weights, precision=spec.precision,
             cuda_graphs=bool(spec.cuda_graphs and gpu), batch_buckets=tuple(b.max for b in plan.batch_buckets),
+            packing=spec.packing,
         )
         # The model captures and warms every (batch bucket, target) graph in initialize(); one
         # small sample here runs the whole execute path once before the model is READY.
