@@ -7,7 +7,7 @@ Session fixtures, each done once and only when a test needs it:
   script's reason, or fail when ``TRITONBUNDLE_REQUIRE_DOCKER=1``.
 * ``base_image``: ``docker/bootstrap-base.sh``: the public Debian image where a registry answers, else a
   debootstrapped local one (its tag stays on the machine, so later runs skip this).
-* ``cpu_images`` / ``standin_images``: ``docker compose build``. Docker's layer cache makes a second run
+* ``cpu_images`` / ``standin_images``: ``docker compose build`` (the CPU stack's images: export, cpu, edge). Docker's layer cache makes a second run
   take seconds. The GPU images cannot be built here (no NGC registry): ``standin_images`` builds their
   Dockerfiles on the local Debian base in place of the NGC TensorRT / tritonserver images, to check what
   does not depend on NGC (user, packages, the Helm chart's contract, layers).
@@ -104,6 +104,16 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+#: The test that takes the CPU stack down (test_cpu_stack.py) runs after every other test that uses it
+#: (test_edge.py too), whatever the files' order.
+STACK_TEARDOWN_TEST = "test_down_removes_containers_volumes_and_the_network"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    last = [item for item in items if item.name == STACK_TEARDOWN_TEST]
+    items[:] = [item for item in items if item.name != STACK_TEARDOWN_TEST] + last
 
 
 # -- the engine -----------------------------------------------------------------------------------
@@ -261,27 +271,29 @@ def cpu_stack_config(base_image: str, local_wheels: list[Path], tmp_path_factory
 class Images:
     export: str
     cpu: str
+    edge: str
     build_standin: str
     server_standin: str
 
     def all(self) -> dict[str, str]:
-        return {"export": self.export, "cpu": self.cpu, "build (stand-in base)": self.build_standin,
+        return {"export": self.export, "cpu": self.cpu, "edge": self.edge, "build (stand-in base)": self.build_standin,
                 "server (stand-in base)": self.server_standin}
 
 
 @pytest.fixture(scope="session")
-def cpu_images(cpu_stack_config: Stack) -> Iterator[tuple[str, str]]:
-    """tritonbundle-export and tritonbundle-cpu, built through compose (cached layers make reruns fast).
+def cpu_images(cpu_stack_config: Stack) -> Iterator[tuple[str, str, str]]:
+    """tritonbundle-export, tritonbundle-cpu and tritonbundle-edge, built through compose (cached layers make
+    reruns fast).
     Afterwards, earlier builds of the project's images that a rebuild left untagged are removed (only
     those: they carry the label io.tritonbundle.image)."""
     builder = Stack(project=BUILD_PROJECT, files=cpu_stack_config.files, env=cpu_stack_config.env)
     builder.compose("build", timeout_s=BUILD_TIMEOUT_S)
-    yield "tritonbundle-export:0.1.0", "tritonbundle-cpu:0.1.0"
+    yield "tritonbundle-export:0.1.0", "tritonbundle-cpu:0.1.0", "tritonbundle-edge:0.1.0"
     run(["docker", "image", "prune", "--force", "--filter", "label=io.tritonbundle.image"], check=False, timeout_s=300)
 
 
 @pytest.fixture(scope="session")
-def standin_images(cpu_stack_config: Stack, base_image: str, cpu_images: tuple[str, str]) -> tuple[str, str]:
+def standin_images(cpu_stack_config: Stack, base_image: str, cpu_images: tuple[str, str, str]) -> tuple[str, str]:
     """docker/Dockerfile.build and docker/Dockerfile.server built through the GPU compose file, on the
     local Debian base in place of the NGC TensorRT / tritonserver images (which cannot be pulled here)."""
     env = {**cpu_stack_config.env, "TENSORRT_IMAGE": base_image, "TRITONSERVER_IMAGE": base_image,
@@ -293,13 +305,13 @@ def standin_images(cpu_stack_config: Stack, base_image: str, cpu_images: tuple[s
 
 
 @pytest.fixture(scope="session")
-def images(cpu_images: tuple[str, str], standin_images: tuple[str, str]) -> Images:
+def images(cpu_images: tuple[str, str, str], standin_images: tuple[str, str]) -> Images:
     return Images(*cpu_images, *standin_images)
 
 
 # -- the CPU stack ----------------------------------------------------------------------------------
 @pytest.fixture(scope="session")
-def cpu_stack(cpu_stack_config: Stack, cpu_images: tuple[str, str]) -> Iterator[Stack]:
+def cpu_stack(cpu_stack_config: Stack, cpu_images: tuple[str, str, str]) -> Iterator[Stack]:
     """The CPU variant up and healthy (`up -d --wait`), torn down with its volumes afterwards."""
     stack = cpu_stack_config
     try:

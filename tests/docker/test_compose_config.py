@@ -2,7 +2,8 @@
 here (no GPU, no NGC registry), so its configuration is what can be proven: GPU reservations, shared
 memory, ulimits, the healthcheck, the read-only model mount, loopback ports, the NGC images from
 docker/versions.env (26.07) or docker/versions-25.08.env, image tags that carry the NGC release, the
-`build` command that `run --rm build ARGS` extends. Also the CPU variant's swaps and the monitoring files."""
+`build` command that `run --rm build ARGS` extends, the edge (nginx) in front of Triton's HTTP and gRPC ports.
+Also the CPU variant's swaps and the monitoring files."""
 
 from __future__ import annotations
 
@@ -33,6 +34,12 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 Config = dict[str, Any]
 GPU_SERVICES = ("build", "triton")
+#: Triton's stack in compose (ulimit -s): 256 MB. Measured on the CPU server (Triton 2.51) in compose: JSON
+#: nested in a request's data crashes it from 1,987,572 bytes on at 256 MB (from 495,384 at 64 MB), twice
+#: the edge's default body limit (docker/README.md, "The edge").
+STACK_BYTES = 256 << 20
+#: The edge's default body limit (TRITONBUNDLE_EDGE_MAX_BODY).
+EDGE_MAX_BODY = "1m"
 #: What docker/versions.env and docker/versions-25.08.env pin (docs: docker/README.md, "NGC releases").
 RELEASES = {
     VERSIONS_ENV: {
@@ -78,9 +85,9 @@ def duration_s(text: str) -> float:
     return sum(float(n) * units[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)", text))
 
 
-def test_plain_compose_up_starts_the_gpu_stack_export_build_triton(gpu: Config) -> None:
+def test_plain_compose_up_starts_the_gpu_stack_export_build_triton_edge(gpu: Config) -> None:
     assert gpu["name"] == "tritonbundle"
-    assert sorted(gpu["services"]) == ["build", "export", "triton"], "profiles keep loadtest and monitoring out"
+    assert sorted(gpu["services"]) == ["build", "edge", "export", "triton"], "profiles keep loadtest and monitoring out"
     triton, build = gpu["services"]["triton"], gpu["services"]["build"]
     assert build["depends_on"]["export"]["condition"] == "service_completed_successfully"
     assert triton["depends_on"]["build"]["condition"] == "service_completed_successfully"
@@ -92,10 +99,14 @@ def test_plain_compose_up_starts_the_gpu_stack_export_build_triton(gpu: Config) 
 
 def test_profiles_add_loadtest_prometheus_and_grafana(docker_engine: None) -> None:
     config = compose_config("--profile", "loadtest", "--profile", "monitoring")
-    assert sorted(config["services"]) == ["build", "export", "grafana", "loadtest", "prometheus", "triton"]
+    assert sorted(config["services"]) == ["build", "edge", "export", "grafana", "loadtest", "prometheus", "triton"]
     loadtest = config["services"]["loadtest"]
-    assert loadtest["depends_on"]["triton"]["condition"] == "service_healthy"
+    # Load goes where clients go: through the edge; Triton's metrics are read directly.
+    assert loadtest["depends_on"]["edge"]["condition"] == "service_healthy"
     assert "loadtest" in loadtest["entrypoint"]
+    entry = loadtest["entrypoint"]
+    assert entry[entry.index("--http-url") + 1] == "edge:8080" and entry[entry.index("--grpc-url") + 1] == "edge:8081"
+    assert entry[entry.index("--metrics-url") + 1] == "http://triton:8002/metrics"
     assert any(v["target"] == "/reports" and v["type"] == "bind" for v in loadtest["volumes"])
 
 
@@ -123,7 +134,8 @@ def test_triton_has_shm_size_ulimits_healthcheck_restart_policy_and_a_read_only_
     triton = gpu["services"]["triton"]
     assert int(triton["shm_size"]) >= 1 << 30
     assert triton["ulimits"]["memlock"] == -1 or triton["ulimits"]["memlock"] == {"soft": -1, "hard": -1}
-    assert triton["ulimits"]["stack"] in (67108864, {"soft": 67108864, "hard": 67108864})
+    # 256 MB: Triton before NGC 26.05 survives the deepest JSON the edge's default body limit lets through.
+    assert triton["ulimits"]["stack"] in (STACK_BYTES, {"soft": STACK_BYTES, "hard": STACK_BYTES})
     health = triton["healthcheck"]
     assert health["test"][:3] == ["CMD", "python3", SERVER_CANARY], "the server image has no tritonbundle package"
     assert_canary_probes_the_served_repository(triton)
@@ -202,13 +214,17 @@ def test_engines_and_timing_cache_live_in_named_volumes(gpu: Config) -> None:
 
 
 def test_ports_are_published_on_loopback_unless_a_bind_address_is_set(gpu: Config, docker_engine: None) -> None:
-    ports = gpu["services"]["triton"]["ports"]
-    assert sorted(p["target"] for p in ports) == [8000, 8001, 8002]
-    assert {p["host_ip"] for p in ports} == {"127.0.0.1"}
-    exposed = compose_config(env={"TRITONBUNDLE_BIND_ADDRESS": "0.0.0.0", "TRITONBUNDLE_HTTP_PORT": "9000"})
-    ports = exposed["services"]["triton"]["ports"]
+    """HTTP and gRPC are the edge's (8080, 8081 in its container); only metrics are published from triton."""
+    published = {name: sorted((p["target"], p["published"]) for p in service.get("ports", []))
+                 for name, service in gpu["services"].items()}
+    assert published == {"export": [], "build": [], "triton": [(8002, "8002")],
+                         "edge": [(8080, "8000"), (8081, "8001")]}
+    assert {p["host_ip"] for s in gpu["services"].values() for p in s.get("ports", [])} == {"127.0.0.1"}
+    exposed = compose_config(env={"TRITONBUNDLE_BIND_ADDRESS": "0.0.0.0", "TRITONBUNDLE_HTTP_PORT": "9000",
+                                  "TRITONBUNDLE_GRPC_PORT": "9001", "TRITONBUNDLE_METRICS_PORT": "9002"})
+    ports = exposed["services"]["edge"]["ports"] + exposed["services"]["triton"]["ports"]
     assert {p["host_ip"] for p in ports} == {"0.0.0.0"}
-    assert {p["published"] for p in ports if p["target"] == 8000} == {"9000"}
+    assert {p["target"]: p["published"] for p in ports} == {8080: "9000", 8081: "9001", 8002: "9002"}
 
 
 def test_ngc_images_come_from_versions_env_through_both_entry_points(gpu: Config, docker_engine: None) -> None:
@@ -282,6 +298,7 @@ def test_image_tags_are_the_project_version_and_the_ngc_release(gpu: Config, doc
     release = read_env_file(VERSIONS_ENV)["NGC_RELEASE"]
     images = {name: service["image"] for name, service in gpu["services"].items()}
     assert images == {
+        "edge": f"tritonbundle-edge:{version}",
         "export": f"tritonbundle-export:{version}",
         "build": f"tritonbundle-build:{version}-ngc{release}",
         "triton": f"tritonbundle-server:{version}-ngc{release}",
@@ -304,7 +321,7 @@ def test_image_builds_pass_the_ca_bundle_as_a_secret_and_use_the_host_network(gp
 
 
 def test_cpu_variant_swaps_the_gpu_services_for_the_cpu_image(cpu: Config) -> None:
-    assert sorted(cpu["services"]) == ["build", "export", "triton"]
+    assert sorted(cpu["services"]) == ["build", "edge", "export", "triton"]
     for name, service in cpu["services"].items():
         assert not gpu_devices(service), f"{name} still reserves a GPU"
     build, triton = cpu["services"]["build"], cpu["services"]["triton"]
@@ -322,6 +339,48 @@ def test_cpu_variant_swaps_the_gpu_services_for_the_cpu_image(cpu: Config) -> No
     assert {p["host_ip"] for p in triton["ports"]} == {"127.0.0.1"}
     assert triton["restart"] == "unless-stopped"
     assert "memlock" not in triton["ulimits"], "memlock is for CUDA pinned memory"
+    assert triton["ulimits"]["stack"] in (STACK_BYTES, {"soft": STACK_BYTES, "hard": STACK_BYTES})
+    assert [p["target"] for p in triton["ports"]] == [8002], "HTTP and gRPC only through the edge"
+    assert cpu["services"]["edge"] == compose_config()["services"]["edge"], "the same edge in both stacks"
+
+
+def test_edge_fronts_triton_hardened_and_healthy_only_when_triton_answers_through_it(gpu: Config, docker_engine: None) -> None:
+    edge = gpu["services"]["edge"]
+    assert edge["build"]["dockerfile"] == "docker/Dockerfile.edge"
+    assert edge["depends_on"]["triton"] == {"condition": "service_healthy", "restart": True, "required": True}
+    assert edge["environment"] == {"TRITONBUNDLE_EDGE_TRITON_HTTP": "triton:8000", "TRITONBUNDLE_EDGE_TRITON_GRPC": "triton:8001",
+                                   "TRITONBUNDLE_EDGE_MAX_BODY": EDGE_MAX_BODY}
+    assert "network_mode" not in edge, "the default network, where `triton` resolves"
+    # Hardened like every container: read-only root, a tmpfs /tmp, no capabilities, no privilege gain.
+    assert edge["read_only"] is True and edge["tmpfs"] == ["/tmp"] and edge["cap_drop"] == ["ALL"]
+    assert edge["security_opt"] == ["no-new-privileges:true"]
+    assert edge["restart"] == "unless-stopped"
+    assert edge["stop_signal"] == "SIGQUIT", "nginx finishes in-flight requests on SIGQUIT, drops them on SIGTERM"
+    # `up --wait` waits for this: Triton's readiness, answered through the edge itself.
+    test = edge["healthcheck"]["test"]
+    assert test[:3] == ["CMD", "python3", "-c"] and "http://127.0.0.1:8080/v2/health/ready" in test[3]
+    assert duration_s(edge["healthcheck"]["interval"]) <= 5
+    raised = compose_config(env={"TRITONBUNDLE_EDGE_MAX_BODY": "4m"})
+    assert raised["services"]["edge"]["environment"]["TRITONBUNDLE_EDGE_MAX_BODY"] == "4m"
+
+
+def test_edge_image_and_config_agree_with_compose() -> None:
+    """Dockerfile.edge builds on PYTHON_BASE_IMAGE like the others, runs as 1000:1000 with nginx's graceful stop
+    signal; nginx.conf listens where compose publishes; the entry point's defaults are compose's."""
+    dockerfile = (DOCKER_DIR / "Dockerfile.edge").read_text()
+    assert re.search(r"^ARG PYTHON_BASE_IMAGE=debian:bookworm-slim$", dockerfile, re.M)
+    assert re.search(r"^FROM \$\{PYTHON_BASE_IMAGE\}", dockerfile, re.M)
+    assert re.search(r"^USER 1000:1000$", dockerfile, re.M) and re.search(r"^STOPSIGNAL SIGQUIT$", dockerfile, re.M)
+    assert "COPY docker/edge/nginx.conf docker/edge/settings.conf.template /etc/tritonbundle-edge/" in dockerfile
+    assert "http://127.0.0.1:8080/v2/health/ready" in dockerfile
+    assert "!docker/edge/" in (ROOT / ".dockerignore").read_text().splitlines()
+    nginx = (DOCKER_DIR / "edge" / "nginx.conf").read_text()
+    assert re.findall(r"^\s*listen (\d+)", nginx, re.M) == ["8080", "8081"]
+    assert "include settings.conf;" in nginx and "proxy_request_buffering on;" in nginx
+    entrypoint = (DOCKER_DIR / "edge" / "entrypoint.sh").read_text()
+    for default in ('TRITONBUNDLE_EDGE_TRITON_HTTP:-triton:8000', 'TRITONBUNDLE_EDGE_TRITON_GRPC:-triton:8001',
+                    f'TRITONBUNDLE_EDGE_MAX_BODY:-{EDGE_MAX_BODY}'):
+        assert default in entrypoint, default
 
 
 def test_prometheus_scrapes_triton_and_grafana_is_provisioned_with_the_dashboard() -> None:

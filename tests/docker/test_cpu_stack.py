@@ -1,6 +1,6 @@
 """The CPU compose stack, for real: `docker compose -f docker/compose.yaml -f docker/compose.cpu.yaml up
---wait` (export -> build -> triton), inference over HTTP and gRPC through the published loopback ports
-with the project's clients, a short load test, restarts that reuse what was built, `run --rm build
+--wait` (export -> build -> triton -> edge), inference over HTTP and gRPC through the published loopback
+ports (the edge's) with the project's clients, a short load test, restarts that reuse what was built, `run --rm build
 --force` / `--check` / `--reexport`, `down -v`."""
 
 from __future__ import annotations
@@ -63,10 +63,15 @@ def test_embeds_over_http_and_grpc_through_the_loopback_ports(cpu_stack: Stack) 
 
 
 def test_ports_are_published_on_loopback_only(cpu_stack: Stack) -> None:
-    container = cpu_stack.container("triton")
-    bindings = json.loads(run(["docker", "inspect", "-f", "{{json .HostConfig.PortBindings}}", container]).stdout)
-    assert sorted(bindings) == ["8000/tcp", "8001/tcp", "8002/tcp"]
-    assert {b["HostIp"] for value in bindings.values() for b in value} == {"127.0.0.1"}
+    """HTTP and gRPC reach Triton through the edge only (nginx, 8080/8081 in its container); metrics directly."""
+    published = {}
+    for service in ("triton", "edge"):
+        bindings = json.loads(run(["docker", "inspect", "-f", "{{json .HostConfig.PortBindings}}",
+                                   cpu_stack.container(service)]).stdout)
+        assert {b["HostIp"] for value in bindings.values() for b in value} == {"127.0.0.1"}
+        published[service] = {port: int(value[0]["HostPort"]) for port, value in bindings.items()}
+    assert published == {"triton": {"8002/tcp": cpu_stack.metrics_port},
+                         "edge": {"8080/tcp": cpu_stack.http_port, "8081/tcp": cpu_stack.grpc_port}}
 
 
 def test_triton_runs_non_root_read_only_with_the_repository_mounted_read_only(cpu_stack: Stack) -> None:
@@ -125,6 +130,8 @@ def test_restarting_triton_does_not_rerun_export_or_build(cpu_stack: Stack) -> N
                 for s in ("export", "build")}
     cpu_stack.compose("restart", "triton", timeout_s=180)
     wait_healthy(cpu_stack, "triton")
+    # The edge is restarted with triton (depends_on restart: true: nginx resolves `triton` when it starts).
+    wait_healthy(cpu_stack, "edge")
     for service, before in finished.items():
         after = run(["docker", "inspect", "-f", "{{.State.FinishedAt}}", cpu_stack.container(service)]).stdout.strip()
         assert after == before, f"{service} ran again on a restart of triton"
@@ -133,11 +140,12 @@ def test_restarting_triton_does_not_rerun_export_or_build(cpu_stack: Stack) -> N
 
 
 def test_a_second_up_reuses_the_export_and_keeps_triton_running(cpu_stack: Stack) -> None:
-    triton = cpu_stack.container("triton")
+    triton, edge = cpu_stack.container("triton"), cpu_stack.container("edge")
     since = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     time.sleep(1)
     cpu_stack.compose("up", "-d", "--wait", "--wait-timeout", "300", timeout_s=600)
     assert cpu_stack.container("triton") == triton, "triton was recreated although nothing changed"
+    assert cpu_stack.container("edge") == edge, "the edge was recreated although nothing changed"
     export_log = cpu_stack.logs("export", since=since)
     build_log = cpu_stack.logs("build", since=since)
     assert "is up to date (export.json matches); skipping export" in export_log, export_log
