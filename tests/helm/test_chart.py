@@ -269,7 +269,7 @@ def test_server_has_a_startup_probe_on_readiness_then_liveness_and_readiness_thr
     stub is dead (Triton before NGC 26.04), /v2/health/live never looks at the models."""
     docs = rendered[scenario]
     c = server_container(docs)
-    assert c["startupProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    assert _health_probe(c["startupProbe"], docs) == "/v2/health/ready"
     # Sized for plan loading: the startup budget (15 min by default) before liveness takes over.
     startup = c["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= values_yaml()["probes"]["startup"]["budgetSeconds"]
@@ -297,6 +297,33 @@ def test_server_has_a_startup_probe_on_readiness_then_liveness_and_readiness_thr
     assert _scripts(docs)["data"]["canary.py"] == CANARY.read_text()
 
 
+def _edge_enabled(docs: list[Obj]) -> bool:
+    return any(c["name"] == "edge" for c in workload(docs)["spec"]["template"]["spec"]["containers"])
+
+
+def _health_probe(probe: Obj, docs: list[Obj]) -> str:
+    """The Triton health path a probe requests. Without the edge: httpGet on the http port. With it Triton's
+    HTTP port listens on 127.0.0.1 only, out of the kubelet's reach: the same GET from inside the container."""
+    http_port = flags(server_container(docs))["--http-port"][0]
+    if not _edge_enabled(docs):
+        assert "exec" not in probe and probe["httpGet"]["port"] == "http", probe
+        return str(probe["httpGet"]["path"])
+    assert "httpGet" not in probe, probe
+    python3, dash_c, code, url, timeout = probe["exec"]["command"]
+    assert (python3, dash_c) == ("python3", "-c") and "urllib.request.urlopen(sys.argv[1]" in code
+    assert float(timeout) <= probe["timeoutSeconds"]
+    prefix = f"http://127.0.0.1:{http_port}"
+    assert url.startswith(prefix + "/"), url
+    return str(url.removeprefix(prefix))
+
+
+def _run_health_probe(probe: Obj, port: int) -> subprocess.CompletedProcess[str]:
+    """An exec health probe as the kubelet runs it, against a server on ``port``."""
+    argv = [sys.executable if a == "python3" else a for a in probe["exec"]["command"]]
+    argv = [re.sub(r"127\.0\.0\.1:\d+", f"127.0.0.1:{port}", a) for a in argv]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30, env={"PATH": os.environ["PATH"]})
+
+
 def _canary_targets(command: list[str]) -> list[str]:
     """The canary's --repository / --model arguments."""
     out = []
@@ -307,12 +334,15 @@ def _canary_targets(command: list[str]) -> list[str]:
 
 
 def test_canary_probes_switch_back_to_tritons_health_endpoints(helm: Path) -> None:
-    docs = render(helm, sets={"probes.canary.enabled": "false"})
-    c = server_container(docs)
-    assert c["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
-    assert c["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
-    assert "exec" not in c["livenessProbe"] and "exec" not in c["readinessProbe"]
-    assert "canary.py" not in _scripts(docs)["data"]
+    for edge in ("true", "false"):
+        docs = render(helm, sets={"probes.canary.enabled": "false", "edge.enabled": edge})
+        c = server_container(docs)
+        assert _health_probe(c["livenessProbe"], docs) == "/v2/health/live"
+        assert _health_probe(c["readinessProbe"], docs) == "/v2/health/ready"
+        assert "canary.py" not in " ".join(c["livenessProbe"].get("exec", {}).get("command", []))
+        assert "canary.py" not in _scripts(docs)["data"]
+    docs = render(helm, sets={"probes.canary.enabled": "false", "edge.enabled": "false"})
+    assert server_container(docs)["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
     # Nor is the canary needed for an object store then.
     render(helm, "object-store-values.yaml", sets={"probes.canary.enabled": "false", "probes.canary.models": "null"})
 
@@ -591,7 +621,7 @@ def test_engine_build_init_container_builds_on_the_node_into_the_fingerprint_dir
     assert build["command"] == ["/bin/sh", "/opt/tritonbundle/scripts/engine-build.sh"]
     assert env["TRITONBUNDLE_CACHE_DIR"] == "/var/lib/tritonbundle/engines"
     assert env["TRITONBUNDLE_RUN_DIR"] == "/run/tritonbundle"
-    script = one(docs, "ConfigMap")["data"]["engine-build.sh"]
+    script = _scripts(docs)["data"]["engine-build.sh"]
     assert "tritonbundle fingerprint" in script and "tritonbundle build --check" in script
     assert flags(server_container(docs))["--model-repository"] == ["/run/tritonbundle/model_repository"]
     server_mounts = {m["name"]: m for m in server_container(docs)["volumeMounts"]}
@@ -695,7 +725,7 @@ def test_baked_image_source_serves_the_repository_inside_the_image(rendered: dic
     assert "initContainers" not in workload(docs)["spec"]["template"]["spec"]
     assert not objects(docs, "PersistentVolumeClaim")
     # No build scripts, only the plan check the server starts through and the canary its probes run.
-    assert list(one(docs, "ConfigMap")["data"]) == ["tensorrt-plans.py", "canary.py"]
+    assert list(_scripts(docs)["data"]) == ["tensorrt-plans.py", "canary.py"]
 
 
 def test_service_exposes_http_grpc_h2c_and_metrics(rendered: dict[str, list[Obj]]) -> None:
@@ -764,6 +794,125 @@ def test_notes_tell_how_to_reach_the_server_and_get_the_key(helm: Path, scenario
     assert f"get secret {secret or FULLNAME + '-api-key'}" in notes
 
 
+# -- the edge ---------------------------------------------------------------------------------------
+EDGE_NGINX = CHART / "files" / "edge-nginx.conf"
+EDGE_TEMPLATE = CHART / "files" / "edge-settings.conf.template"
+DOCKER_EDGE = ROOT / "docker" / "edge"
+
+
+def _edge_container(docs: list[Obj]) -> Obj:
+    return next(c for c in workload(docs)["spec"]["template"]["spec"]["containers"] if c["name"] == "edge")
+
+
+def _edge_config(docs: list[Obj]) -> Obj:
+    return next(c for c in objects(docs, "ConfigMap") if c["metadata"]["name"] == f"{FULLNAME}-edge")
+
+
+def _service_target(docs: list[Obj], port_name: str) -> tuple[str, int]:
+    """The container and port number the main Service's port ``port_name`` reaches (named target ports are
+    looked up in the pod's containers, as Kubernetes does)."""
+    svc = next(s for s in objects(docs, "Service") if s["metadata"]["name"] == FULLNAME)
+    target = next(p for p in svc["spec"]["ports"] if p["name"] == port_name)["targetPort"]
+    found = [(c["name"], p["containerPort"]) for c in workload(docs)["spec"]["template"]["spec"]["containers"]
+             for p in c.get("ports", []) if p.get("name") == target or p["containerPort"] == target]
+    assert len(found) == 1, f"Service port {port_name} (target {target}) matches {found}"
+    return found[0]
+
+
+def _render_compose_settings(tmp_path: Path, http: str, grpc: str, max_body: str) -> str:
+    """settings.conf as the compose edge's entry point renders it (docker/edge/entrypoint.sh --render)."""
+    env = {"PATH": os.environ["PATH"], "TRITONBUNDLE_EDGE_RULES": str(DOCKER_EDGE),
+           "TRITONBUNDLE_EDGE_CONF_DIR": str(tmp_path), "TRITONBUNDLE_EDGE_TRITON_HTTP": http,
+           "TRITONBUNDLE_EDGE_TRITON_GRPC": grpc, "TRITONBUNDLE_EDGE_MAX_BODY": max_body}
+    result = subprocess.run(["/bin/sh", str(DOCKER_EDGE / "entrypoint.sh"), "--render"], env=env,
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "nginx.conf").read_text() == (DOCKER_EDGE / "nginx.conf").read_text()
+    return (tmp_path / "settings.conf").read_text()
+
+
+@pytest.mark.parametrize("scenario", ALL)
+def test_edge_fronts_http_and_grpc_while_triton_binds_them_to_loopback_and_metrics_stay_direct(
+    rendered: dict[str, list[Obj]], scenario: str,
+) -> None:
+    """The Service's http and grpc ports (and so the Ingress, which names them) reach the edge's nginx on
+    8080 / 8081; Triton listens on 127.0.0.1 for those, on every address for metrics (which would otherwise
+    follow --http-address), and its metrics port stays the Service's and the monitors' target."""
+    docs = rendered[scenario]
+    c, edge = server_container(docs), _edge_container(docs)
+    f = flags(c)
+    assert f["--http-address"] == ["127.0.0.1"] and f["--grpc-address"] == ["127.0.0.1"]
+    assert f["--metrics-address"] == ["0.0.0.0"]
+    assert [p["name"] for p in c["ports"]] == ["metrics"]
+    assert {p["name"]: p["containerPort"] for p in edge["ports"]} == {"http": 8080, "grpc": 8081}
+    assert _service_target(docs, "http") == ("edge", 8080)
+    assert _service_target(docs, "grpc") == ("edge", 8081)
+    assert _service_target(docs, "metrics") == ("tritonserver", int(f["--metrics-port"][0]))
+    for ingress in objects(docs, "Ingress"):
+        for rule in ingress["spec"]["rules"]:
+            for path in rule["http"]["paths"]:
+                assert path["backend"]["service"]["name"] == FULLNAME
+                assert _service_target(docs, path["backend"]["service"]["port"]["name"])[0] == "edge"
+    assert edge["command"] == ["nginx", "-c", "/etc/nginx/tritonbundle/nginx.conf", "-e", "stderr", "-g", "daemon off;"]
+    mounts = {m["mountPath"]: m for m in edge["volumeMounts"]}
+    assert mounts["/etc/nginx/tritonbundle"]["name"] == "edge-config" and mounts["/etc/nginx/tritonbundle"]["readOnly"]
+    assert mounts["/tmp"]["name"] == "edge-tmp"
+    volumes = {v["name"]: v for v in workload(docs)["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["edge-config"]["configMap"]["name"] == f"{FULLNAME}-edge"
+    assert volumes["edge-tmp"]["emptyDir"]["sizeLimit"]
+    assert edge["livenessProbe"]["tcpSocket"] == edge["readinessProbe"]["tcpSocket"] == {"port": "http"}
+    assert edge["image"].endswith("nginxinc/nginx-unprivileged:1.30.4-alpine-slim")
+    assert {"cpu", "memory"} <= set(edge["resources"]["requests"]) and "memory" in edge["resources"]["limits"]
+    # Like Triton, it keeps taking requests while the endpoints are updated.
+    assert edge["lifecycle"] == c["lifecycle"]
+
+
+def test_edge_config_is_the_compose_edges_rules_filled_in_with_this_pods_addresses(
+    helm: Path, rendered: dict[str, list[Obj]], tmp_path: Path,
+) -> None:
+    """One home for the rules: the ConfigMap's nginx.conf is docker/edge/nginx.conf, and its settings.conf is
+    what the compose edge's entry point renders from the same template, with Triton at 127.0.0.1 in the pod."""
+    data = _edge_config(rendered["defaults"])["data"]
+    assert data["nginx.conf"] == (DOCKER_EDGE / "nginx.conf").read_text()
+    assert data["settings.conf"] == _render_compose_settings(tmp_path / "a", "127.0.0.1:8000", "127.0.0.1:8001", "1m")
+    assert "server 127.0.0.1:8000;" in data["settings.conf"] and "client_max_body_size 1m;" in data["settings.conf"]
+    assert "include settings.conf;" in data["nginx.conf"]
+    docs = render(helm, sets={"server.ports.http": "9000", "server.ports.grpc": "9001", "edge.maxBodySize": "512k"})
+    assert _edge_config(docs)["data"]["settings.conf"] == _render_compose_settings(
+        tmp_path / "b", "127.0.0.1:9000", "127.0.0.1:9001", "512k")
+    assert flags(server_container(docs))["--http-port"] == ["9000"]
+    # A new limit is a config change: the pods roll.
+    assert _checksum(docs) != _checksum(render(helm, sets={"server.ports.http": "9000", "server.ports.grpc": "9001"}))
+
+
+def test_chart_edge_files_are_byte_for_byte_copies_of_the_compose_edges() -> None:
+    for copy, source in ((EDGE_NGINX, DOCKER_EDGE / "nginx.conf"), (EDGE_TEMPLATE, DOCKER_EDGE / "settings.conf.template")):
+        assert copy.read_bytes() == source.read_bytes(), (
+            f"helm/tritonbundle/files/{copy.name} differs from docker/edge/{source.name}; refresh the chart's copy: "
+            f"cp docker/edge/{source.name} helm/tritonbundle/files/{copy.name}")
+
+
+def test_edge_disabled_gives_the_service_tritons_own_ports_and_httpget_probes(helm: Path) -> None:
+    docs = render(helm, sets={"edge.enabled": "false"})
+    c = server_container(docs)
+    assert not _edge_enabled(docs)
+    assert f"{FULLNAME}-edge" not in {m["metadata"]["name"] for m in objects(docs, "ConfigMap")}
+    assert not {"--http-address", "--grpc-address", "--metrics-address"} & set(flags(c))
+    assert _service_target(docs, "http") == ("tritonserver", 8000)
+    assert _service_target(docs, "grpc") == ("tritonserver", 8001)
+    assert c["startupProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    volumes = {v["name"] for v in workload(docs)["spec"]["template"]["spec"]["volumes"]}
+    assert not {"edge-config", "edge-tmp"} & volumes
+
+
+@pytest.mark.parametrize("port", ["http", "grpc", "metrics"])
+def test_edge_refuses_triton_ports_it_listens_on_itself(helm: Path, port: str) -> None:
+    result = template(helm, sets={f"server.ports.{port}": "8080"}, check=False)
+    assert result.returncode != 0 and f"server.ports.{port} is 8080" in result.stderr
+    assert template(helm, sets={f"server.ports.{port}": "8080", "edge.enabled": "false",
+                                **({"server.ports.http": "8000"} if port != "http" else {})}, check=False).returncode == 0
+
+
 # -- the values schema ----------------------------------------------------------------------------
 def _write_values(tmp_path: Path, text: str) -> str:
     path = tmp_path / "values.yaml"
@@ -791,6 +940,8 @@ def test_schema_rejects_a_misspelt_key_and_names_it(helm: Path, tmp_path: Path, 
     ("securityContext:\n  privileged: true\n", "/securityContext/privileged"),
     ("probes:\n  canary:\n    requestTimeoutSeconds: 0\n", "/probes/canary/requestTimeoutSeconds"),
     ("probes:\n  canary:\n    models: minilm\n", "/probes/canary/models"),
+    ("edge:\n  maxBodySize: 1.5m\n", "/edge/maxBodySize"),
+    ("edge:\n  maxBodySize: 1mb\n", "/edge/maxBodySize"),
 ])
 def test_schema_rejects_a_wrong_type_or_value_and_names_the_key(helm: Path, tmp_path: Path, values: str, named: str) -> None:
     result = template(helm, _write_values(tmp_path, values), check=False)
@@ -1107,6 +1258,8 @@ def test_rendered_tritonserver_arguments_start_a_real_triton_that_passes_the_hel
             arg = f"--model-repository={repository}"
         elif name in ("--http-port", "--grpc-port", "--metrics-port"):
             arg = f"{name}={ports[name[2:].split('-')[0]]}"
+        elif name == "--metrics-address":  # the chart's 0.0.0.0 (for Prometheus): loopback in a test
+            arg = "--metrics-address=127.0.0.1"
         args.append(arg.replace("$(TRITONBUNDLE_API_KEY)", key))
 
     class ChartArgsServer(TritonServer):
@@ -1120,8 +1273,12 @@ def test_rendered_tritonserver_arguments_start_a_real_triton_that_passes_the_hel
                             metrics_port=ports["metrics"], log_path=tmp_path / "tritonserver.log")
     probe = container["livenessProbe"]["exec"]["command"]
     assert probe == container["readinessProbe"]["exec"]["command"]
+    # The chart binds HTTP and gRPC to loopback for the edge (and names metrics' address): 2.51 takes the flags.
+    assert {"--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=0.0.0.0"} <= set(container["args"])
     with ChartArgsServer(options).start(ready_timeout_s=180) as server:
         result = _run_helm_test_script(f"http://{server.http_url}", API_HEADER="tritonbundle-key", API_KEY=key)
+        # The startup probe (behind the edge: a GET from inside the container) passes once the models loaded.
+        started = _run_health_probe(container["startupProbe"], ports["http"])
         answered = _run_probe(probe, repository, ports["http"])
         assert shape_overflow(server.http_url) == 500
         with urllib.request.urlopen(f"http://{server.http_url}/v2/health/ready", timeout=5) as r:
@@ -1129,6 +1286,8 @@ def test_rendered_tritonserver_arguments_start_a_real_triton_that_passes_the_hel
         down = _run_probe(probe, repository, ports["http"])
     assert result.returncode == 0, result.stdout + result.stderr
     assert "L2 norm 1.0000" in result.stdout  # the MiniLM embedding is normalised
+    assert started.returncode == 0, started.stderr
+    assert _run_health_probe(container["startupProbe"], ports["http"]).returncode != 0, "no server: the probe fails"
     assert answered.returncode == 0 and "3 of 3 models answered" in answered.stdout, answered.stdout + answered.stderr
     assert ready == 200, "Triton 2.51 says ready with a dead stub"
     assert down.returncode == 1 and "minilm_encoder" in down.stderr and "not healthy" in down.stderr, down.stderr

@@ -97,6 +97,47 @@ of image.tag too, <appVersion>-ngc<YY.MM> (the tag docker/ gives the build image
 {{- include "tritonbundle.imageRef" (dict "image" .Values.engineBuild.image "defaultTag" $tag "global" .Values.global) }}
 {{- end }}
 
+{{- define "tritonbundle.edgeImage" -}}
+{{- include "tritonbundle.imageRef" (dict "image" .Values.edge.image "defaultTag" "" "global" .Values.global) }}
+{{- end }}
+
+{{/*
+The edge (edge.enabled): nginx in a sidecar, in front of Triton's HTTP and gRPC ports, which Triton then binds
+to 127.0.0.1. Its listening ports are fixed in its nginx.conf (files/edge-nginx.conf).
+*/}}
+{{- define "tritonbundle.edgeHttpPort" -}}8080{{- end }}
+{{- define "tritonbundle.edgeGrpcPort" -}}8081{{- end }}
+
+{{/* settings.conf of the edge: files/edge-settings.conf.template filled in for this pod. */}}
+{{- define "tritonbundle.edgeSettings" -}}
+{{- .Files.Get "files/edge-settings.conf.template"
+    | replace "@TRITON_HTTP@" (printf "127.0.0.1:%d" (int .Values.server.ports.http))
+    | replace "@TRITON_GRPC@" (printf "127.0.0.1:%d" (int .Values.server.ports.grpc))
+    | replace "@MAX_BODY@" (toString .Values.edge.maxBodySize) }}
+{{- end }}
+
+{{/*
+A probe on one of Triton's health endpoints. Without the edge: httpGet on the http port. With it Triton's HTTP
+port listens on 127.0.0.1 only, which the kubelet's httpGet cannot reach: the same request from inside the
+container (python3 is in the Triton images; the canary uses it too). Call with (dict "path" ... "timeout" ...
+"root" $).
+*/}}
+{{- define "tritonbundle.healthProbe" -}}
+{{- if .root.Values.edge.enabled }}
+exec:
+  command:
+    - python3
+    - -c
+    - "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=float(sys.argv[2]))"
+    - {{ printf "http://127.0.0.1:%d%s" (int .root.Values.server.ports.http) .path | quote }}
+    - {{ .timeout | quote }}
+{{- else }}
+httpGet:
+  path: {{ .path }}
+  port: http
+{{- end }}
+{{- end }}
+
 {{- define "tritonbundle.testImage" -}}
 {{- if .Values.tests.image.repository }}
 {{- include "tritonbundle.imageRef" (dict "image" .Values.tests.image "defaultTag" "" "global" .Values.global) }}
@@ -221,6 +262,7 @@ The generated API key is left out (it is random at render time and read back fro
 {{- define "tritonbundle.configChecksum" -}}
 {{- $config := dict
   "buildScript" (include (print $.Template.BasePath "/configmap.yaml") .)
+  "edge" (include (print $.Template.BasePath "/edge-configmap.yaml") .)
   "apiKey" .Values.restrictedApi.key
   "apiKeySecret" (include "tritonbundle.apiKeySecretName" .)
   "apiKeySecretKey" .Values.restrictedApi.existingSecretKey
@@ -257,6 +299,13 @@ Checks that values.schema.json cannot express. Included by the workload template
 {{- end }}
 {{- if and (include "tritonbundle.createPvc" .) (gt (int (include "tritonbundle.maxReplicas" .)) 1) (not (has "ReadWriteMany" $v.modelRepository.pvc.accessModes)) }}
 {{- fail "a Deployment with more than one replica shares one model cache claim: set modelRepository.pvc.accessModes to [ReadWriteMany], or workload.kind=StatefulSet (one claim per replica), or an existingClaim" }}
+{{- end }}
+{{- if $v.edge.enabled }}
+{{- range $name, $port := $v.server.ports }}
+{{- if has (int $port) (list 8080 8081) }}
+{{- fail (printf "server.ports.%s is %d, a port of the edge (8080 HTTP, 8081 gRPC, fixed in its nginx.conf): pick another port for Triton" $name (int $port)) }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- if and (eq $v.server.modelControlMode "explicit") (not $v.server.loadModels) }}
 {{- fail "server.modelControlMode=explicit loads nothing at start: list the models in server.loadModels ([\"*\"] for all)" }}

@@ -151,6 +151,13 @@ spec:
         {{- end }}
         - --strict-readiness=true
         - --exit-timeout-secs={{ $v.server.exitTimeoutSeconds }}
+        {{- if $v.edge.enabled }}
+        {{- /* Behind the edge: HTTP and gRPC on loopback only. Metrics would follow --http-address: keep them on
+        every address, for Prometheus. */}}
+        - --http-address=127.0.0.1
+        - --grpc-address=127.0.0.1
+        - --metrics-address=0.0.0.0
+        {{- end }}
         - --http-port={{ $v.server.ports.http }}
         - --grpc-port={{ $v.server.ports.grpc }}
         - --metrics-port={{ $v.server.ports.metrics }}
@@ -219,19 +226,20 @@ spec:
         {{- toYaml . | nindent 8 }}
       {{- end }}
       ports:
+        {{- if not $v.edge.enabled }}
+        {{- /* With the edge, its container has the http and grpc ports (Triton's listen on loopback only). */}}
         - name: http
           containerPort: {{ $v.server.ports.http }}
           protocol: TCP
         - name: grpc
           containerPort: {{ $v.server.ports.grpc }}
           protocol: TCP
+        {{- end }}
         - name: metrics
           containerPort: {{ $v.server.ports.metrics }}
           protocol: TCP
       startupProbe:
-        httpGet:
-          path: /v2/health/ready
-          port: http
+        {{- include "tritonbundle.healthProbe" (dict "path" "/v2/health/ready" "timeout" $v.probes.startup.timeoutSeconds "root" .) | trim | nindent 8 }}
         periodSeconds: {{ $v.probes.startup.periodSeconds }}
         timeoutSeconds: {{ $v.probes.startup.timeoutSeconds }}
         failureThreshold: {{ div (add $v.probes.startup.budgetSeconds $v.probes.startup.periodSeconds -1) $v.probes.startup.periodSeconds }}
@@ -243,9 +251,7 @@ spec:
         exec:
           command: {{ include "tritonbundle.canaryCommand" . }}
         {{- else }}
-        httpGet:
-          path: /v2/health/live
-          port: http
+        {{- include "tritonbundle.healthProbe" (dict "path" "/v2/health/live" "timeout" $v.probes.liveness.timeoutSeconds "root" .) | trim | nindent 8 }}
         {{- end }}
         periodSeconds: {{ $v.probes.liveness.periodSeconds }}
         timeoutSeconds: {{ $v.probes.liveness.timeoutSeconds }}
@@ -255,9 +261,7 @@ spec:
         exec:
           command: {{ include "tritonbundle.canaryCommand" . }}
         {{- else }}
-        httpGet:
-          path: /v2/health/ready
-          port: http
+        {{- include "tritonbundle.healthProbe" (dict "path" "/v2/health/ready" "timeout" $v.probes.readiness.timeoutSeconds "root" .) | trim | nindent 8 }}
         {{- end }}
         periodSeconds: {{ $v.probes.readiness.periodSeconds }}
         timeoutSeconds: {{ $v.probes.readiness.timeoutSeconds }}
@@ -297,6 +301,50 @@ spec:
         {{- with $v.extraVolumeMounts }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
+    {{- if $v.edge.enabled }}
+    {{- /* The edge (files/edge-nginx.conf): nginx in front of Triton's HTTP and gRPC ports. The command replaces
+    the image's entry point scripts (they would edit /etc/nginx, read-only here). */}}
+    - name: edge
+      image: {{ include "tritonbundle.edgeImage" . }}
+      imagePullPolicy: {{ $v.edge.image.pullPolicy }}
+      command: ["nginx", "-c", "/etc/nginx/tritonbundle/nginx.conf", "-e", "stderr", "-g", "daemon off;"]
+      ports:
+        - name: http
+          containerPort: {{ include "tritonbundle.edgeHttpPort" . }}
+          protocol: TCP
+        - name: grpc
+          containerPort: {{ include "tritonbundle.edgeGrpcPort" . }}
+          protocol: TCP
+      {{- /* nginx itself: listening. Whether Triton answers is the tritonserver container's probes' business. */}}
+      livenessProbe:
+        tcpSocket:
+          port: http
+        periodSeconds: 10
+        timeoutSeconds: 3
+        failureThreshold: 3
+      readinessProbe:
+        tcpSocket:
+          port: http
+        periodSeconds: 5
+        timeoutSeconds: 3
+        failureThreshold: 3
+      {{- /* Keeps taking requests while the endpoints are updated, like Triton; the image's stop signal (SIGQUIT)
+      then lets in-flight requests finish. */}}
+      lifecycle:
+        preStop:
+          exec:
+            command: ["/bin/sleep", {{ $v.lifecycle.preStopSleepSeconds | quote }}]
+      securityContext:
+        {{- toYaml $v.securityContext | nindent 8 }}
+      resources:
+        {{- toYaml $v.edge.resources | nindent 8 }}
+      volumeMounts:
+        - name: edge-config
+          mountPath: /etc/nginx/tritonbundle
+          readOnly: true
+        - name: edge-tmp
+          mountPath: /tmp
+    {{- end }}
     {{- with $v.extraContainers }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
@@ -313,6 +361,14 @@ spec:
       configMap:
         name: {{ include "tritonbundle.fullname" . }}-scripts
         defaultMode: 0555
+    {{- if $v.edge.enabled }}
+    - name: edge-config
+      configMap:
+        name: {{ include "tritonbundle.fullname" . }}-edge
+    - name: edge-tmp
+      emptyDir:
+        sizeLimit: {{ $v.edge.tmpSizeLimit }}
+    {{- end }}
     {{- if $engineBuild }}
     - name: run
       emptyDir:
