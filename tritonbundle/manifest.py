@@ -76,6 +76,10 @@ class Tunables:
     hardware_compatibility: str = knob("none", {"enum": ["none", "ampere+", "same-compute-capability"]})
     version_compatible: bool = knob(False, {"type": "boolean"})
     cuda_graphs: bool = knob(True, {"type": "boolean"})
+    tokenize_in_encoder: bool = knob(False, {"type": "boolean"},
+                                     "pytorch runtime: <name> is one Python model that tokenizes and encodes in "
+                                     "the same process (no ensemble, no tokenizer model); <name>_encoder still "
+                                     "takes token input")
     packing: bool = knob(True, {"type": "boolean"},
                          "pytorch runtime: short texts share rows of a launch, each attending only to itself, "
                          "when that costs less than padding them to their own rows")

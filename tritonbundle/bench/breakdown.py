@@ -25,7 +25,10 @@ def breakdown(recipe: Recipe, s: StepResult, options: BenchOptions) -> dict[str,
     }
     if ens.get("request_ms_per_request") is not None and math.isfinite(s.mean_ms):
         out["client_grpc_ms"] = s.mean_ms - ens["request_ms_per_request"]
-    for role, model in (("tokenizer", contract.tokenizer_name(name)), ("encoder", contract.encoder_name(name))):
+    # tokenize_in_encoder: no tokenizer model; <name> itself tokenizes and encodes (its view is the encoder's).
+    fused = contract.tokenizer_name(name) not in views and name in views
+    encoder = name if fused else contract.encoder_name(name)
+    for role, model in (("tokenizer", contract.tokenizer_name(name)), ("encoder", encoder)):
         v = views.get(model)
         if v:
             out[role] = {k: v[k] for k in ("queue_ms_per_request", "compute_ms_per_request", "request_ms_per_request",

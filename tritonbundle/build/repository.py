@@ -6,6 +6,9 @@ A text-embedding model becomes three Triton models::
     <name>_encoder     the network, in the runtime the manifest names
     <name>             ensemble: TEXT in, the encoder's outputs out
 
+or, with ``tokenize_in_encoder`` (the pytorch runtime), two: ``<name>_encoder`` and ``<name>``, one
+model that tokenizes and encodes in the same process (:meth:`Runtime.text_model`).
+
 Everything is written to a staging folder next to the repository first; only when every model has
 been written and every config reads back as a valid ``ModelConfig`` are the model folders swapped
 in (one ``rename`` each). A failed build therefore leaves the previous repository as it was.
@@ -82,6 +85,15 @@ def _stage_model(
     if spec.task == "text-embedding":
         if artifacts.tokenizer_path is None:
             raise BuildError(f"model {spec.name}: a text-embedding model needs a tokenizer.json (run export first)")
+        if spec.tokenize_in_encoder:
+            text_dir = staging / spec.name
+            tokenizer.write_tokenizer(artifacts.tokenizer_path, text_dir / str(version))
+            config, record = runtime.text_model(
+                ctx, encoder_dir / str(version), text_dir / str(version), tokenizer.parameters(spec, plan)
+            )
+            write_config(config, text_dir)
+            names[spec.name] = record
+            return names
         tok_dir = staging / spec.tokenizer_name
         tokenizer.write_files(artifacts.tokenizer_path, tok_dir / str(version))
         write_config(tokenizer.config(spec, plan), tok_dir)

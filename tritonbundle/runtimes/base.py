@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from tritonbundle.contract import Parameters
+from tritonbundle.contract import Parameters, TokenizerParameters
 from tritonbundle.errors import ConfigError
 from tritonbundle.manifest import ModelSpec
 from tritonbundle.modelconfig import (
@@ -85,6 +85,21 @@ class Runtime(Protocol):
     def config(self, ctx: BuildContext, written: Written) -> ModelConfig:
         """The encoder model's config."""
         ...
+
+    def text_model(
+        self, ctx: BuildContext, encoder_version_dir: Path, version_dir: Path, tokenizer: TokenizerParameters,
+    ) -> tuple[ModelConfig, type[Parameters]]:
+        """``<name>`` as one model that tokenizes and encodes (manifest ``tokenize_in_encoder``): its files
+        into ``version_dir``, its config and parameter record. A runtime that cannot refuses the knob
+        in :meth:`check` (see :func:`no_text_model`)."""
+        ...
+
+
+def no_text_model(spec: ModelSpec, runtime: str) -> None:
+    """:meth:`Runtime.check` of a runtime whose encoder cannot tokenize in its own process."""
+    if spec.tokenize_in_encoder:
+        raise ConfigError(f"model {spec.name}.tokenize_in_encoder: the {runtime} runtime's encoder cannot tokenize; "
+                          "only the pytorch runtime's can (or leave it false: a tokenizer model and an ensemble)")
 
 
 def needs_calibration(spec: ModelSpec) -> None:

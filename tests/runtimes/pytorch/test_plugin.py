@@ -110,3 +110,32 @@ def test_minilm_weights_can_come_from_a_folder_named_by_the_environment(tmp_path
     monkeypatch.setenv(recipes.MINILM_DIR_ENV, str(tmp_path / "missing"))
     with pytest.raises(BuildError, match="has no model.safetensors"):
         runtimes.get("pytorch").write_files(_ctx(tmp_path, _spec(tmp_path)), tmp_path / "v")
+
+
+def test_only_the_pytorch_runtime_tokenizes_in_its_encoder(tmp_path: Path) -> None:
+    runtimes.get("pytorch").check(_spec(tmp_path, tokenize_in_encoder=True))
+    for name, target in (("onnxruntime", "cpu"), ("tensorrt", "gpu")):
+        spec = _spec(tmp_path, runtime=name, target=target, precision="fp32", tokenize_in_encoder=True)
+        with pytest.raises(ConfigError, match=rf"model minilm.tokenize_in_encoder: the {name} runtime's encoder cannot tokenize"):
+            runtimes.get(name).check(spec)
+
+
+def test_the_text_model_config_carries_the_encoders_and_the_tokenizers_settings(tmp_path: Path) -> None:
+    from tritonbundle.contract import TextPyTorchParameters
+    from tritonbundle.runtimes.tokenizer import plugin as tokenizer
+
+    spec = _spec(tmp_path, tokenize_in_encoder=True, instances=3)
+    ctx = _ctx(tmp_path, spec)
+    encoder_dir, text_dir = tmp_path / "minilm_encoder" / "1", tmp_path / "minilm" / "1"
+    encoder_dir.mkdir(parents=True)
+    for name in ("model.safetensors", "config.json", "weights.json"):
+        (encoder_dir / name).write_text(name)
+    runtime = runtimes.get("pytorch")
+    config, record = runtime.text_model(ctx, encoder_dir, text_dir, tokenizer.parameters(spec, ctx.plan))
+    assert record is TextPyTorchParameters and config.name == "minilm" and config.backend == "python"
+    assert [(t.name, t.dtype, t.dims) for t in config.inputs] == [("TEXT", "STRING", (1,))]
+    assert [(g.count, g.kind) for g in config.instance_groups] == [(3, "KIND_GPU")]
+    assert not config.warmups  # Triton's zero data would be empty texts, which the model refuses
+    params = TextPyTorchParameters.from_parameters(dict(config.parameters), strict=True)
+    assert params.tokenizer_file == "tokenizer.json" and params.packing and params.precision == "fp16"
+    assert (text_dir / "model.py").exists() and (text_dir / "model.safetensors").read_text() == "model.safetensors"

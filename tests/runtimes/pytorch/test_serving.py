@@ -164,6 +164,46 @@ def test_the_encoder_writes_its_statistics_for_the_benchmark(pytorch_server: Any
     assert info and info[0]["device"] == "cpu" and info[0]["cuda_graphs"] is False
 
 
+@pytest.fixture(scope="module")
+def text_server(exported_minilm: Path, server_env: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """``tokenize_in_encoder``: <name> is one Python model that tokenizes and encodes."""
+    import yaml
+
+    from tritonbundle.cli import main
+
+    folder = tmp_path_factory.mktemp("text-model")
+    manifest = yaml.safe_load(MANIFEST.read_text())
+    manifest["defaults"]["tokenize_in_encoder"] = True
+    manifest["traffic"] = str((MANIFEST.parent / manifest["traffic"]).resolve())
+    (folder / "models.yaml").write_text(yaml.safe_dump(manifest))
+    repo = folder / "model_repository"
+    assert main(["build", "--manifest", str(folder / "models.yaml"), "--artifacts", str(ARTIFACTS),
+                 "--repository", str(repo), "--runtime", "pytorch", "--target", "cpu"]) == 0
+    server = _serve(repo, folder / "tritonserver.log")
+    server.repository = repo
+    yield server
+    server.stop()
+
+
+def test_a_model_that_tokenizes_itself_answers_like_the_ensemble(text_server: Any) -> None:
+    from tritonbundle.clients import GrpcClient, HttpClient, InvalidInputError
+
+    repo = text_server.repository
+    assert sorted(p.name for p in repo.iterdir() if p.is_dir()) == ["minilm", "minilm_encoder"]
+    config = (repo / "minilm" / "config.pbtxt").read_text()
+    assert 'backend: "python"' in config and "ensemble" not in config and "tokenizer_file" in config
+    with GrpcClient(text_server.grpc_url) as client:
+        got = client.embed(TEXTS)
+    expected = _onnx_reference(TEXTS)
+    assert ((got * expected).sum(axis=1)).min() >= 0.999
+    with HttpClient(text_server.http_url) as http:  # the token-input model is still served
+        ids = np.array([[101, 7632, 102]], dtype=np.int64)
+        assert http.infer({"input_ids": ids, "attention_mask": np.ones_like(ids)}, model="minilm_encoder")["embedding"].shape == (1, 384)
+        with pytest.raises(InvalidInputError, match=r"TEXT\[1\] is empty"):
+            http.embed(["fine", "\x00 \t"])
+        assert http.embed(["still serving"]).shape == (1, 384)
+
+
 def test_the_trimmed_server_that_is_carried_to_the_gpu_machine_serves_the_repository(
     pytorch_repository: Path, server_env: None, tmp_path: Path
 ) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tritonbundle.runtimes.tokenizer.batch import tokenize
+from tritonbundle.runtimes.text import tokenize
 
 
 @pytest.fixture(scope="module")

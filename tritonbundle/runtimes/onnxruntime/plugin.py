@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
-from tritonbundle.contract import EncoderParameters, OnnxRuntimeParameters
+from tritonbundle.contract import EncoderParameters, OnnxRuntimeParameters, Parameters
 from tritonbundle.errors import ConfigError
 from tritonbundle.manifest import ModelSpec
 from tritonbundle.modelconfig import ModelConfig
@@ -18,6 +19,7 @@ from tritonbundle.runtimes.base import (
     copy_artifact,
     encoder_config,
     needs_calibration,
+    no_text_model,
     warmups,
 )
 
@@ -35,6 +37,7 @@ class OnnxRuntime:
         """ONNX Runtime serves any ONNX model the manifest describes (the graph check comes later), at
         fp32, or at fp16/int8 from the build's converted graph; it has no BF16 kernels on the CPU."""
         needs_calibration(spec)
+        no_text_model(spec, self.name)
         if spec.precision == "bf16":
             raise ConfigError(f"model {spec.name}.precision: the onnxruntime runtime serves fp32, fp16 or int8, not bf16 "
                               "(ONNX Runtime has no BF16 kernels for these operators)")
@@ -59,6 +62,10 @@ class OnnxRuntime:
         )
         return encoder_config(ctx, params_gpu, ragged=False, kind="KIND_GPU", platform="onnxruntime_onnx",
                               warmups=warmups(ctx, every_bucket=True))
+
+    def text_model(self, ctx: BuildContext, *args: Any) -> tuple[ModelConfig, type[Parameters]]:
+        no_text_model(ctx.spec, self.name)  # check() refuses the knob before this is reached
+        raise AssertionError("unreachable")
 
     def write_files(self, ctx: BuildContext, version_dir: Path) -> Written:
         assert ctx.onnx_path is not None, "the onnxruntime runtime needs an ONNX file"

@@ -9,6 +9,11 @@ the inputs allow ragged batching, so requests of different targets share one ``e
 engine's launch planner groups rows by target. Outputs are cut back per request. Settings come from
 the config's parameters as :class:`tritonbundle.contract.PyTorchParameters`. Statistics for the
 benchmark: :mod:`tritonbundle.runtimes.pytorch.stats`.
+
+Served as ``<name>`` with a ``TEXT`` input (manifest ``tokenize_in_encoder``), the same model also
+tokenizes: every text of the dynamic batch in one call of the fast tokenizer, read and refused exactly
+as the tokenizer model does (:mod:`tritonbundle.runtimes.text`), with no ensemble and no second
+Python process between the text and the engine. Settings: :class:`~tritonbundle.contract.TextPyTorchParameters`.
 """
 
 from __future__ import annotations
@@ -26,10 +31,11 @@ if (_HERE / "tritonbundle").is_dir() and sys.path[:1] != [str(_HERE)]:
 import numpy as np  # noqa: E402
 import numpy.typing as npt  # noqa: E402
 
-from tritonbundle.contract import PyTorchParameters, token_ids_problem  # noqa: E402
+from tritonbundle.contract import TEXT_INPUT, PyTorchParameters, TextPyTorchParameters, token_ids_problem  # noqa: E402
 from tritonbundle.runtimes.pytorch.engine import Engine  # noqa: E402
 from tritonbundle.runtimes.pytorch.launch import used_lengths  # noqa: E402
 from tritonbundle.runtimes.pytorch.stats import new_stats, writer_for  # noqa: E402
+from tritonbundle.runtimes.text import TextError, load_tokenizer, read_texts, tokenize  # noqa: E402
 
 try:
     import triton_python_backend_utils as pb_utils
@@ -49,15 +55,22 @@ class RequestError(ValueError):
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
-        params = PyTorchParameters.from_config(config)
         version_dir = Path(args["model_repository"]) / args["model_version"]
+        self.input_names = [i["name"] for i in config["input"]]
+        self.tokenizer: Any = None
+        if self.input_names == [TEXT_INPUT]:
+            text = TextPyTorchParameters.from_config(config)
+            self.tokenizer = load_tokenizer(str(version_dir / text.tokenizer_file), text.max_length)
+            self.max_length, self.max_text_bytes, self.pad_id = text.max_length, text.max_text_bytes, text.pad_id
+            params: PyTorchParameters = text
+        else:
+            params = PyTorchParameters.from_config(config)
         gpu = args.get("model_instance_kind", "CPU") == "GPU"
         device = f"cuda:{args.get('model_instance_device_id', '0')}" if gpu else "cpu"
         self.max_seq = params.max_sequence_length
         self.name = args.get("model_name", config.get("name", "encoder"))
-        self.input_names = [i["name"] for i in config["input"]]
         self.output_name = config["output"][0]["name"]
-        if len(self.input_names) != 2:
+        if self.tokenizer is None and len(self.input_names) != 2:
             raise pb_utils.TritonModelException(f"{self.name}: expects two inputs (token ids, attention mask)")
         self.engine = Engine(
             version_dir, device=device, precision=params.precision,
@@ -105,37 +118,48 @@ class TritonPythonModel:
             raise RequestError(problem)
         return ids, mask
 
+    def _read_texts(self, request: Any) -> list[str]:
+        array = pb_utils.get_input_tensor_by_name(request, TEXT_INPUT).as_numpy()
+        return read_texts(array, TEXT_INPUT, self.max_text_bytes, self.max_length)
+
+    def _gather(self, good: list[tuple[int, Any]]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], list[int]]:
+        """Every request's rows in one array pair (one copy per request, none per row) and the rows of each."""
+        if self.tokenizer is not None:
+            texts = [text for _, mine in good for text in mine]
+            ((all_ids, all_masks),) = tokenize(self.tokenizer, texts, [(0, len(texts))], (), self.pad_id)
+            return all_ids, all_masks, [len(mine) for _, mine in good]
+        rows = sum(ids.shape[0] for _, (ids, _) in good)
+        width = max(ids.shape[1] for _, (ids, _) in good)
+        all_ids = np.zeros((rows, width), dtype=np.int64)
+        all_masks = np.zeros((rows, width), dtype=np.int64)
+        start = 0
+        for _, (ids, mask) in good:
+            all_ids[start : start + ids.shape[0], : ids.shape[1]] = ids
+            all_masks[start : start + ids.shape[0], : ids.shape[1]] = mask
+            start += ids.shape[0]
+        return all_ids, all_masks, [ids.shape[0] for _, (ids, _) in good]
+
     def execute(self, requests: list[Any]) -> list[Any]:
-        """Every request's rows into one array (one copy per request, none per row), one engine call."""
+        """Every request's rows (texts: tokenized together) into one array, one engine call."""
         t0 = time.perf_counter()
         stats = self.stats
         responses: list[Any] = [None] * len(requests)
-        good: list[tuple[int, npt.NDArray[np.int64], npt.NDArray[np.int64]]] = []
+        good: list[tuple[int, Any]] = []
         for index, request in enumerate(requests):
             try:
-                ids, mask = self._read(request)
-            except RequestError as e:
+                good.append((index, self._read_texts(request) if self.tokenizer is not None else self._read(request)))
+            except (RequestError, TextError) as e:
                 responses[index] = pb_utils.InferenceResponse(output_tensors=[], error=_error(str(e)))
                 stats["errors"] += 1
-                continue
-            good.append((index, ids, mask))
         if good:
-            rows = sum(ids.shape[0] for _, ids, _ in good)
-            width = max(ids.shape[1] for _, ids, _ in good)
-            all_ids = np.zeros((rows, width), dtype=np.int64)
-            all_masks = np.zeros((rows, width), dtype=np.int64)
-            start = 0
-            for _, ids, mask in good:
-                all_ids[start : start + ids.shape[0], : ids.shape[1]] = ids
-                all_masks[start : start + ids.shape[0], : ids.shape[1]] = mask
-                start += ids.shape[0]
+            all_ids, all_masks, counts = self._gather(good)
             lengths = used_lengths(all_masks)
             t1 = time.perf_counter()
             stats["t_read_s"] += t1 - t0
             try:
                 out = self.engine.embed(all_ids, all_masks, lengths, stats)
             except Exception as e:  # noqa: BLE001 - every request of the batch gets the error
-                for index, _, _ in good:
+                for index, _ in good:
                     responses[index] = pb_utils.InferenceResponse(
                         output_tensors=[], error=_error(f"{self.name}: inference failed: {e}", "INTERNAL")
                     )
@@ -143,12 +167,12 @@ class TritonPythonModel:
             else:
                 t2 = time.perf_counter()
                 start = 0
-                for index, ids, _ in good:
-                    tensor = pb_utils.Tensor(self.output_name, out[start : start + ids.shape[0]])
+                for (index, _), count in zip(good, counts):
+                    tensor = pb_utils.Tensor(self.output_name, out[start : start + count])
                     responses[index] = pb_utils.InferenceResponse(output_tensors=[tensor])
-                    start += ids.shape[0]
+                    start += count
                 stats["t_respond_s"] += time.perf_counter() - t2
-                stats["rows"] += rows
+                stats["rows"] += int(all_ids.shape[0])
         stats["executes"] += 1
         stats["requests"] += len(requests)
         stats["t_execute_s"] += time.perf_counter() - t0

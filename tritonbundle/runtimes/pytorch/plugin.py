@@ -17,14 +17,21 @@ from pathlib import Path
 from typing import Any
 
 from tritonbundle import recipes
-from tritonbundle.contract import PyTorchParameters
+from tritonbundle.contract import TEXT_INPUT, PyTorchParameters, TextPyTorchParameters, TokenizerParameters
 from tritonbundle.errors import BuildError, ConfigError, ExportError
 from tritonbundle.files import sha256
 from tritonbundle.log import LOG
 from tritonbundle.manifest import ModelSpec
-from tritonbundle.modelconfig import ModelConfig
+from tritonbundle.modelconfig import InstanceGroup, ModelConfig, TensorSpec
 from tritonbundle.runtimes import served
-from tritonbundle.runtimes.base import BuildContext, Written, encoder_config, link_or_copy, warmups
+from tritonbundle.runtimes.base import (
+    BuildContext,
+    Written,
+    dynamic_batching,
+    encoder_config,
+    link_or_copy,
+    warmups,
+)
 
 MODEL_PY = Path(__file__).with_name("model.py")
 RECORD = "weights.json"
@@ -59,10 +66,10 @@ class PyTorchRuntime:
     def padding_policy(self, target: str) -> str:
         return "targets"
 
-    def config(self, ctx: BuildContext, written: Written) -> ModelConfig:
+    def _parameters(self, ctx: BuildContext) -> PyTorchParameters:
         spec, plan = ctx.spec, ctx.plan
         gpu = spec.target == "gpu"
-        params = PyTorchParameters(
+        return PyTorchParameters(
             padding_policy=plan.policy, padding_targets=plan.padding_targets,
             max_sequence_length=spec.max_sequence_length, weights_file=recipes.WEIGHTS_FILE,
             config_file=recipes.CONFIG_FILE, recipe=str(spec.recipe),
@@ -70,6 +77,10 @@ class PyTorchRuntime:
             cuda_graphs=bool(spec.cuda_graphs and gpu), batch_buckets=tuple(b.max for b in plan.batch_buckets),
             packing=spec.packing,
         )
+
+    def config(self, ctx: BuildContext, written: Written) -> ModelConfig:
+        gpu = ctx.spec.target == "gpu"
+        params = self._parameters(ctx)
         # The model captures and warms every (batch bucket, target) graph in initialize(); one
         # small sample here runs the whole execute path once before the model is READY.
         return encoder_config(ctx, params, ragged=True, kind="KIND_GPU" if gpu else "KIND_CPU", backend="python",
@@ -79,6 +90,31 @@ class PyTorchRuntime:
         served.install(MODEL_PY, version_dir)
         write_weights(ctx, version_dir)
         return Written()
+
+    def text_model(
+        self, ctx: BuildContext, encoder_version_dir: Path, version_dir: Path, tokenizer: TokenizerParameters,
+    ) -> tuple[ModelConfig, type[TextPyTorchParameters]]:
+        """``<name>`` as one Python model that tokenizes and encodes (``tokenize_in_encoder``): the same
+        ``model.py``, the encoder's weights (linked: both were written by this build), a TEXT input.
+        No warm-up samples: Triton's zero data would be empty texts, which the model refuses; the
+        engine warms itself up (and captures its graphs) in ``initialize``."""
+        spec = ctx.spec
+        served.install(MODEL_PY, version_dir)
+        for name in (recipes.WEIGHTS_FILE, recipes.CONFIG_FILE, RECORD):
+            link_or_copy(encoder_version_dir / name, version_dir / name)
+        params = TextPyTorchParameters(
+            **{**vars(self._parameters(ctx)), "tokenizer_file": tokenizer.tokenizer_file,
+               "max_length": tokenizer.max_length, "max_text_bytes": tokenizer.max_text_bytes, "pad_id": tokenizer.pad_id},
+        )
+        config = ModelConfig(
+            name=spec.name, backend="python", max_batch_size=spec.max_batch_size,
+            inputs=(TensorSpec(TEXT_INPUT, "STRING", (1,)),),
+            outputs=tuple(TensorSpec(t.name, t.dtype, t.dims) for t in spec.outputs),
+            dynamic_batching=dynamic_batching(ctx),
+            instance_groups=(InstanceGroup(count=spec.instances, kind="KIND_GPU" if spec.target == "gpu" else "KIND_CPU"),),
+            parameters=params.to_parameters(),
+        )
+        return config, TextPyTorchParameters
 
 
 def fingerprint(recipe: str, precision: str) -> dict[str, str]:

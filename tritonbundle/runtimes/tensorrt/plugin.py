@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from tritonbundle import proc
-from tritonbundle.contract import TensorRTParameters
+from tritonbundle.contract import Parameters, TensorRTParameters
 from tritonbundle.errors import BuildError, ConfigError
 from tritonbundle.log import LOG
 from tritonbundle.manifest import ModelSpec
@@ -38,6 +38,7 @@ from tritonbundle.runtimes.base import (
     encoder_config,
     link_or_copy,
     needs_calibration,
+    no_text_model,
     warmups,
 )
 from tritonbundle.runtimes.tensorrt import engine as te
@@ -60,6 +61,7 @@ class TensorRTRuntime:
         where = f"model {spec.name}"
         if spec.target != "gpu":
             raise ConfigError(f"{where}.runtime: tensorrt needs target gpu (the CPU server has no TensorRT backend)")
+        no_text_model(spec, self.name)
         needs_calibration(spec)
 
     def padding_policy(self, target: str) -> str:
@@ -84,6 +86,10 @@ class TensorRTRuntime:
             cc_model_filenames=written.cc_model_filenames,
             default_model_filename=written.default_model_filename,
         )
+
+    def text_model(self, ctx: BuildContext, *args: Any) -> tuple[ModelConfig, type[Parameters]]:
+        no_text_model(ctx.spec, self.name)  # check() refuses the knob before this is reached
+        raise AssertionError("unreachable")
 
     def write_files(self, ctx: BuildContext, version_dir: Path) -> Written:
         if ctx.onnx_path is None:

@@ -5,7 +5,7 @@ Settings: :class:`tritonbundle.contract.TokenizerParameters` in the config's ``p
   max_length         longer texts are truncated to this many tokens (documented behaviour)
   max_text_bytes     longer texts are refused (INVALID_ARG) before tokenizing: a guard against
                      multi-megabyte bodies, far beyond what truncation to max_length keeps anyway.
-                     Texts within it are cut to CHARS_PER_TOKEN x max_length characters before
+                     Texts within it are cut to batch.CHARS_PER_TOKEN x max_length characters before
                      tokenizing (a megabyte took about a second of a core to tokenize, only to be
                      truncated to max_length tokens)
   padding_targets    each request is padded to the smallest target that holds its longest text
@@ -27,10 +27,9 @@ _HERE = Path(__file__).resolve().parent
 if (_HERE / "tritonbundle").is_dir() and sys.path[:1] != [str(_HERE)]:
     sys.path.insert(0, str(_HERE))  # the package modules the build copied next to this file
 
-from tokenizers import Tokenizer  # noqa: E402
 
 from tritonbundle.contract import TokenizerParameters  # noqa: E402
-from tritonbundle.runtimes.tokenizer.batch import tokenize  # noqa: E402
+from tritonbundle.runtimes.text import TextError, load_tokenizer, read_texts, tokenize  # noqa: E402
 
 try:
     import triton_python_backend_utils as pb_utils
@@ -45,20 +44,6 @@ def _error(message: str) -> Any:
     return pb_utils.TritonError(message, code)
 
 
-class RequestError(ValueError):
-    pass
-
-
-#: BERT's WordPiece turns a word longer than 100 characters into one [UNK]: 100 characters per token
-#: of max_length keep every token a text can contribute, unless it is mostly runs of whitespace.
-CHARS_PER_TOKEN = 100
-
-
-def has_content(text: str) -> bool:
-    """Something the tokenizer keeps: not only whitespace and control characters ("\\x00")."""
-    return any(not ch.isspace() and ch.isprintable() for ch in text)
-
-
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
@@ -67,43 +52,14 @@ class TritonPythonModel:
         self.max_length = params.max_length
         self.max_text_bytes = params.max_text_bytes
         self.targets = params.padding_targets
-        self.tokenizer = Tokenizer.from_file(str(version_dir / params.tokenizer_file))
-        self.tokenizer.enable_truncation(max_length=self.max_length)
-        self.tokenizer.no_padding()
+        self.tokenizer = load_tokenizer(str(version_dir / params.tokenizer_file), self.max_length)
         self.pad_id = params.pad_id
         self.input_name = config["input"][0]["name"]
         self.ids_name, self.mask_name = (o["name"] for o in config["output"][:2])
 
     def _texts(self, request: Any) -> list[str]:
         array = pb_utils.get_input_tensor_by_name(request, self.input_name).as_numpy()
-        if array.ndim == 0:
-            raise RequestError(f"{self.input_name} must have a batch dimension, got a scalar")
-        if array.size == 0:
-            raise RequestError(f"{self.input_name} is empty: send at least one text")
-        if array.ndim > 1 and any(d != 1 for d in array.shape[1:]):
-            raise RequestError(
-                f"{self.input_name} must have shape [batch, 1] (one text per row), got {list(array.shape)}"
-            )
-        texts = []
-        for i, item in enumerate(array.reshape(-1)):
-            raw = item if isinstance(item, bytes) else str(item).encode()
-            if len(raw) > self.max_text_bytes:
-                raise RequestError(
-                    f"{self.input_name}[{i}] is {len(raw)} bytes; the limit is {self.max_text_bytes} bytes "
-                    f"(texts are truncated to {self.max_length} tokens, so send only their beginning)"
-                )
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise RequestError(
-                    f"{self.input_name}[{i}] is not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})"
-                ) from None
-            text = text[: CHARS_PER_TOKEN * self.max_length]
-            if not has_content(text):
-                raise RequestError(f"{self.input_name}[{i}] is empty: send at least one character that is not "
-                                   "whitespace or a control character")
-            texts.append(text)
-        return texts
+        return read_texts(array, self.input_name, self.max_text_bytes, self.max_length)
 
     def execute(self, requests: list[Any]) -> list[Any]:
         """One tokenizer call for every text of every request in the dynamic batch."""
@@ -113,7 +69,7 @@ class TritonPythonModel:
         for index, request in enumerate(requests):
             try:
                 mine = self._texts(request)
-            except RequestError as e:
+            except TextError as e:
                 responses[index] = pb_utils.InferenceResponse(output_tensors=[], error=_error(str(e)))
                 continue
             good.append((index, len(texts), len(mine)))

@@ -19,19 +19,24 @@ TOKENIZER_FILE = "tokenizer.json"
 MAX_TEXT_BYTES = 1 << 20
 
 
-def config(spec: ModelSpec, plan: ModelPlan) -> ModelConfig:
-    ids, mask = spec.inputs
-    params = TokenizerParameters(
+def parameters(spec: ModelSpec, plan: ModelPlan) -> TokenizerParameters:
+    """How ``spec``'s texts are read and tokenized (also by an encoder that tokenizes itself)."""
+    return TokenizerParameters(
         tokenizer_file=TOKENIZER_FILE, max_length=spec.tokenizer_max_length, max_text_bytes=MAX_TEXT_BYTES,
         padding_targets=plan.padding_targets, pad_id=0,
     )
+
+
+def config(spec: ModelSpec, plan: ModelPlan) -> ModelConfig:
+    ids, mask = spec.inputs
+    params = parameters(spec, plan)
     return ModelConfig(
         name=spec.tokenizer_name,
         backend="python",
         max_batch_size=spec.max_batch_size,
         inputs=(TensorSpec(TEXT_INPUT, "STRING", (1,)),),
         outputs=(TensorSpec(ids.name, ids.dtype, (-1,)), TensorSpec(mask.name, mask.dtype, (-1,))),
-        # One tokenizer call serves every request the batcher gathered (runtimes/tokenizer/batch.py);
+        # One tokenizer call serves every request the batcher gathered (runtimes/text.py);
         # a short delay gathers more of them under load. The queue is bounded like the encoder's, so
         # overload is refused at the door.
         dynamic_batching=DynamicBatching(max_queue_delay_us=spec.tokenizer_queue_delay_us, queue_policy=queue_policy(spec)),
@@ -42,4 +47,8 @@ def config(spec: ModelSpec, plan: ModelPlan) -> ModelConfig:
 
 def write_files(tokenizer_json: Path, version_dir: Path) -> None:
     served.install(MODEL_PY, version_dir)
+    write_tokenizer(tokenizer_json, version_dir)
+
+
+def write_tokenizer(tokenizer_json: Path, version_dir: Path) -> None:
     copy_artifact(tokenizer_json, version_dir / TOKENIZER_FILE)

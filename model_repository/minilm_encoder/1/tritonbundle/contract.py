@@ -203,6 +203,8 @@ class PyTorchParameters(EncoderParameters):
     cuda_graphs: bool
     #: Batch sizes CUDA graphs are captured for.
     batch_buckets: tuple[int, ...]
+    #: Several texts per row of a launch (the encoder's packed forward).
+    packing: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,8 +220,20 @@ class TokenizerParameters(Parameters):
     pad_id: int
 
 
+@dataclasses.dataclass(frozen=True)
+class TextPyTorchParameters(PyTorchParameters):
+    """The pytorch runtime's model serving text (``tokenize_in_encoder``): the encoder's record plus the
+    tokenizer's (``padding_targets`` is the same in both)."""
+
+    tokenizer_file: str
+    max_length: int
+    max_text_bytes: int
+    pad_id: int
+
+
 #: Every record a served model reads, by the name the build stage records in the config.
 RECORDS: dict[str, type[Parameters]] = {
     cls.__name__: cls
-    for cls in (EncoderParameters, TensorRTParameters, OnnxRuntimeParameters, PyTorchParameters, TokenizerParameters)
+    for cls in (EncoderParameters, TensorRTParameters, OnnxRuntimeParameters, PyTorchParameters, TokenizerParameters,
+                TextPyTorchParameters)
 }

@@ -1,0 +1,93 @@
+"""Read and tokenize every request of a dynamic batch in one call of the fast tokenizer.
+
+Shared by the tokenizer model and by an encoder that tokenizes in its own process (the pytorch
+runtime with ``tokenize_in_encoder``), so both accept and refuse the same texts.
+
+The Rust tokenizer encodes the batch's texts in parallel with the GIL released; the token ids are
+then laid into one array with a single vectorized assignment (no loop over rows), and each request
+gets its slice, padded to its own target (:func:`tritonbundle.contract.pad_length` of its longest
+row), so requests still meet same-shape requests in the encoder's batcher.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from tritonbundle.contract import pad_length
+
+Tokens = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]
+#: BERT's WordPiece turns a word longer than 100 characters into one [UNK]: 100 characters per token
+#: of max_length keep every token a text can contribute, unless it is mostly runs of whitespace.
+CHARS_PER_TOKEN = 100
+
+
+class TextError(ValueError):
+    """A request's text the tokenizer does not take (a client error: INVALID_ARG)."""
+
+
+def has_content(text: str) -> bool:
+    """Something the tokenizer keeps: not only whitespace and control characters ("\\x00")."""
+    return any(not ch.isspace() and ch.isprintable() for ch in text)
+
+
+def load_tokenizer(path: str, max_length: int) -> Any:
+    """The fast tokenizer from ``tokenizer.json``, truncating to ``max_length`` tokens, no padding."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(path)
+    tokenizer.enable_truncation(max_length=max_length)
+    tokenizer.no_padding()
+    return tokenizer
+
+
+def read_texts(array: np.ndarray[Any, Any], name: str, max_text_bytes: int, max_length: int) -> list[str]:
+    """The texts of one request's ``[batch, 1]`` BYTES input, each checked (size before decoding, UTF-8,
+    something left to tokenize) and cut to ``CHARS_PER_TOKEN * max_length`` characters; a
+    :class:`TextError` names the first that fails and its position."""
+    if array.ndim == 0:
+        raise TextError(f"{name} must have a batch dimension, got a scalar")
+    if array.size == 0:
+        raise TextError(f"{name} is empty: send at least one text")
+    if array.ndim > 1 and any(d != 1 for d in array.shape[1:]):
+        raise TextError(f"{name} must have shape [batch, 1] (one text per row), got {list(array.shape)}")
+    texts = []
+    for i, item in enumerate(array.reshape(-1)):
+        raw = item if isinstance(item, bytes) else str(item).encode()
+        if len(raw) > max_text_bytes:
+            raise TextError(
+                f"{name}[{i}] is {len(raw)} bytes; the limit is {max_text_bytes} bytes "
+                f"(texts are truncated to {max_length} tokens, so send only their beginning)"
+            )
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise TextError(f"{name}[{i}] is not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
+        text = text[: CHARS_PER_TOKEN * max_length]
+        if not has_content(text):
+            raise TextError(f"{name}[{i}] is empty: send at least one character that is not whitespace or a "
+                            "control character")
+        texts.append(text)
+    return texts
+
+
+def tokenize(tokenizer: Any, texts: Sequence[str], spans: Sequence[tuple[int, int]], targets: Sequence[int],
+             pad_id: int = 0) -> list[Tokens]:
+    """(token ids, attention mask) per request; ``spans`` are (first text, number of texts) per request."""
+    if not texts:
+        return []
+    encode = getattr(tokenizer, "encode_batch_fast", None) or tokenizer.encode_batch
+    encodings = encode(list(texts))
+    lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
+    padded = [pad_length(int(lengths[s : s + n].max()), targets) for s, n in spans]
+    width = max(padded)
+    mask = np.arange(width) < lengths[:, None]
+    ids = np.full((len(encodings), width), pad_id, dtype=np.int64)
+    ids[mask] = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), dtype=np.int64, count=int(lengths.sum()))
+    mask64 = mask.astype(np.int64)
+    return [(np.ascontiguousarray(ids[s : s + n, :p]), np.ascontiguousarray(mask64[s : s + n, :p]))
+            for (s, n), p in zip(spans, padded)]

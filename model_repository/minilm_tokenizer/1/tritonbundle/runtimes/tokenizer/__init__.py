@@ -1,1 +1,0 @@
-"""Vendored by `tritonbundle build`: the package modules the model next to this folder imports."""
