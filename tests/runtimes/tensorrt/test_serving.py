@@ -75,6 +75,19 @@ def test_the_script_refuses_to_start_or_execs_tritonserver_with_the_flag(tmp_pat
     assert "--backend-config=tensorrt,version-compatible=true" in started.stdout and "--http-port=1" in started.stdout
 
 
+def test_the_api_key_stays_out_of_tritonservers_environment(tmp_path: Path) -> None:
+    """The chart puts the key in the arguments (Kubernetes expands $(TRITONBUNDLE_API_KEY)); the variable
+    itself must not reach tritonserver, whose environment every Python-backend stub inherits."""
+    fake = tmp_path / "bin" / "tritonserver"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho \"key=[${TRITONBUNDLE_API_KEY:-}] home=[$HOME] args: $*\"\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}", "TRITONBUNDLE_API_KEY": "s3cret"}
+    out = subprocess.run([sys.executable, str(SCRIPT), "exec", "tritonserver", "--http-restricted-api=trace:k=s3cret"],
+                         capture_output=True, text=True, env=env, timeout=30, check=True).stdout
+    assert "key=[]" in out and f"home=[{os.environ['HOME']}]" in out and "--http-restricted-api=trace:k=s3cret" in out
+
+
 def test_the_script_imports_only_the_standard_library() -> None:
     """It runs in the NGC tritonserver image, where tritonbundle is not installed."""
     import ast

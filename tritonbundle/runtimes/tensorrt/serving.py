@@ -16,6 +16,9 @@ Standard library only: it runs in the NGC tritonserver image, where tritonbundle
 
     python3 serving.py check REPOSITORY            exit 2 and name the problem when a plan does not fit
     python3 serving.py exec tritonserver ARGS...   check the --model-repository, then exec tritonserver
+                                                   without $TRITONBUNDLE_API_KEY in its environment (the
+                                                   chart passes the key in ARGS; its Python-backend stubs
+                                                   would inherit the variable)
 
 The TensorRT version of this server: ``$TRITONBUNDLE_TENSORRT_VERSION``, else the version in the
 file name of ``libnvinfer.so.X.Y.Z``, else the ``tensorrt`` Python package's.
@@ -120,6 +123,10 @@ def _repository(args: list[str]) -> Path | None:
     return None
 
 
+#: Variables that hold the restricted-API key (Kubernetes expands it into the arguments before this runs).
+KEY_VARIABLES = ("TRITONBUNDLE_API_KEY", "TRITONBUNDLE_API_KEY_FILE")
+
+
 def main(argv: list[str]) -> int:
     if len(argv) >= 2 and argv[0] == "check":
         lines = problems(Path(argv[1]), installed_version())
@@ -136,7 +143,10 @@ def main(argv: list[str]) -> int:
                     print(f"tensorrt-plans: refusing to start: {line}", file=sys.stderr)
                 return 2
             command += [a for a in backend_args(repository) if a not in command]
-        os.execvp(command[0], command)
+        # The key is already in the restricted-API arguments; tritonserver's environment is every
+        # Python stub's environment, so it goes no further.
+        env = {k: v for k, v in os.environ.items() if k not in KEY_VARIABLES}
+        os.execvpe(command[0], command, env)
     print(__doc__, file=sys.stderr)
     return 64
 
