@@ -52,11 +52,12 @@ def unit_length(tokens: int, texts: int) -> int:
 def pack_rows(lengths: Sequence[int] | IntArray, width: int, slots: int) -> list[list[int]]:
     """First-fit decreasing: indices of rows (each at most ``width`` long) into rows of ``width`` tokens,
     at most ``slots`` texts each."""
-    order = sorted(range(len(lengths)), key=lambda i: -int(lengths[i]))
+    sizes = [int(n) for n in lengths]
+    order = sorted(range(len(sizes)), key=sizes.__getitem__, reverse=True)
     bins: list[list[int]] = []
     free: list[int] = []
     for i in order:
-        need = int(lengths[i])
+        need = sizes[i]
         for b, room in enumerate(free):
             if room >= need and len(bins[b]) < slots:
                 bins[b].append(i)
@@ -150,9 +151,12 @@ class LaunchPlanner:
         if lengths.size == 0:
             return []
         index = target_index(lengths, self.targets)
-        groups = sorted(set(index.tolist()))
-        rows = {k: np.flatnonzero(index == k) for k in groups}
-        counts = [len(rows[k]) for k in groups]
+        # Rows grouped by target in one sort (stable: rows keep their order within a group).
+        order = np.argsort(index, kind="stable")
+        groups, starts, sizes = np.unique(index[order], return_index=True, return_counts=True)
+        rows = {int(k): order[s : s + n] for k, s, n in zip(groups.tolist(), starts.tolist(), sizes.tolist())}
+        groups = groups.tolist()
+        counts = sizes.tolist()
         # f[i]: least cost of groups[:i]; a segment groups[j:i] runs at the target of groups[i - 1].
         f = [0.0] + [math.inf] * len(groups)
         back = [0] * (len(groups) + 1)
@@ -198,12 +202,15 @@ class LaunchPlanner:
             short = np.flatnonzero(lengths <= width)
             if short.size < 2:
                 continue
-            bins = pack_rows(lengths[short], width, max_slots(width))
+            short_lengths = lengths[short].tolist()
+            bins = pack_rows(short_lengths, width, max_slots(width))
             if len(bins) == short.size:
                 continue  # nothing shares a row
             long_rows = np.flatnonzero(lengths > width)
             units = [short[b] for b in bins] + [np.array([i], dtype=np.int64) for i in long_rows]
-            launches = self.plan(np.array([unit_length(int(lengths[u].sum()), len(u)) for u in units], dtype=np.int64))
+            unit_lengths = [unit_length(sum(short_lengths[i] for i in b), len(b)) for b in bins]
+            unit_lengths += lengths[long_rows].tolist()
+            launches = self.plan(np.array(unit_lengths, dtype=np.int64))
             cost = self.launch_cost(launches)
             if cost < best_cost:
                 best_units, best, best_cost = units, launches, cost
