@@ -57,4 +57,7 @@ def test_a_crash_loop_never_leaves_the_server_down(repository: Path, tmp_path: P
     (REPORT / "crash_loop.json").write_text(json.dumps(figures, indent=2))
     print(f"\ncrash loop: {figures}")
     log = (tmp_path / "serve.log").read_text()
-    assert log.count("ready again") >= CRASHES, log[-3000:]
+    # Every crash was a restart (a restart the next request crashed before the supervisor saw it ready
+    # is logged as "came up and went down" instead of "ready again": it still is no failed start).
+    assert log.count("restarting tritonserver in") >= CRASHES, log[-3000:]
+    assert "giving up" not in log and "failed to start" not in log

@@ -53,11 +53,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _on_signal)
     step(f"starting {server.installation.description if server.installation else 'tritonserver'}")
     server.start(wait=False)
-    server.wait_ready(timeout_s=args.ready_timeout_s)
-    LOG.info("ready: HTTP %s  gRPC %s  metrics %s%s", server.http_url, server.grpc_url, server.metrics_url,
-             f"  (log: {args.log_file})" if args.log_file else "")
-    if args.ready_file:
-        args.ready_file.write_text(json.dumps({"http": server.http_url, "grpc": server.grpc_url, "metrics": server.metrics_url}))
+    try:
+        server.wait_ready(timeout_s=args.ready_timeout_s)
+    except ServerError as e:
+        # A server that came up (its log says it started serving) and crashed before the readiness poll
+        # saw it was killed by a request, not by its configuration: with --restart that is a crash.
+        if not (args.restart and server.came_up()):
+            raise
+        LOG.warning("tritonserver came up and went down before it was seen ready: %s", str(e).splitlines()[0])
+    else:
+        LOG.info("ready: HTTP %s  gRPC %s  metrics %s%s", server.http_url, server.grpc_url, server.metrics_url,
+                 f"  (log: {args.log_file})" if args.log_file else "")
+        if args.ready_file:
+            args.ready_file.write_text(json.dumps({"http": server.http_url, "grpc": server.grpc_url,
+                                                   "metrics": server.metrics_url}))
     canary = None
     if args.canary_interval_s > 0:
         canary = Canary(f"http://{server.http_url}", served_models(args.repository), timeout_s=args.canary_timeout_s)
