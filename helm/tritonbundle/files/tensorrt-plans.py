@@ -123,8 +123,8 @@ def _repository(args: list[str]) -> Path | None:
     return None
 
 
-#: Variables that hold the restricted-API key (Kubernetes expands it into the arguments before this runs).
-KEY_VARIABLES = ("TRITONBUNDLE_API_KEY", "TRITONBUNDLE_API_KEY_FILE")
+#: The variable that holds the restricted-API key (Kubernetes expands it into the arguments before this runs).
+KEY_VARIABLES = ("TRITONBUNDLE_API_KEY",)
 
 
 def main(argv: list[str]) -> int:
