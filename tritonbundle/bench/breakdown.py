@@ -74,7 +74,8 @@ def hints(b: dict[str, Any], options: BenchOptions) -> list[str]:
                        "up to their bucket (finer batch buckets would lower it)")
         elif seq is not None and pad > 1.01 * seq:
             out.append(f"computed/useful tokens {pad:.2f}, of which sequence padding {seq:.2f}: the rest is empty rows "
-                       "padding batches up to their bucket and length groups merged into one launch (fewer launches)")
+                       "padding batches up to their bucket, packed rows left part empty, and length groups merged "
+                       "into one launch (fewer launches)")
         else:
             out.append(f"computed/useful tokens {pad:.2f}: sequence padding to the plan's targets (more sequence "
                        "buckets would lower it)")
