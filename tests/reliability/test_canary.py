@@ -19,9 +19,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import API_KEY
+from tests.reliability.supervised import spawn_serve, stop_serve
 from tritonbundle.cli import main
-from tritonbundle.server import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 REPORT = Path(__file__).resolve().parents[2] / "reports" / "reliability"
@@ -86,13 +85,8 @@ def outage(http: str, started: float, limit_s: float = 90) -> dict[str, float]:
 
 
 def serve(repository: Path, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
-    http, grpc, metrics = free_port(), free_port(), free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tritonbundle", "serve", "--repository", str(repository), "--http-port", str(http),
-         "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--log-file", str(tmp_path / "tritonserver.log"), *extra],
-        stdout=open(tmp_path / "serve.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
-        env={**os.environ, "TRITONBUNDLE_API_KEY": API_KEY},
-    )
+    """``serve`` started and answering embeddings; the process and its HTTP address."""
+    process, http, _ = spawn_serve(repository, tmp_path, *extra)
     deadline = time.monotonic() + 180
     while not answers(f"127.0.0.1:{http}"):
         assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
@@ -100,12 +94,7 @@ def serve(repository: Path, tmp_path: Path, *extra: str) -> tuple[subprocess.Pop
     return process, f"127.0.0.1:{http}"
 
 
-def stop(process: subprocess.Popen[bytes]) -> None:
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()
+stop = stop_serve
 
 
 def test_supervisor_brings_back_a_server_whose_encoder_stub_died(repository: Path, tmp_path: Path) -> None:

@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -17,9 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.conftest import API_KEY
+from tests.reliability.supervised import spawn_serve, stop_serve
 from tritonbundle.clients import ClientBusyError, GrpcClient, HttpClient, RetryPolicy
-from tritonbundle.server import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 TEXTS = [f"sentence number {i} about guitars" for i in range(12)]
@@ -79,14 +76,7 @@ def test_async_http_client_refuses_past_its_window_at_once(server: Any) -> None:
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_default_retry_policy_rides_over_a_restart(repository: Path, tmp_path: Path, protocol: str) -> None:
-    http, grpc, metrics = free_port(), free_port(), free_port()
-    serve = subprocess.Popen(
-        [sys.executable, "-m", "tritonbundle", "serve", "--restart", "--repository", str(repository),
-         "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
-         "--log-file", str(tmp_path / "tritonserver.log")],
-        stdout=open(tmp_path / "serve.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
-        env={**os.environ, "TRITONBUNDLE_API_KEY": API_KEY},
-    )
+    serve, http, grpc = spawn_serve(repository, tmp_path, "--restart")
     try:
         cls = HttpClient if protocol == "http" else GrpcClient
         url = f"127.0.0.1:{http if protocol == 'http' else grpc}"
@@ -106,8 +96,4 @@ def test_default_retry_policy_rides_over_a_restart(repository: Path, tmp_path: P
             assert tritonserver_pids(http) not in ([], [victim]), "the server came back"
         assert failures == 0, f"{failures} of {calls} calls failed across the restart"
     finally:
-        serve.send_signal(signal.SIGTERM)
-        try:
-            serve.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            serve.kill()
+        stop_serve(serve)

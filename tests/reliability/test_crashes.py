@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -17,8 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.conftest import API_KEY
-from tritonbundle.server import free_port
+from tests.reliability.supervised import spawn_serve, stop_serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 REPORT = Path(__file__).resolve().parents[2] / "reports" / "reliability"
@@ -59,14 +56,7 @@ def test_supervisor_restarts_a_killed_server_and_retries_carry_requests_over(rep
     from tritonbundle.loadtests.settings import LoadSettings
     from tritonbundle.measure.latency import Slo
 
-    http, grpc, metrics = free_port(), free_port(), free_port()
-    serve = subprocess.Popen(
-        [sys.executable, "-m", "tritonbundle", "serve", "--restart", "--repository", str(repository),
-         "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
-         "--log-file", str(tmp_path / "tritonserver.log")],
-        stdout=open(tmp_path / "serve.log", "w"), stderr=subprocess.STDOUT,  # noqa: SIM115
-        env={**os.environ, "TRITONBUNDLE_API_KEY": API_KEY},
-    )
+    serve, http, grpc = spawn_serve(repository, tmp_path, "--restart")
     try:
         wait_ready(f"127.0.0.1:{http}", 120)
         settings = LoadSettings(http_url=f"127.0.0.1:{http}", grpc_url=f"127.0.0.1:{grpc}", users=4, duration_s=25,
@@ -95,11 +85,7 @@ def test_supervisor_restarts_a_killed_server_and_retries_carry_requests_over(rep
         assert summary["total"]["failures"] == 0, figures
         assert "restarting tritonserver" in (tmp_path / "serve.log").read_text()
     finally:
-        serve.send_signal(signal.SIGTERM)
-        try:
-            serve.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            serve.kill()
+        stop_serve(serve)
 
 
 BROKEN_MODEL = '''
