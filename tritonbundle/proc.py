@@ -98,10 +98,10 @@ def start_group(
         out = open(log, "ab")  # noqa: SIM115 - the child holds it; closed here after Popen
     elif log is not None:
         out = log
+    child_env = None if env is None else {**os.environ, **env} if inherit_env else dict(env)
     try:
         return subprocess.Popen(  # noqa: S603
-            [str(a) for a in argv], stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            env=dict(env) if not inherit_env and env is not None else None if env is None else {**os.environ, **env},
+            [str(a) for a in argv], stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=child_env,
         )
     finally:
         if isinstance(log, Path):

@@ -276,15 +276,19 @@ class TritonServer:
                 raise ServerError(f"the {what} port {o.address}:{port} is taken by {proc.port_holder(port)}: "
                                   "stop it or choose another port")
 
+    def _start_log(self) -> str | None:
+        """What tritonserver logged since the last start (None without a log file)."""
+        path = self.options.log_path
+        if path is None or not Path(path).exists():
+            return None
+        with open(path, "rb") as f:
+            f.seek(self._log_offset)
+            return f.read().decode(errors="replace")
+
     def came_up(self) -> bool:
         """Whether the last start reached serving (its log says the endpoints started), even if it
         went down before the readiness poll saw it."""
-        path = self.options.log_path
-        if path is None or not Path(path).exists():
-            return False
-        with open(path, "rb") as f:
-            f.seek(self._log_offset)
-            text = f.read().decode(errors="replace")
+        text = self._start_log() or ""
         return "Started HTTPService" in text or "Started GRPCInferenceService" in text
 
     def is_ready(self) -> bool:
@@ -306,17 +310,15 @@ class TritonServer:
     def cause(self) -> str:
         """The first error this start logged (a "failed to load" line, then any other glog ``E``
         line except the CPU build's CUDA notices), else a pointer to the log."""
-        path = self.options.log_path
-        if path is None or not Path(path).exists():
+        text = self._start_log()
+        if text is None:
             return "no server log to say why"
-        with open(path, "rb") as f:
-            f.seek(self._log_offset)
-            lines = [line.strip() for line in f.read().decode(errors="replace").splitlines()]
+        lines = [line.strip() for line in text.splitlines()]
         errors = [line for line in lines if len(line) > 5 and line[0] == "E" and line[1:5].isdigit()
                   and not any(noise in line for noise in _BENIGN_ERRORS)]
         for line in [line for line in lines if "failed to load" in line] + errors:
             return line.split("] ", 1)[1] if "] " in line else line
-        return f"no error line in {path} (its tail follows)"
+        return f"no error line in {self.options.log_path} (its tail follows)"
 
     def log_tail(self, lines: int = 25) -> str:
         path = self.options.log_path
