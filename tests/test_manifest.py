@@ -125,3 +125,11 @@ def test_image_model_with_batch_only(tmp_path: Path) -> None:
     assert not spec.has_sequence
     assert spec.inputs[0].dims == (3, 224, 224)
     assert spec.max_sequence_length == 0
+
+
+def test_max_queue_size_is_auto_or_a_positive_count(tmp_path: Path) -> None:
+    assert _load(_minimal(), tmp_path).models[0].max_queue_size == "auto"
+    assert _load(_minimal(max_queue_size=500), tmp_path).models[0].max_queue_size == 500
+    for bad in (0, -3, "big"):
+        with pytest.raises(ConfigError, match="max_queue_size"):
+            _load(_minimal(max_queue_size=bad), tmp_path)

@@ -64,7 +64,10 @@ class Tunables:
                                       "or none (the batcher waits for max_batch_size or the queue delay)")
     #: Overload: at most this many requests wait per model; one that waited ``queue_timeout_us`` is
     #: rejected (UNAVAILABLE / HTTP 503) instead of piling up until clients time out.
-    max_queue_size: int = knob(64, {"type": "integer", "minimum": 0})
+    max_queue_size: int | str = knob(
+        "auto", {"anyOf": [{"const": "auto"}, {"type": "integer", "minimum": 1}]},
+        "requests that may wait per model (Triton counts the batch being formed among them); auto: two full "
+        "batches per instance (runtimes.base.queue_size)")
     queue_timeout_us: int = knob(1_000_000, {"type": "integer", "minimum": 0})
     instances: int = knob(1, {"type": "integer", "minimum": 1})
     tokenizer_instances: int = knob(2, {"type": "integer", "minimum": 1},
@@ -90,7 +93,8 @@ def _tunables_schema() -> dict[str, Any]:
     return {f.name: f.metadata["schema"] for f in fields(Tunables)}
 
 
-_CONVERT: dict[str, Any] = {"int": int, "float": float, "bool": bool, "str": str, "tuple[int, ...]": lambda v: tuple(sorted(v))}
+_CONVERT: dict[str, Any] = {"int": int, "float": float, "bool": bool, "str": str, "tuple[int, ...]": lambda v: tuple(sorted(v)),
+                            "int | str": lambda v: v}
 
 
 def _tunable_value(f: Any, value: Any) -> Any:

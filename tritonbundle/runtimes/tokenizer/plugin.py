@@ -39,7 +39,7 @@ def config(spec: ModelSpec, plan: ModelPlan) -> ModelConfig:
         # One tokenizer call serves every request the batcher gathered (runtimes/text.py);
         # a short delay gathers more of them under load. The queue is bounded like the encoder's, so
         # overload is refused at the door.
-        dynamic_batching=DynamicBatching(max_queue_delay_us=spec.tokenizer_queue_delay_us, queue_policy=queue_policy(spec)),
+        dynamic_batching=DynamicBatching(max_queue_delay_us=spec.tokenizer_queue_delay_us, queue_policy=queue_policy(spec, spec.tokenizer_instances)),
         instance_groups=(InstanceGroup(count=spec.tokenizer_instances, kind="KIND_CPU"),),
         parameters=params.to_parameters(),
     )
