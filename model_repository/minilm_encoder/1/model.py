@@ -20,6 +20,7 @@ error ONNX Runtime itself reports as an invalid argument.
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from pathlib import Path
@@ -97,6 +98,7 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(
                 f"config inputs {missing} are not inputs of the ONNX graph (graph inputs: {sorted(graph_inputs)})"
             )
+        gc.freeze()  # what initialize() loaded lives as long as the process: keep full collections off it
 
     def _read(self, request: Any) -> dict[str, np.ndarray[Any, Any]]:
         arrays = {}

@@ -18,6 +18,7 @@ Python process between the text and the engine. Settings: :class:`~tritonbundle.
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 import time
@@ -81,6 +82,10 @@ class TritonPythonModel:
         info = {"model": self.name, "instance": args.get("model_instance_name", ""), **self.engine.describe()}
         self._log(f"{self.name}: {json.dumps(info)}")
         self.writer = writer_for(self.name, self.stats, info)
+        # What initialize() built (torch, the weights, the graphs: ~200k objects) lives as long as the
+        # process: out of the collector's sight, a full collection no longer walks it (90 ms on the
+        # dev machine) in the middle of a request.
+        gc.freeze()
 
     def _log(self, message: str) -> None:
         logger = getattr(pb_utils, "Logger", None)

@@ -18,6 +18,7 @@ problem and the position of the text in the request.
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from pathlib import Path
@@ -56,6 +57,7 @@ class TritonPythonModel:
         self.pad_id = params.pad_id
         self.input_name = config["input"][0]["name"]
         self.ids_name, self.mask_name = (o["name"] for o in config["output"][:2])
+        gc.freeze()  # what initialize() loaded lives as long as the process: keep full collections off it
 
     def _texts(self, request: Any) -> list[str]:
         array = pb_utils.get_input_tensor_by_name(request, self.input_name).as_numpy()
