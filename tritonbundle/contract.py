@@ -218,6 +218,8 @@ class TokenizerParameters(Parameters):
     max_text_bytes: int
     padding_targets: tuple[int, ...]
     pad_id: int
+    #: Threads one call of the fast tokenizer uses (1: the calling thread only).
+    threads: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,6 +231,7 @@ class TextPyTorchParameters(PyTorchParameters):
     max_length: int
     max_text_bytes: int
     pad_id: int
+    threads: int
 
 
 #: Every record a served model reads, by the name the build stage records in the config.

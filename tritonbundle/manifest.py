@@ -74,6 +74,9 @@ class Tunables:
                                     "Python-backend tokenizer instances (each uses one core)")
     tokenizer_queue_delay_us: int = knob(0, {"type": "integer", "minimum": 0},
                                          "how long the tokenizer's batcher waits to tokenize more requests in one call")
+    tokenizer_threads: int = knob(1, {"type": "integer", "minimum": 1, "maximum": 64},
+                                  "threads one call of the fast tokenizer uses, in each instance that tokenizes "
+                                  "(1: the calling thread only)")
     workspace_mib: int = knob(4096, {"type": "integer", "minimum": 16})
     builder_optimization_level: int = knob(3, {"type": "integer", "minimum": 0, "maximum": 5})
     hardware_compatibility: str = knob("none", {"enum": ["none", "ampere+", "same-compute-capability"]})

@@ -55,3 +55,8 @@ def test_the_start_and_the_defaults_join_the_candidates() -> None:
     assert s.knob("max_queue_delay_us").values == (0, 500, 1000, 2000, 2500, 5000, 20000)
     assert s.knob("max_queue_delay_us").neighbours(2000) == [1000, 2500]
     assert (1, 16) in s.knob("batch_buckets").values
+
+
+def test_tokenizer_threads_leave_half_the_cores_to_the_rest() -> None:
+    assert space(slo_ms=50, cores=16, text=True, gpu=True).knob("tokenizer_threads").values == (1, 2, 4, 8)
+    assert space(slo_ms=50, cores=2, text=True, gpu=False).knob("tokenizer_threads").values == (1,)

@@ -18,7 +18,7 @@ Config = dict[str, Any]
 
 #: The order the coordinate descent visits the knobs: the biggest effects first.
 ORDER = ("batch_buckets", "instances", "max_queue_delay_us", "tokenizer_instances", "tokenizer_queue_delay_us",
-         "preferred_batch_sizes")
+         "tokenizer_threads", "preferred_batch_sizes")
 BUCKET_SETS: tuple[tuple[int, ...], ...] = (
     (1,), (1, 8), (1, 8, 32), (1, 4, 16, 64), (1, 2, 4, 8, 16, 32, 64), (1, 2, 4, 8, 16, 32, 64, 128),
     (1, 2, 4, 8, 16, 32, 64, 128, 256),
@@ -94,6 +94,7 @@ def space(*, slo_ms: float, cores: int, text: bool, gpu: bool, launch_ms: Mappin
         "max_queue_delay_us": Knob("max_queue_delay_us", delays),
         "tokenizer_instances": Knob("tokenizer_instances", tuple(n for n in (1, 2, 4, 6, 8) if n <= max(1, cores))),
         "tokenizer_queue_delay_us": Knob("tokenizer_queue_delay_us", tuple(d for d in (0, 100, 200, 500, 1000) if d <= slo_us / 20)),
+        "tokenizer_threads": Knob("tokenizer_threads", tuple(n for n in (1, 2, 4, 8) if n <= max(1, cores // 2))),
         "preferred_batch_sizes": Knob("preferred_batch_sizes", ("none", "max", "buckets")),
     }
     chosen = [_with(all_knobs[k], [c[k] for c in include if k in c]) for k in knobs

@@ -40,3 +40,22 @@ def test_without_targets_each_request_pads_to_its_own_longest_row(tokenizer) -> 
     longest = [max(len(tokenizer.encode(t).ids) for t in TEXTS[:2]), max(len(tokenizer.encode(t).ids) for t in TEXTS[2:])]
     assert [ids.shape[1] for ids, _ in out] == longest
     assert tokenize(tokenizer, [], [], targets=(16,)) == []
+
+
+@pytest.mark.parametrize("threads, parallel", [(1, "false"), (4, "true")])
+def test_the_tokenizer_runs_on_the_threads_it_was_given_whatever_the_environment_says(
+        threads: int, parallel: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The serving process's environment (inherited from whoever started the server) must not decide
+    how many threads tokenize: the model's setting is written before the first encoding."""
+    from tritonbundle.recipes import tokenizer_file
+    from tritonbundle.runtimes.text import load_tokenizer
+
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true" if parallel == "false" else "false")
+    monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
+    tok = load_tokenizer(str(tokenizer_file("minilm")), 512, threads)
+    import os
+
+    assert os.environ["TOKENIZERS_PARALLELISM"] == parallel
+    assert os.environ.get("RAYON_NUM_THREADS") == (str(threads) if threads > 1 else None)
+    (ids, mask), = tokenize(tok, TEXTS, [(0, len(TEXTS))], targets=())
+    assert ids.shape[0] == len(TEXTS) and mask.sum() == sum(len(tok.encode(t).ids) for t in TEXTS)

@@ -61,7 +61,7 @@ class TritonPythonModel:
         self.tokenizer: Any = None
         if self.input_names == [TEXT_INPUT]:
             text = TextPyTorchParameters.from_config(config)
-            self.tokenizer = load_tokenizer(str(version_dir / text.tokenizer_file), text.max_length)
+            self.tokenizer = load_tokenizer(str(version_dir / text.tokenizer_file), text.max_length, text.threads)
             self.max_length, self.max_text_bytes, self.pad_id = text.max_length, text.max_text_bytes, text.pad_id
             params: PyTorchParameters = text
         else:

@@ -104,7 +104,8 @@ class PyTorchRuntime:
             link_or_copy(encoder_version_dir / name, version_dir / name)
         params = TextPyTorchParameters(
             **{**vars(self._parameters(ctx)), "tokenizer_file": tokenizer.tokenizer_file,
-               "max_length": tokenizer.max_length, "max_text_bytes": tokenizer.max_text_bytes, "pad_id": tokenizer.pad_id},
+               "max_length": tokenizer.max_length, "max_text_bytes": tokenizer.max_text_bytes, "pad_id": tokenizer.pad_id,
+               "threads": tokenizer.threads},
         )
         config = ModelConfig(
             name=spec.name, backend="python", max_batch_size=spec.max_batch_size,

@@ -53,7 +53,7 @@ class TritonPythonModel:
         self.max_length = params.max_length
         self.max_text_bytes = params.max_text_bytes
         self.targets = params.padding_targets
-        self.tokenizer = load_tokenizer(str(version_dir / params.tokenizer_file), self.max_length)
+        self.tokenizer = load_tokenizer(str(version_dir / params.tokenizer_file), self.max_length, params.threads)
         self.pad_id = params.pad_id
         self.input_name = config["input"][0]["name"]
         self.ids_name, self.mask_name = (o["name"] for o in config["output"][:2])

@@ -23,7 +23,7 @@ def parameters(spec: ModelSpec, plan: ModelPlan) -> TokenizerParameters:
     """How ``spec``'s texts are read and tokenized (also by an encoder that tokenizes itself)."""
     return TokenizerParameters(
         tokenizer_file=TOKENIZER_FILE, max_length=spec.tokenizer_max_length, max_text_bytes=MAX_TEXT_BYTES,
-        padding_targets=plan.padding_targets, pad_id=0,
+        padding_targets=plan.padding_targets, pad_id=0, threads=spec.tokenizer_threads,
     )
 
 
