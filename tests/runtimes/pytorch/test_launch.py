@@ -83,6 +83,10 @@ def test_the_planner_covers_every_row_and_finds_the_least_cost_plan(lengths: lis
     arr = np.array(lengths)
     launches = _check_plan(planner, arr)
     assert _plan_cost(planner, cost, launches) == pytest.approx(_brute_force(arr, targets, buckets, cost))
+    # The cost the packing search compares (no launches built) is what the built launches cost.
+    assert planner.plan_cost(arr) == pytest.approx(planner.launch_cost(launches))
+    eager = pe.LaunchPlanner(targets, (), eager_cost=(fixed, per_token))
+    assert eager.plan_cost(arr) == pytest.approx(eager.launch_cost(eager.plan(arr)))
 
 
 def test_the_planner_merges_small_groups_when_a_launch_costs_more_than_the_padding() -> None:

@@ -8,12 +8,13 @@ than two, and each group is split into batch buckets (padded with empty rows up 
 Packing (:meth:`LaunchPlanner.plan_packed`): several short texts share one row of the launch, each
 attending only to itself (the engine's packed forward), so a batch of chat-length texts fills a few
 full rows instead of many rows padded to their targets and empty rows padding a batch bucket. Rows are
-packed first-fit decreasing into rows of a candidate width; the packing (or none) whose launches cost
+packed best-fit decreasing into rows of a candidate width; the packing (or none) whose launches cost
 least by the same cost table wins.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Mapping, Sequence
 
@@ -50,23 +51,34 @@ def unit_length(tokens: int, texts: int) -> int:
 
 
 def pack_rows(lengths: Sequence[int] | IntArray, width: int, slots: int) -> list[list[int]]:
-    """First-fit decreasing: indices of rows (each at most ``width`` long) into rows of ``width`` tokens,
+    """Best-fit decreasing: indices of rows (each at most ``width`` long) into rows of ``width`` tokens,
     at most ``slots`` texts each."""
+    return _pack(lengths, width, slots)[0]
+
+
+def _pack(lengths: Sequence[int] | IntArray, width: int, slots: int) -> tuple[list[list[int]], list[int]]:
+    """:func:`pack_rows` and the tokens each packed row holds. Longest first, each into the open row it
+    fills best (a sorted list of (room left, row), searched by bisection: no scan over the rows)."""
     sizes = [int(n) for n in lengths]
     order = sorted(range(len(sizes)), key=sizes.__getitem__, reverse=True)
     bins: list[list[int]] = []
-    free: list[int] = []
+    loads: list[int] = []
+    open_rows: list[tuple[int, int]] = []  # (room left, row) of rows with a free slot, ascending
     for i in order:
         need = sizes[i]
-        for b, room in enumerate(free):
-            if room >= need and len(bins[b]) < slots:
-                bins[b].append(i)
-                free[b] = room - need
-                break
+        k = bisect.bisect_left(open_rows, (need, -1))
+        if k < len(open_rows):
+            room, b = open_rows.pop(k)
+            bins[b].append(i)
+            loads[b] += need
+            if len(bins[b]) < slots:
+                bisect.insort(open_rows, (room - need, b))
         else:
             bins.append([i])
-            free.append(width - need)
-    return bins
+            loads.append(need)
+            if slots > 1:
+                bisect.insort(open_rows, (width - need, len(bins) - 1))
+    return bins, loads
 
 
 def used_lengths(mask: npt.ArrayLike) -> IntArray:
@@ -155,27 +167,10 @@ class LaunchPlanner:
         order = np.argsort(index, kind="stable")
         groups, starts, sizes = np.unique(index[order], return_index=True, return_counts=True)
         rows = {int(k): order[s : s + n] for k, s, n in zip(groups.tolist(), starts.tolist(), sizes.tolist())}
-        groups = groups.tolist()
-        counts = sizes.tolist()
-        # f[i]: least cost of groups[:i]; a segment groups[j:i] runs at the target of groups[i - 1].
-        f = [0.0] + [math.inf] * len(groups)
-        back = [0] * (len(groups) + 1)
-        for i in range(1, len(groups) + 1):
-            n = 0
-            for j in range(i, 0, -1):
-                n += counts[j - 1]
-                c = f[j - 1] + self.cost(n, self.targets[groups[i - 1]])
-                if c < f[i]:
-                    f[i], back[i] = c, j - 1
-        segments = []
-        i = len(groups)
-        while i > 0:
-            segments.append((back[i], i))
-            i = back[i]
+        _, segments = self._segments(groups.tolist(), sizes.tolist())
         launches: list[Launch] = []
-        for j, i in reversed(segments):
-            target = self.targets[groups[i - 1]]
-            members = np.concatenate([rows[k] for k in groups[j:i]])
+        for group_ids, target in segments:
+            members = np.concatenate([rows[k] for k in group_ids])
             start = 0
             for batch in self.batches(len(members), target):
                 take = members[start : start + batch]
@@ -183,6 +178,41 @@ class LaunchPlanner:
                 start += len(take)
         return launches
 
+    def plan_cost(self, lengths: npt.ArrayLike) -> float:
+        """What :meth:`plan`'s launches for these lengths cost, without building them."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if lengths.size == 0:
+            return 0.0
+        groups, sizes = np.unique(target_index(lengths, self.targets), return_counts=True)
+        return self._segments(groups.tolist(), sizes.tolist())[0]
+
+    def _segments(self, groups: list[int], counts: list[int]) -> tuple[float, list[tuple[list[int], int]]]:
+        """Least cost of running length groups (target indices, ascending, with their row counts) and
+        the runs of neighbouring groups that share a launch, each with the target it runs at."""
+        # f[i]: least cost of groups[:i]; a segment groups[j:i] runs at the target of groups[i - 1].
+        f = [0.0] + [math.inf] * len(groups)
+        back = [0] * (len(groups) + 1)
+        cost = self.cost
+        top = self.buckets[-1] if self.buckets else 0
+        for i in range(1, len(groups) + 1):
+            n = 0
+            target = self.targets[groups[i - 1]]
+            best, top_cost = (self._best[target], self._top_cost[target]) if top else ([], 0.0)
+            for j in range(i, 0, -1):
+                n += counts[j - 1]
+                if top:  # self.cost(n, target), inlined: this loop is most of a call's planning time
+                    full = n // top if n > top else 0
+                    c = f[j - 1] + full * top_cost + best[n - full * top]
+                else:
+                    c = f[j - 1] + cost(n, target)
+                if c < f[i]:
+                    f[i], back[i] = c, j - 1
+        segments = []
+        i = len(groups)
+        while i > 0:
+            segments.append((groups[back[i] : i], self.targets[groups[i - 1]]))
+            i = back[i]
+        return f[-1], segments[::-1]
 
     def launch_cost(self, launches: Sequence[Launch]) -> float:
         if not self.buckets:
@@ -192,29 +222,32 @@ class LaunchPlanner:
 
     def plan_packed(self, lengths: npt.ArrayLike) -> tuple[list[IntArray], list[Launch]]:
         """Units (rows of the launches: arrays of the texts each carries) and launches over the units, for
-        the packing of least cost; without packing every unit is one text."""
+        the packing of least cost; without packing every unit is one text. Every candidate is costed;
+        only the winner's launches are built."""
         lengths = np.asarray(lengths, dtype=np.int64)
-        singles = [np.array([i], dtype=np.int64) for i in range(lengths.size)]
-        best_units, best = singles, self.plan(lengths)
-        best_cost = self.launch_cost(best)
+        best_bins: list[list[int]] | None = None
+        best_width = 0
+        best_unit_lengths = lengths
+        best_cost = self.plan_cost(lengths)
         widths = sorted({min((t for t in self.targets if t >= w), default=self.targets[-1]) for w in PACK_WIDTHS})
         for width in widths:
             short = np.flatnonzero(lengths <= width)
             if short.size < 2:
                 continue
-            short_lengths = lengths[short].tolist()
-            bins = pack_rows(short_lengths, width, max_slots(width))
+            bins, loads = _pack(lengths[short].tolist(), width, max_slots(width))
             if len(bins) == short.size:
                 continue  # nothing shares a row
-            long_rows = np.flatnonzero(lengths > width)
-            units = [short[b] for b in bins] + [np.array([i], dtype=np.int64) for i in long_rows]
-            unit_lengths = [unit_length(sum(short_lengths[i] for i in b), len(b)) for b in bins]
-            unit_lengths += lengths[long_rows].tolist()
-            launches = self.plan(np.array(unit_lengths, dtype=np.int64))
-            cost = self.launch_cost(launches)
+            unit_lengths = np.array(
+                [unit_length(load, len(b)) for b, load in zip(bins, loads)] + lengths[lengths > width].tolist(),
+                dtype=np.int64)
+            cost = self.plan_cost(unit_lengths)
             if cost < best_cost:
-                best_units, best, best_cost = units, launches, cost
-        return best_units, best
+                best_bins, best_width, best_unit_lengths, best_cost = bins, width, unit_lengths, cost
+        if best_bins is None:
+            return [np.array([i], dtype=np.int64) for i in range(lengths.size)], self.plan(lengths)
+        short = np.flatnonzero(lengths <= best_width)
+        units = [short[b] for b in best_bins] + [np.array([i], dtype=np.int64) for i in np.flatnonzero(lengths > best_width)]
+        return units, self.plan(best_unit_lengths)
 
 
 def pack_inputs(
