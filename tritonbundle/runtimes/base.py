@@ -158,7 +158,7 @@ def queue_size(spec: ModelSpec, instances: int) -> int:
     """
     if spec.max_queue_size != "auto":
         return int(spec.max_queue_size)
-    return max(1, QUEUE_BATCHES_PER_INSTANCE * max(1, spec.max_batch_size) * instances)
+    return QUEUE_BATCHES_PER_INSTANCE * max(1, spec.max_batch_size) * instances
 
 
 def queue_policy(spec: ModelSpec, instances: int) -> QueuePolicy:

@@ -192,19 +192,12 @@ class LaunchPlanner:
         # f[i]: least cost of groups[:i]; a segment groups[j:i] runs at the target of groups[i - 1].
         f = [0.0] + [math.inf] * len(groups)
         back = [0] * (len(groups) + 1)
-        cost = self.cost
-        top = self.buckets[-1] if self.buckets else 0
         for i in range(1, len(groups) + 1):
             n = 0
             target = self.targets[groups[i - 1]]
-            best, top_cost = (self._best[target], self._top_cost[target]) if top else ([], 0.0)
             for j in range(i, 0, -1):
                 n += counts[j - 1]
-                if top:  # self.cost(n, target), inlined: this loop is most of a call's planning time
-                    full = n // top if n > top else 0
-                    c = f[j - 1] + full * top_cost + best[n - full * top]
-                else:
-                    c = f[j - 1] + cost(n, target)
+                c = f[j - 1] + self.cost(n, target)
                 if c < f[i]:
                     f[i], back[i] = c, j - 1
         segments = []
@@ -226,7 +219,7 @@ class LaunchPlanner:
         only the winner's launches are built."""
         lengths = np.asarray(lengths, dtype=np.int64)
         best_bins: list[list[int]] | None = None
-        best_width = 0
+        best_short = best_long = np.empty(0, dtype=np.int64)
         best_unit_lengths = lengths
         best_cost = self.plan_cost(lengths)
         widths = sorted({min((t for t in self.targets if t >= w), default=self.targets[-1]) for w in PACK_WIDTHS})
@@ -237,16 +230,15 @@ class LaunchPlanner:
             bins, loads = _pack(lengths[short].tolist(), width, max_slots(width))
             if len(bins) == short.size:
                 continue  # nothing shares a row
+            long_rows = np.flatnonzero(lengths > width)
             unit_lengths = np.array(
-                [unit_length(load, len(b)) for b, load in zip(bins, loads)] + lengths[lengths > width].tolist(),
-                dtype=np.int64)
+                [unit_length(load, len(b)) for b, load in zip(bins, loads)] + lengths[long_rows].tolist(), dtype=np.int64)
             cost = self.plan_cost(unit_lengths)
             if cost < best_cost:
-                best_bins, best_width, best_unit_lengths, best_cost = bins, width, unit_lengths, cost
+                best_bins, best_short, best_long, best_unit_lengths, best_cost = bins, short, long_rows, unit_lengths, cost
         if best_bins is None:
             return [np.array([i], dtype=np.int64) for i in range(lengths.size)], self.plan(lengths)
-        short = np.flatnonzero(lengths <= best_width)
-        units = [short[b] for b in best_bins] + [np.array([i], dtype=np.int64) for i in np.flatnonzero(lengths > best_width)]
+        units = [best_short[b] for b in best_bins] + [np.array([i], dtype=np.int64) for i in best_long]
         return units, self.plan(best_unit_lengths)
 
 
