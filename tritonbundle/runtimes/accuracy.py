@@ -2,13 +2,19 @@
 lower precision (an FP16/BF16/INT8 ONNX on the CPU, a TensorRT engine on a GPU) against the FP32 ONNX,
 on traffic-shaped inputs, with one set of thresholds per precision.
 
-Inputs (:func:`feeds`): for a text model, texts drawn from the traffic sample (lengths as the traffic
-has them, words that are one token each), tokenized with the model's tokenizer and padded the way
-the server pads them (to the plan's targets); calibration uses the manifest's calibration data
-instead when there is some, but the gate always judges a text model on traffic-shaped texts. For
-other models: the manifest's calibration data (half calibrates, the other half judges), else random
-tensors at each profile's ``opt`` shape. Calibration and gate draw different texts (different
-seeds): the gate checks on data the quantizer never saw.
+Inputs (:func:`feeds`). A gate feeds **every optimization profile** of the plan, batch 1 included: for
+a text model one batch per profile, ``max`` rows of its batch bucket, lengths drawn from the traffic
+sample's rows in its sequence bucket (words that are one token each), tokenized with the model's
+tokenizer and padded the way the server pads them (to the plan's targets). For other models: random
+tensors at each profile's ``opt`` shape, and, when the manifest has calibration data, its held-out
+half re-batched to every batch bucket. Calibration uses the manifest's calibration data when there is
+some (half calibrates, the other half judges), else traffic-shaped texts; calibration and gate draw
+different texts (different seeds), so the gate checks on data the quantizer never saw.
+
+A candidate may reuse its output buffers between calls, as Polygraphy's runners do
+(``polygraphy/backend/base/runner.py``, ``BaseRunner.infer``: "Runners may reuse these output
+buffers ... make a copy"; ``TrtRunner`` returns views of one host buffer per output that the next
+call resizes in place): :func:`gate` copies each output as soon as it is returned.
 
 Metrics, over every output row: the cosine between candidate and reference (the figure that matters
 for embeddings) and the largest absolute difference.
@@ -28,7 +34,7 @@ from tritonbundle.contract import pad_length
 from tritonbundle.errors import BuildError
 from tritonbundle.manifest import ModelSpec
 from tritonbundle.modelconfig import numpy_dtype
-from tritonbundle.plan import ModelPlan
+from tritonbundle.plan import ModelPlan, Profile
 
 Feed = dict[str, npt.NDArray[Any]]
 Outputs = Mapping[str, npt.NDArray[Any]]
@@ -78,30 +84,61 @@ def tolerance(spec: ModelSpec, precision: str) -> Tolerance:
 
 
 # -- inputs --------------------------------------------------------------------------------------------
-def _text_feeds(spec: ModelSpec, plan: ModelPlan, tokenizer_json: Path, *, batches: int, rows: int, seed: int) -> list[Feed]:
+def _encode(spec: ModelSpec, tokenizer_json: Path, factory: Any, lengths: Sequence[int]) -> list[list[int]]:
     from tokenizers import Tokenizer
 
+    tok = Tokenizer.from_file(str(tokenizer_json))
+    tok.no_padding()
+    tok.enable_truncation(max_length=spec.tokenizer_max_length)
+    return [tok.encode(factory.text(int(n))).ids for n in lengths]
+
+
+def _token_feed(spec: ModelSpec, encoded: Sequence[Sequence[int]], length: int) -> Feed:
+    ids_name, mask_name = (t.name for t in spec.inputs)
+    ids = np.zeros((len(encoded), length), dtype=np.int64)
+    mask = np.zeros_like(ids)
+    for row, e in enumerate(encoded):
+        e = list(e)[:length]
+        ids[row, : len(e)] = e
+        mask[row, : len(e)] = 1
+    return {ids_name: ids, mask_name: mask}
+
+
+def _factory(spec: ModelSpec, seed: int) -> Any:
     from tritonbundle import traffic
     from tritonbundle.payloads import PayloadFactory
 
     if spec.traffic is None:
         raise BuildError(f"model {spec.name}: traffic-shaped inputs need a traffic sample (manifest 'traffic')")
-    factory = PayloadFactory(traffic.load(spec.traffic), seed=seed, max_tokens=spec.max_sequence_length, max_batch=1)
-    tok = Tokenizer.from_file(str(tokenizer_json))
-    tok.no_padding()
-    tok.enable_truncation(max_length=spec.tokenizer_max_length)
-    encoded = sorted((tok.encode(factory.text(factory.draw()[0])).ids for _ in range(batches * rows)), key=len)
-    ids_name, mask_name = (t.name for t in spec.inputs)
+    return PayloadFactory(traffic.load(spec.traffic), seed=seed, max_tokens=spec.max_sequence_length, max_batch=1)
+
+
+def _text_calibration_feeds(spec: ModelSpec, plan: ModelPlan, tokenizer_json: Path, *, batches: int, rows: int,
+                            seed: int) -> list[Feed]:
+    """``batches`` batches of ``rows`` texts drawn from the traffic sample, neighbours in length together."""
+    factory = _factory(spec, seed)
+    encoded = sorted(_encode(spec, tokenizer_json, factory, [factory.draw()[0] for _ in range(batches * rows)]), key=len)
+    return [
+        _token_feed(spec, chunk, pad_length(max(len(e) for e in chunk), plan.padding_targets))
+        for chunk in (encoded[s : s + rows] for s in range(0, len(encoded), rows))
+    ]
+
+
+def _text_gate_feeds(spec: ModelSpec, plan: ModelPlan, tokenizer_json: Path, *, seed: int) -> list[Feed]:
+    """One batch per profile: its batch bucket's ``max`` rows, lengths from the sample's rows in its sequence
+    bucket (spread over the bucket where the sample has none), padded as the server pads them."""
+    factory = _factory(spec, seed)
+    rows_lengths = factory.sample.row_lengths()
     out = []
-    for start in range(0, len(encoded), rows):  # neighbours in length share a batch, as targets group them
-        chunk = encoded[start : start + rows]
-        length = pad_length(max(len(e) for e in chunk), plan.padding_targets)
-        ids = np.zeros((len(chunk), length), dtype=np.int64)
-        mask = np.zeros_like(ids)
-        for row, e in enumerate(chunk):
-            ids[row, : len(e)] = e
-            mask[row, : len(e)] = 1
-        out.append({ids_name: ids, mask_name: mask})
+    for profile in plan.profiles:
+        bucket = profile.sequence
+        assert bucket is not None  # a text model has a sequence axis
+        inside = rows_lengths[(rows_lengths >= bucket.min) & (rows_lengths <= bucket.max)]
+        pool = inside if inside.size else np.arange(bucket.min, bucket.max + 1)
+        lengths = factory.rng.choice(pool, size=profile.batch.max)
+        encoded = _encode(spec, tokenizer_json, factory, lengths)
+        longest = min(max(len(e) for e in encoded), bucket.max)
+        out.append(_token_feed(spec, encoded, pad_length(max(longest, bucket.min), plan.padding_targets)))
     return out
 
 
@@ -120,36 +157,61 @@ def _npz_feeds(spec: ModelSpec, path: Path, *, rows: int) -> list[Feed]:
     return [{n: np.ascontiguousarray(data[n][s : s + rows]) for n in names} for s in range(0, total, rows)]
 
 
-def _random_feeds(spec: ModelSpec, plan: ModelPlan, *, seed: int) -> list[Feed]:
-    rng = np.random.default_rng(seed)
+def _rebatched(spec: ModelSpec, plan: ModelPlan, held_out: Sequence[Feed]) -> list[Feed]:
+    """The held-out samples as one batch per batch bucket (``max`` rows, samples repeated when too few)."""
+    if not spec.batched:
+        return list(held_out)
+    pool = {n: np.concatenate([f[n] for f in held_out]) for n in held_out[0]}
     out = []
-    for profile in plan.profiles:
-        feed: Feed = {}
-        for t in spec.inputs:
-            shape = profile.shapes[t.name][1]
-            dtype = numpy_dtype(t.dtype)
-            feed[t.name] = (np.zeros(shape, dtype=dtype) if t.dtype.startswith(("INT", "UINT", "BOOL"))
-                            else rng.standard_normal(shape).astype(dtype))
-        out.append(feed)
+    for bucket in plan.batch_buckets:
+        take = np.arange(bucket.max) % next(iter(pool.values())).shape[0]
+        out.append({n: np.ascontiguousarray(a[take]) for n, a in pool.items()})
     return out
+
+
+def _random_feed(spec: ModelSpec, profile: Profile, rng: np.random.Generator) -> Feed:
+    feed: Feed = {}
+    for t in spec.inputs:
+        shape = profile.shapes[t.name][1]
+        dtype = numpy_dtype(t.dtype)
+        feed[t.name] = (np.zeros(shape, dtype=dtype) if t.dtype.startswith(("INT", "UINT", "BOOL"))
+                        else rng.standard_normal(shape).astype(dtype))
+    return feed
+
+
+def fits(profile: Profile, feed: Feed) -> bool:
+    """Whether every input's shape lies within the profile's min/max."""
+    return all(
+        len(a.shape) == len(profile.shapes[n][0])
+        and all(lo <= d <= hi for lo, d, hi in zip(profile.shapes[n][0], a.shape, profile.shapes[n][2]))
+        for n, a in feed.items()
+    )
 
 
 def feeds(spec: ModelSpec, plan: ModelPlan, *, tokenizer_json: Path | None, purpose: str) -> list[Feed]:
     """Inputs for calibration (``purpose="calibration"``) or for a gate (``"gate"``), see the module docstring."""
     seed = 1001 if purpose == "calibration" else 2002
-    if spec.task == "text-embedding" and tokenizer_json is not None and (purpose == "gate" or spec.calibration is None):
-        # A text model is always judged on traffic-shaped texts, whatever it was calibrated on.
-        return _text_feeds(spec, plan, tokenizer_json, batches=16 if purpose == "calibration" else 8, rows=8, seed=seed)
+    text = spec.task == "text-embedding" and tokenizer_json is not None
+    if purpose == "gate":
+        if text:  # a text model is always judged on traffic-shaped texts, whatever it was calibrated on
+            assert tokenizer_json is not None
+            return _text_gate_feeds(spec, plan, tokenizer_json, seed=seed)
+        out: list[Feed] = []
+        if spec.calibration is not None:
+            data = _npz_feeds(spec, spec.calibration, rows=8)
+            out = _rebatched(spec, plan, data[max(1, len(data) // 2):] or data)
+        rng = np.random.default_rng(seed)
+        return out + [_random_feed(spec, p, rng) for p in plan.profiles if not any(fits(p, f) for f in out)]
+    if text and spec.calibration is None:
+        assert tokenizer_json is not None
+        return _text_calibration_feeds(spec, plan, tokenizer_json, batches=16, rows=8, seed=seed)
     if spec.calibration is not None:
         data = _npz_feeds(spec, spec.calibration, rows=8)
-        half = max(1, len(data) // 2)
-        return data[:half] if purpose == "calibration" else (data[half:] or data)
-    if purpose == "calibration":
-        raise BuildError(
-            f"model {spec.name}.calibration: INT8 needs calibration data for a model that is not a text model: "
-            "a .npz holding one array per input (first axis: samples), shaped like real requests"
-        )
-    return _random_feeds(spec, plan, seed=seed)
+        return data[: max(1, len(data) // 2)]
+    raise BuildError(
+        f"model {spec.name}.calibration: INT8 needs calibration data for a model that is not a text model: "
+        "a .npz holding one array per input (first axis: samples), shaped like real requests"
+    )
 
 
 # -- the gate ------------------------------------------------------------------------------------------
@@ -191,8 +253,13 @@ def compare(reference: Sequence[Outputs], candidate: Sequence[Outputs]) -> tuple
 
 def gate(what: str, spec: ModelSpec, precision: str, reference: Callable[[Feed], Outputs],
          candidate: Callable[[Feed], Outputs], inputs: Sequence[Feed]) -> GateResult:
-    """Run both on ``inputs``; the result says whether ``candidate`` is within the precision's tolerance."""
+    """Run both on ``inputs``; the result says whether ``candidate`` is within the precision's tolerance.
+    The candidate's outputs are copied as they come back: it may reuse its buffers (module docstring)."""
     limit = tolerance(spec, precision)
-    rows, min_cos, mean_cos, max_abs, where = compare([reference(f) for f in inputs], [candidate(f) for f in inputs])
+    expected, got = [], []
+    for feed in inputs:
+        got.append({name: np.array(value, copy=True) for name, value in candidate(feed).items()})
+        expected.append(reference(feed))
+    rows, min_cos, mean_cos, max_abs, where = compare(expected, got)
     passed = min_cos >= limit.min_cosine and max_abs <= limit.max_abs
     return GateResult(what, precision, rows, min_cos, mean_cos, max_abs, where, limit, passed)

@@ -23,8 +23,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from tritonbundle import proc
 from tritonbundle.contract import Parameters, TensorRTParameters
 from tritonbundle.errors import BuildError, ConfigError
@@ -172,40 +170,56 @@ class StalePlan(BuildError):
 
 
 def profile_for(ctx: BuildContext, feed: accuracy.Feed) -> int:
-    """The profile whose range holds every input's shape (the tightest one), as Triton picks."""
-    fitting = [
-        p for p in ctx.plan.profiles
-        if all(all(lo <= d <= hi for lo, d, hi in zip(p.shapes[n][0], a.shape, p.shapes[n][2])) for n, a in feed.items())
-    ]
+    """The profile Triton runs ``feed`` with: among the profiles whose min/max hold every input's shape,
+    the one whose ``opt`` is nearest (Manhattan distance; the first on a tie), as tensorrt_backend's
+    ``GetMostOptimizedProfile`` (``src/instance_state.cc``) picks."""
+    fitting = [p for p in ctx.plan.profiles if accuracy.fits(p, feed)]
     if not fitting:
         raise BuildError(f"model {ctx.spec.name}: no profile holds the gate input shapes {[a.shape for a in feed.values()]}")
-    return min(fitting, key=lambda p: sum(sum(p.shapes[n][2]) for n in feed)).index
+
+    def distance(p: Any) -> int:
+        return sum(abs(o - d) for n, a in feed.items() for o, d in zip(p.shapes[n][1], a.shape))
+
+    return int(min(fitting, key=lambda p: (distance(p), p.index)).index)
 
 
 def accuracy_gate(ctx: BuildContext, plan: bytes, options: te.EngineOptions) -> None:
-    """TensorRT vs the FP32 ONNX (ONNX Runtime) on traffic-shaped inputs, with the precision's
-    tolerance (:mod:`tritonbundle.runtimes.accuracy`); fail the build naming the figures."""
+    """TensorRT vs the FP32 ONNX (ONNX Runtime) on traffic-shaped inputs, one batch per profile, with the
+    precision's tolerance (:mod:`tritonbundle.runtimes.accuracy`); fail the build naming the figures.
+
+    Feeds run profile by profile with one Polygraphy ``TrtRunner`` alive at a time, its context's device
+    memory sized for that profile only (``allocation_strategy="profile"``: a USER_MANAGED context that
+    Polygraphy sizes from the profile's max shapes, ``polygraphy/backend/trt/runner.py`` activate_impl and
+    _infer_impl) and freed before the next profile's. Its outputs are views of buffers it reuses;
+    :func:`accuracy.gate` copies them."""
     from polygraphy.backend.trt import TrtRunner
 
     reference = ctx.reference_onnx or ctx.onnx_path
     assert reference is not None
     engine = te.deserialize(plan, version_compatible=options.version_compatible)
-    runners: dict[int, Any] = {}
+    inputs = sorted(accuracy.feeds(ctx.spec, ctx.plan, tokenizer_json=ctx.tokenizer_json, purpose="gate"),
+                    key=lambda feed: profile_for(ctx, feed))
+    active: list[tuple[int, Any]] = []  # (profile, runner): at most one
+
+    def release() -> None:
+        while active:
+            active.pop()[1].deactivate()
 
     def run(feed: accuracy.Feed) -> accuracy.Outputs:
         index = profile_for(ctx, feed)
-        if index not in runners:
-            runners[index] = TrtRunner(engine, optimization_profile=index)
-            runners[index].activate()
-        out: accuracy.Outputs = runners[index].infer(feed)
-        return {k: np.asarray(v) for k, v in out.items()}
+        if not active or active[0][0] != index:
+            release()
+            runner = TrtRunner(engine, optimization_profile=index, allocation_strategy="profile")
+            runner.activate()
+            active.append((index, runner))
+        out: accuracy.Outputs = active[0][1].infer(feed)
+        return out
 
     try:
         result = accuracy.gate("TensorRT engine", ctx.spec, options.precision, accuracy.onnx_runner(reference), run,
-                               accuracy.feeds(ctx.spec, ctx.plan, tokenizer_json=ctx.tokenizer_json, purpose="gate"))
+                               inputs)
     finally:
-        for runner in runners.values():
-            runner.deactivate()
+        release()
     LOG.info("    %s: %s", ctx.spec.name, result.describe())
     if not result.passed:
         raise BuildError(f"model {ctx.spec.name}: accuracy gate failed: {result.describe()}; worst at {result.worst}. "
