@@ -9,20 +9,15 @@ from __future__ import annotations
 
 import sys
 import types
-from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.runtimes.tensorrt.doubles import tensorrt11_enum
 from tritonbundle.runtimes.tensorrt import engine as te
 
 CALLS: list[tuple[Any, ...]] = []
-
-
-class _Flag(IntEnum):  # TensorRT 11's BuilderFlag members the code may touch
-    TF32 = 5
-    VERSION_COMPATIBLE = 12
 
 
 class _Config:
@@ -116,11 +111,9 @@ def fake_tensorrt(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     trt.Builder = _Builder  # type: ignore[attr-defined]
     trt.OnnxParser = _Parser  # type: ignore[attr-defined]
     trt.Runtime = _Runtime  # type: ignore[attr-defined]
-    trt.BuilderFlag = _Flag  # type: ignore[attr-defined]
-    trt.NetworkDefinitionCreationFlag = IntEnum("NetworkDefinitionCreationFlag", {"STRONGLY_TYPED": 0})  # type: ignore[attr-defined]
-    trt.MemoryPoolType = IntEnum("MemoryPoolType", {"WORKSPACE": 0})  # type: ignore[attr-defined]
-    trt.ProfilingVerbosity = IntEnum("ProfilingVerbosity", {"DETAILED": 2})  # type: ignore[attr-defined]
-    trt.HardwareCompatibilityLevel = IntEnum("HardwareCompatibilityLevel", {"NONE": 0, "AMPERE_PLUS": 1, "SAME_COMPUTE_CAPABILITY": 2})  # type: ignore[attr-defined]
+    for enum in ("BuilderFlag", "NetworkDefinitionCreationFlag", "MemoryPoolType", "ProfilingVerbosity",
+                 "HardwareCompatibilityLevel"):  # TensorRT 11's values, from typings/tensorrt11
+        setattr(trt, enum, tensorrt11_enum(enum))
     trt.Dims = lambda shape: tuple(shape)  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "tensorrt", trt)
     CALLS.clear()

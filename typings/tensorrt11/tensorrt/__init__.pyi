@@ -41,34 +41,36 @@ class Dims:  # pyFT 234-255: init(), init(vector<int64_t> shape); implicitly con
     def __len__(self) -> int: ...
     def __getitem__(self, index: int) -> int: ...
 
-class NetworkDefinitionCreationFlag(IntEnum):  # pyCore 1771-1779 (STRONGLY_TYPED = 0: deprecated, ignored)
+# Enum values are NvInfer.h's (v11.1), not the order pyCore lists them in; tests/runtimes/tensorrt/test_enums.py
+# checks them.
+class NetworkDefinitionCreationFlag(IntEnum):  # pyCore 1771-1779; NvInfer.h 11462-11481 (STRONGLY_TYPED: deprecated, ignored)
     STRONGLY_TYPED = 0
-    PREFER_AOT_PYTHON_PLUGINS = 1
-    PREFER_JIT_PYTHON_PLUGINS = 2
+    PREFER_JIT_PYTHON_PLUGINS = 1
+    PREFER_AOT_PYTHON_PLUGINS = 2
 
-class BuilderFlag(IntEnum):  # pyCore 1599-1623 (no FP16, BF16, INT8, FP8, INT4, FP4 in 11)
-    DEBUG = 0
-    GPU_FALLBACK = 1
-    REFIT = 2
-    DISABLE_TIMING_CACHE = 3
-    EDITABLE_TIMING_CACHE = 4
-    TF32 = 5
-    SPARSE_WEIGHTS = 6
-    SAFETY_SCOPE = 7
-    DIRECT_IO = 8
+class BuilderFlag(IntEnum):  # pyCore 1599-1623; NvInfer.h 9958-10098 (no FP16, BF16, INT8, FP8, INT4, FP4 in 11)
+    DEBUG = 2
+    GPU_FALLBACK = 3
+    REFIT = 4
+    DISABLE_TIMING_CACHE = 5
+    TF32 = 6
+    SPARSE_WEIGHTS = 7
+    SAFETY_SCOPE = 8
+    DIRECT_IO = 11
     VERSION_COMPATIBLE = 12
     EXCLUDE_LEAN_RUNTIME = 13
-    ERROR_ON_TIMING_CACHE_MISS = 14
-    DISABLE_COMPILATION_CACHE = 15
-    STRIP_PLAN = 16
-    REFIT_IDENTICAL = 17
-    WEIGHT_STREAMING = 18
-    REFIT_INDIVIDUAL = 19
-    STRICT_NANS = 20
-    MONITOR_MEMORY = 21
-    DISTRIBUTIVE_INDEPENDENCE = 22
+    ERROR_ON_TIMING_CACHE_MISS = 15
+    DISABLE_COMPILATION_CACHE = 17
+    STRIP_PLAN = 18
+    REFIT_IDENTICAL = 19
+    WEIGHT_STREAMING = 20
+    REFIT_INDIVIDUAL = 22
+    STRICT_NANS = 23
+    MONITOR_MEMORY = 24
+    EDITABLE_TIMING_CACHE = 26
+    DISTRIBUTIVE_INDEPENDENCE = 27
 
-class MemoryPoolType(IntEnum):  # pyCore 1625-1631
+class MemoryPoolType(IntEnum):  # pyCore 1625-1631; NvInfer.h 10288
     WORKSPACE = 0
     DLA_MANAGED_SRAM = 1
     DLA_LOCAL_DRAM = 2
@@ -76,17 +78,17 @@ class MemoryPoolType(IntEnum):  # pyCore 1625-1631
     TACTIC_DRAM = 4
     TACTIC_SHARED_MEMORY = 5
 
-class HardwareCompatibilityLevel(IntEnum):  # pyCore 1639-1644
+class HardwareCompatibilityLevel(IntEnum):  # pyCore 1639-1644; NvInfer.h 10396
     NONE = 0
     AMPERE_PLUS = 1
     SAME_COMPUTE_CAPABILITY = 2
 
-class ProfilingVerbosity(IntEnum):  # pyCore 1662-1665
+class ProfilingVerbosity(IntEnum):  # pyCore 1662-1665; NvInferRuntime.h 2791
     LAYER_NAMES_ONLY = 0
     NONE = 1
     DETAILED = 2
 
-class LayerInformationFormat(IntEnum):  # pyCore 1378-1380
+class LayerInformationFormat(IntEnum):  # pyCore 1378-1380; NvInferRuntime.h 4877
     ONELINE = 0
     JSON = 1
 
