@@ -20,7 +20,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from tritonbundle.server import ServerOptions, TritonServer, supervise
 
     if serving.plans(args.repository):  # TensorRT plans: refuse another TensorRT's, allow version-compatible ones
-        problems = serving.problems(args.repository, serving.installed_version())
+        notes: list[str] = []
+        problems = serving.problems(args.repository, serving.installed_version(), notes)
+        for note in notes:
+            LOG.warning("%s", note)
         if problems:
             raise ServerError("refusing to start: " + "; ".join(problems))
 

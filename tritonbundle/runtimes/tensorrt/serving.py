@@ -1,15 +1,23 @@
 """The serving side of TensorRT plans: refuse plans another TensorRT built, and start Triton with what
 version-compatible plans need.
 
-A plan runs only on the TensorRT version that built it (NVIDIA: "engines are not portable across
-TensorRT versions"); Triton's error for one that does not (``tensorrt_backend`` ``src/loader.cc``:
-"unable to create TensorRT engine", then TensorRT's "Serialization assertion stdVersionRead ==
-kSERIALIZATION_VERSION failed") names neither version. So before tritonserver starts, every
-``*.plan.json`` the build wrote next to a plan is compared with the TensorRT this server has, and a
-mismatch stops the start with both versions named. A version-compatible plan (``version_compatible:
-true``) may run on a later TensorRT; it embeds TensorRT's lean runtime, which Triton loads only with
+A plan runs only on the TensorRT version that built it, build number included (NVIDIA: "engines are
+not portable across TensorRT versions"; TensorRT refuses a plan of 9.2.0.5 on 9.2.0.4, "expecting
+library version 9.2.0.4 got 9.2.0.5", triton-inference-server/tensorrtllm_backend#194); Triton's error
+for one that does not (``tensorrt_backend`` ``src/loader.cc``: "unable to create TensorRT engine", then
+TensorRT's "Serialization assertion stdVersionRead == kSERIALIZATION_VERSION failed") names neither
+version. So before tritonserver starts, every ``*.plan.json`` the build wrote next to a plan is compared
+with the TensorRT this server has (major.minor.patch.build), and a mismatch stops the start with both
+versions named.
+
+A version-compatible plan (``version_compatible: true``) may run on a later TensorRT of the same major
+version; it embeds TensorRT's lean runtime, which Triton loads only with
 ``--backend-config=tensorrt,version-compatible=true`` (``src/tensorrt.cc``, ``src/loader.cc``:
-setEngineHostCodeAllowed), which this adds when such a plan is there.
+setEngineHostCodeAllowed), which this adds when such a plan is there. Across a major version NVIDIA's
+own pages disagree: the Support Matrix of 11.1 to 11.3 says "within the same major version", while
+Engine Compatibility 11.1 ("engines built with TensorRT 10 work with TensorRT 11") and the Support Matrix
+of 11.4 (10 -> 11 and 8 -> 10, "no other combination across major versions") allow two steps. Those two
+are let through with a note that says so; any other major step is refused.
 
 Standard library only: it runs in the NGC tritonserver image, where tritonbundle is not installed
 (``docker/Dockerfile.server`` and the Helm chart carry this file as is)::
@@ -20,12 +28,15 @@ Standard library only: it runs in the NGC tritonserver image, where tritonbundle
                                                    chart passes the key in ARGS; its Python-backend stubs
                                                    would inherit the variable)
 
-The TensorRT version of this server: ``$TRITONBUNDLE_TENSORRT_VERSION``, else the version in the
-file name of ``libnvinfer.so.X.Y.Z``, else the ``tensorrt`` Python package's.
+The TensorRT version of this server: ``$TRITONBUNDLE_TENSORRT_VERSION``, else what ``libnvinfer.so.X.Y.Z``
+says of itself (``getInferLibMajorVersion`` .. ``getInferLibBuildVersion``, ``NvInferRuntime.h`` in 10.13
+and 11.1, through ctypes), else the version in that file's name (no build number: the build number is
+then not checked, and a note says so), else the ``tensorrt`` Python package's.
 """
 
 from __future__ import annotations
 
+import ctypes
 import glob
 import json
 import os
@@ -39,6 +50,15 @@ LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr
                 "/opt/tritonserver/backends/tensorrt")
 
 
+def library_version(path: str) -> str | None:
+    """major.minor.patch.build of the libnvinfer at ``path``, asked of the library itself (None if it cannot be loaded)."""
+    try:
+        lib = ctypes.CDLL(path)
+        return ".".join(str(int(getattr(lib, f"getInferLib{part}Version")())) for part in ("Major", "Minor", "Patch", "Build"))
+    except (OSError, AttributeError):
+        return None
+
+
 def installed_version() -> str | None:
     """This machine's TensorRT version (see the module docstring), or None when none is found."""
     explicit = os.environ.get(VERSION_ENV)
@@ -48,7 +68,7 @@ def installed_version() -> str | None:
         for path in sorted(glob.glob(os.path.join(folder, "libnvinfer.so.*.*.*"))):
             match = re.search(r"libnvinfer\.so\.(\d+\.\d+\.\d+)$", path)
             if match:
-                return match.group(1)
+                return library_version(path) or match.group(1)
     try:
         import tensorrt  # noqa: PLC0415 - optional
 
@@ -58,7 +78,12 @@ def installed_version() -> str | None:
 
 
 def _parts(version: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", version)[:3])
+    """(major, minor, patch[, build]) of a version string."""
+    return tuple(int(x) for x in re.findall(r"\d+", version)[:4])
+
+
+#: Major steps a version-compatible plan may take: NVIDIA's Support Matrix 11.4 and Engine Compatibility 11.1.
+CROSS_MAJOR = {(8, 10), (10, 11)}
 
 
 def plans(repository: Path) -> list[tuple[Path, dict[str, object]]]:
@@ -77,8 +102,10 @@ def _version_compatible(meta: dict[str, object]) -> bool:
     return bool(isinstance(options, dict) and options.get("version_compatible"))
 
 
-def problems(repository: Path, version: str | None) -> list[str]:
-    """Why plans in ``repository`` cannot run on TensorRT ``version`` (empty: they can, or there are none)."""
+def problems(repository: Path, version: str | None, notes: list[str] | None = None) -> list[str]:
+    """Why plans in ``repository`` cannot run on TensorRT ``version`` (empty: they can, or there are none).
+    What is allowed but worth knowing is appended to ``notes``."""
+    notes = [] if notes is None else notes
     found = plans(repository)
     if not found:
         return []
@@ -96,13 +123,24 @@ def problems(repository: Path, version: str | None) -> list[str]:
             continue
         want = _parts(built)
         if _version_compatible(meta):
-            if have < want:
+            if have[:3] < want[:3]:
                 out.append(f"{where}: version-compatible plan built with TensorRT {built} cannot run on the older "
                            f"TensorRT {version} of this server")
-        elif have != want:
+            elif have[0] != want[0] and (want[0], have[0]) not in CROSS_MAJOR:
+                out.append(f"{where}: version-compatible plan built with TensorRT {built} cannot run on TensorRT "
+                           f"{version}: NVIDIA supports only TensorRT 8 -> 10 and 10 -> 11 across major versions")
+            elif have[0] != want[0]:
+                notes.append(f"{where}: a version-compatible TensorRT {want[0]} plan on TensorRT {version}: NVIDIA's "
+                             "Support Matrix 11.4 and Engine Compatibility 11.1 allow it, the Support Matrix 11.1-11.3 "
+                             "says 'within the same major version'; if it fails to load, rebuild it on this release")
+        elif have[:3] != want[:3] or (len(have) == 4 and len(want) == 4 and have != want):
             out.append(f"{where} was built with TensorRT {built}, this server has TensorRT {version}: plans are not "
-                       "portable across TensorRT versions; rebuild the plans in the TensorRT image of the same NGC "
-                       "release as the server (docker/versions.env), or build with version_compatible: true")
+                       "portable across TensorRT versions (build number included); rebuild the plans in the TensorRT "
+                       "image of the same NGC release as the server (docker/versions.env), or build with "
+                       "version_compatible: true")
+        elif len(have) != len(want):
+            notes.append(f"{where}: built with TensorRT {built}; this server's TensorRT reads {version}, without a "
+                         f"build number, so only major.minor.patch was compared (set ${VERSION_ENV} to compare all four)")
     return out
 
 
@@ -128,16 +166,19 @@ KEY_VARIABLES = ("TRITONBUNDLE_API_KEY",)
 
 
 def main(argv: list[str]) -> int:
+    notes: list[str] = []
     if len(argv) >= 2 and argv[0] == "check":
-        lines = problems(Path(argv[1]), installed_version())
-        for line in lines:
+        lines = problems(Path(argv[1]), installed_version(), notes)
+        for line in notes + lines:
             print(f"tensorrt-plans: {line}", file=sys.stderr)
         return 2 if lines else 0
     if len(argv) >= 2 and argv[0] == "exec":
         command = argv[1:]
         repository = _repository(command)
         if repository is not None:
-            lines = problems(repository, installed_version())
+            lines = problems(repository, installed_version(), notes)
+            for line in notes:
+                print(f"tensorrt-plans: note: {line}", file=sys.stderr)
             if lines:
                 for line in lines:
                     print(f"tensorrt-plans: refusing to start: {line}", file=sys.stderr)
