@@ -12,7 +12,10 @@
 #    `triton-server` / `ubuntu`);
 # 4. creates the virtual environment VENV. --system-site-packages lets it see the base image's own
 #    packages (tensorrt in the NGC TensorRT image). Where the base has no ensurepip (Ubuntu without
-#    python3-venv) but has pip, the environment is made --without-pip and the base's pip installs into it.
+#    python3-venv) but has pip, the environment is made --without-pip: `VENV/bin/python -m pip` then runs
+#    the base's pip module and installs into the environment. A bare `pip` would be the system's (system
+#    site-packages, or refused by PEP 668 on Ubuntu 24.04): the Dockerfiles never call one
+#    (tests/docker/test_dockerfiles.py).
 set -eu
 venv="$1"
 shift
