@@ -618,7 +618,7 @@ def test_engine_build_init_container_builds_on_the_node_into_the_fingerprint_dir
     inits = {c["name"]: c for c in spec["initContainers"]}
     build = inits["engine-build"]
     env = {e["name"]: e.get("value") for e in build["env"]}
-    assert build["command"] == ["/bin/sh", "/opt/tritonbundle/scripts/engine-build.sh"]
+    assert build["command"] == ["/opt/nvidia/nvidia_entrypoint.sh", "/bin/sh", "/opt/tritonbundle/scripts/engine-build.sh"]
     assert env["TRITONBUNDLE_CACHE_DIR"] == "/var/lib/tritonbundle/engines"
     assert env["TRITONBUNDLE_RUN_DIR"] == "/run/tritonbundle"
     script = _scripts(docs)["data"]["engine-build.sh"]
@@ -654,6 +654,24 @@ def test_chart_canary_is_a_byte_for_byte_copy_of_the_packages_canary() -> None:
         "cp tritonbundle/canary.py helm/tritonbundle/files/canary.py")
 
 
+#: What docker/entrypoint.sh hands over to in the NGC images (compose's path), and the chart's default.
+NVIDIA_ENTRYPOINT = "/opt/nvidia/nvidia_entrypoint.sh"
+
+
+def test_the_ngc_images_commands_start_through_nvidias_entrypoint_as_compose_does(helm: Path) -> None:
+    """The chart replaces the images' entrypoint; NVIDIA's (driver checks, CUDA forward compatibility for a
+    node on an older driver branch) must still run first, in the engine build and in the server."""
+    entry = (ROOT / "docker" / "entrypoint.sh").read_text()
+    assert f"[ -x {NVIDIA_ENTRYPOINT} ]" in entry and "exec $nvidia" in entry  # compose chains to the same script
+    spec = workload(render(helm))["spec"]["template"]["spec"]
+    build = next(c for c in spec["initContainers"] if c["name"] == "engine-build")
+    assert build["command"] == [NVIDIA_ENTRYPOINT, "/bin/sh", f"{SCRIPTS_DIR}/engine-build.sh"]
+    assert server_container(render(helm))["command"][0] == NVIDIA_ENTRYPOINT
+    bare = workload(render(helm, sets={"nvidiaEntrypoint": ""}))["spec"]["template"]["spec"]
+    assert next(c for c in bare["initContainers"] if c["name"] == "engine-build")["command"][0] == "/bin/sh"
+    assert next(c for c in bare["containers"] if c["name"] == "tritonserver")["command"][0] == "python3"
+
+
 @pytest.mark.parametrize("scenario", ALL)
 def test_server_starts_through_the_plan_check_with_the_scripts_mounted_read_only(
     rendered: dict[str, list[Obj]], scenario: str,
@@ -662,7 +680,7 @@ def test_server_starts_through_the_plan_check_with_the_scripts_mounted_read_only
     TensorRT built and adds the version-compatible backend flag; the arguments stay tritonserver's."""
     docs = rendered[scenario]
     c = server_container(docs)
-    assert c["command"] == ["python3", f"{SCRIPTS_DIR}/tensorrt-plans.py", "exec", "tritonserver"]
+    assert c["command"] == [NVIDIA_ENTRYPOINT, "python3", f"{SCRIPTS_DIR}/tensorrt-plans.py", "exec", "tritonserver"]
     assert c["args"][0].startswith("--model-repository=")
     assert "--backend-config=tensorrt,version-compatible=true" not in c["args"], "the script adds it when needed"
     mounts = {m["name"]: m for m in c["volumeMounts"]}
@@ -1139,8 +1157,8 @@ def test_plan_check_starts_tritonserver_with_the_rendered_arguments_and_the_vers
     version-compatible plans from an older TensorRT run, with the backend flag added once."""
     repo = _plan_repository(tmp_path, "10.13.2.6", version_compatible=True)
     c = server_container(rendered["defaults"])
-    python3, script, *command = c["command"]
-    assert (python3, script) == ("python3", f"{SCRIPTS_DIR}/tensorrt-plans.py")
+    nvidia, python3, script, *command = c["command"]
+    assert (nvidia, python3, script) == (NVIDIA_ENTRYPOINT, "python3", f"{SCRIPTS_DIR}/tensorrt-plans.py")
     args = [f"--model-repository={repo}" if a.startswith("--model-repository=") else a for a in c["args"]]
     started = _run_plan_check(tmp_path, "11.1.0.106", *command, *args)
     assert started.returncode == 0, started.stderr
@@ -1249,8 +1267,13 @@ def test_rendered_tritonserver_arguments_start_a_real_triton_that_passes_the_hel
     key = "k" * 32
     ports = {"http": free_port(), "grpc": free_port(), "metrics": free_port()}
     container = server_container(rendered["defaults"])
-    python3, script, verb, binary = container["command"]
-    assert (python3, script, verb, binary) == ("python3", f"{SCRIPTS_DIR}/tensorrt-plans.py", "exec", "tritonserver")
+    nvidia, python3, script, verb, binary = container["command"]
+    assert (nvidia, python3, script, verb, binary) == (
+        NVIDIA_ENTRYPOINT, "python3", f"{SCRIPTS_DIR}/tensorrt-plans.py", "exec", "tritonserver")
+    # NVIDIA's entry point ends with `exec "$@"`: a stand-in that does only that keeps the chain as rendered.
+    entrypoint = tmp_path / "nvidia_entrypoint.sh"
+    entrypoint.write_text('#!/bin/sh\necho "nvidia entrypoint: $1" >&2\nexec "$@"\n')
+    entrypoint.chmod(0o755)
     args = []
     for arg in container["args"]:
         name = arg.split("=", 1)[0]
@@ -1265,7 +1288,7 @@ def test_rendered_tritonserver_arguments_start_a_real_triton_that_passes_the_hel
     class ChartArgsServer(TritonServer):
         def command(self) -> list[str]:
             assert self.installation is not None
-            return [sys.executable, str(PLAN_CHECK), verb,
+            return [str(entrypoint), sys.executable, str(PLAN_CHECK), verb,
                     str(self.installation.binary), f"--backend-directory={self.installation.backend_dir}",
                     "--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1", *args]
 

@@ -97,6 +97,16 @@ of image.tag too, <appVersion>-ngc<YY.MM> (the tag docker/ gives the build image
 {{- include "tritonbundle.imageRef" (dict "image" .Values.engineBuild.image "defaultTag" $tag "global" .Values.global) }}
 {{- end }}
 
+{{/*
+A container command started through NVIDIA's entry point (values nvidiaEntrypoint), as the NGC images start
+theirs: call with (dict "root" $ "command" (list ...)); renders a JSON list.
+*/}}
+{{- define "tritonbundle.command" -}}
+{{- $command := .command }}
+{{- with .root.Values.nvidiaEntrypoint }}{{ $command = prepend $command . }}{{ end }}
+{{- toJson $command }}
+{{- end }}
+
 {{- define "tritonbundle.edgeImage" -}}
 {{- include "tritonbundle.imageRef" (dict "image" .Values.edge.image "defaultTag" "" "global" .Values.global) }}
 {{- end }}

@@ -76,7 +76,7 @@ spec:
     - name: engine-build
       image: {{ include "tritonbundle.buildImage" . }}
       imagePullPolicy: {{ $v.engineBuild.image.pullPolicy }}
-      command: ["/bin/sh", "/opt/tritonbundle/scripts/engine-build.sh"]
+      command: {{ include "tritonbundle.command" (dict "root" $ "command" (list "/bin/sh" "/opt/tritonbundle/scripts/engine-build.sh")) }}
       {{- $buildArgs := $v.engineBuild.extraArgs | default list }}
       {{- if $v.engineBuild.force }}{{ $buildArgs = prepend $buildArgs "--force" }}{{ end }}
       {{- with $buildArgs }}
@@ -137,7 +137,7 @@ spec:
       {{- /* tensorrt-plans.py refuses plans another TensorRT version built (naming both), adds
       --backend-config=tensorrt,version-compatible=true for version-compatible plans, then execs tritonserver
       with these arguments. Kubernetes expands $(TRITONBUNDLE_API_KEY) in them before. */}}
-      command: ["python3", "/opt/tritonbundle/scripts/tensorrt-plans.py", "exec", "tritonserver"]
+      command: {{ include "tritonbundle.command" (dict "root" $ "command" (list "python3" "/opt/tritonbundle/scripts/tensorrt-plans.py" "exec" "tritonserver")) }}
       args:
         - --model-repository={{ include "tritonbundle.modelRepositoryUrl" . }}
         - --model-control-mode={{ $v.server.modelControlMode }}
