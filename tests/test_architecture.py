@@ -17,6 +17,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"manifest", "payloads"}),
     frozenset({"plan", "recipes", "server", "clients"}),
     frozenset({"runtimes", "measure"}),
+    frozenset({"tasks"}),
     frozenset({"build", "loadtests"}),
     frozenset({"bench", "demo"}),
     frozenset({"tune"}),

@@ -54,8 +54,21 @@ def test_bad_enum_value_lists_allowed_values(tmp_path: Path) -> None:
 
 def test_bad_dimension_name_is_explained(tmp_path: Path) -> None:
     data = _minimal()
-    data["models"][0]["inputs"][0]["shape"] = ["batch", "seq"]
-    with pytest.raises(ConfigError, match=r"inputs\[0\]\.shape\[1\]: 'seq' is not a dimension"):
+    data["models"][0]["inputs"][0]["shape"] = ["batch", "se q"]
+    with pytest.raises(ConfigError, match=r"inputs\[0\]\.shape\[1\]: 'se q' is not a dimension; .*'sequence' "
+                                          r"\(the token axis of text\) or a name for another dynamic axis"):
+        _load(data, tmp_path)
+
+
+def test_any_name_is_a_dynamic_axis_with_its_limits(tmp_path: Path) -> None:
+    data = _minimal()
+    data["models"][0]["inputs"] = [{"name": "pixels", "dtype": "FP32", "shape": ["batch", 3, "height", "width"]}]
+    data["models"][0]["axes"] = {"height": {"max": 1024, "buckets": 3}}
+    spec = _load(data, tmp_path).models[0]
+    assert [(a.name, a.max, a.buckets) for a in spec.axes] == [("height", 1024, 3), ("width", 0, 2)]
+    assert spec.inputs[0].dims == (3, -1, -1) and not spec.has_sequence
+    data["models"][0]["axes"] = {"depth": {"max": 4}}
+    with pytest.raises(ConfigError, match=r"axes: depth is not a dimension of any input \(named axes: height, width\)"):
         _load(data, tmp_path)
 
 

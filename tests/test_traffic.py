@@ -34,7 +34,10 @@ def test_bimodal_sample_has_two_modes() -> None:
     ("line", "message"),
     [
         ("not json", "not JSON"),
-        ('{"batch": 2}', "with a 'tokens' key"),
+        ('{"batch": 2}', "with a 'tokens' or a 'shape' key"),
+        ('{"shape": {"height": 0}}', "shape.height must be an integer >= 1"),
+        ('{"shape": {"sequence": 5}}', "give the sequence length as 'tokens'"),
+        ('{"shape": [480, 640]}', "'shape' must be an object of axis sizes"),
         ('{"tokens": 0}', "'tokens' must be an integer >= 1"),
         ('{"tokens": 5, "batch": -1}', "'batch' must be an integer >= 1"),
         ('{"tokens": 5, "len": 3}', "unknown keys"),

@@ -11,8 +11,18 @@ Shapes are written with the batch dimension included, using names for dynamic di
     outputs:
       - {name: embedding, dtype: FP32, shape: [batch, 384]}
 
-``batch`` (first position only) is the dynamic batch dimension; ``sequence`` is a dynamic dimension
-whose buckets are planned from the traffic sample; integers are static.
+``batch`` (first position only) is the dynamic batch dimension; any other name is a dynamic axis whose
+buckets are planned from the traffic sample (``sequence``: the token axis of text, the sample's
+``tokens``; any other name, such as ``height`` or ``width``: the sample's ``shape``); integers are
+static. ``axes`` bounds and buckets the named axes other than ``sequence``::
+
+    axes:
+      height: {max: 1024, buckets: 2}
+      width: {max: 1024, buckets: 2}
+
+``task`` says what the user-facing model takes and returns (``tritonbundle.tasks``): ``tensor`` (the
+graph's own inputs and outputs, the default), ``text-embedding``, ``text-classification`` or
+``text-pair`` (text in: a tokenizer + encoder ensemble).
 """
 
 from __future__ import annotations
@@ -30,8 +40,12 @@ from tritonbundle.modelconfig import normalize_dtype
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 TARGETS = ("cpu", "gpu")
-TASKS = ("text-embedding", "tensor")
-DIM_NAMES = ("batch", "sequence")
+TASKS = contract.TASKS
+#: The batch dimension and the token axis of text; any other identifier names a dynamic axis too.
+BATCH, SEQUENCE = "batch", "sequence"
+AXIS_NAME = "^[A-Za-z_][A-Za-z0-9_]*$"
+#: Buckets of a named axis other than ``sequence`` when ``axes`` does not say.
+DEFAULT_AXIS_BUCKETS = 2
 
 
 def knob(default: Any, schema: dict[str, Any], doc: str = "") -> Any:
@@ -115,7 +129,7 @@ _TENSOR = {
         "shape": {
             "type": "array",
             "minItems": 1,
-            "items": {"anyOf": [{"type": "integer", "minimum": 1}, {"enum": list(DIM_NAMES)}]},
+            "items": {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "string", "pattern": AXIS_NAME}]},
         },
     },
 }
@@ -159,6 +173,21 @@ SCHEMA: dict[str, Any] = {
                     "inputs": {"type": "array", "minItems": 1, "items": _TENSOR},
                     "outputs": {"type": "array", "minItems": 1, "items": _TENSOR},
                     "max_sequence_length": {"type": "integer", "minimum": 1},
+                    "axes": {
+                        "type": "object",
+                        "description": "dynamic axes other than batch and sequence: their largest size and buckets",
+                        "propertyNames": {"pattern": AXIS_NAME, "not": {"enum": [BATCH, SEQUENCE]}},
+                        "additionalProperties": {
+                            "type": "object", "additionalProperties": False,
+                            "properties": {"max": {"type": "integer", "minimum": 1},
+                                           "buckets": {"type": "integer", "minimum": 1, "maximum": 16}},
+                        },
+                    },
+                    "labels": {
+                        "type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1},
+                        "description": "text-classification: the label of each logit, in order (default: the "
+                                       "id2label of a config.json next to the tokenizer, else the index)",
+                    },
                     "traffic": {"type": "string"},
                     "calibration": {
                         "type": "string",
@@ -193,7 +222,21 @@ class TensorDecl:
     @property
     def sequence_axes(self) -> tuple[int, ...]:
         """Axes (batch included) that are planned sequence dimensions."""
-        return tuple(i for i, d in enumerate(self.shape) if d == "sequence")
+        return tuple(i for i, d in enumerate(self.shape) if d == SEQUENCE)
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        """The named dynamic axes, batch excluded, in order."""
+        return tuple(d for i, d in enumerate(self.shape) if isinstance(d, str) and not (i == 0 and d == BATCH))
+
+
+@dataclass(frozen=True)
+class Axis:
+    """A named dynamic axis other than batch: its largest size (0: the traffic sample's largest) and buckets."""
+
+    name: str
+    max: int
+    buckets: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -212,10 +255,41 @@ class ModelSpec(Tunables):
     traffic: Path | None
     calibration: Path | None
     tolerance: float | None = None
+    #: The manifest's ``axes``: named dynamic axes other than batch and sequence (see :attr:`axes`).
+    axis_limits: tuple[Axis, ...] = ()
+    #: text-classification: the label of each logit (empty: the index).
+    labels: tuple[str, ...] = ()
 
     @property
     def batched(self) -> bool:
         return all(t.batched for t in self.inputs)
+
+    @property
+    def text(self) -> bool:
+        """Text in: a tokenizer + encoder ensemble (every task but ``tensor``)."""
+        return self.task in contract.TEXT_TASKS
+
+    @property
+    def axes(self) -> tuple[Axis, ...]:
+        """Every named dynamic axis other than batch, in order of first appearance in the inputs:
+        ``sequence`` from max_sequence_length and sequence_buckets, the others from ``axes``."""
+        limits = {a.name: a for a in self.axis_limits}
+        out: list[Axis] = []
+        for t in self.inputs:
+            for name in t.axis_names:
+                if name in (a.name for a in out):
+                    continue
+                if name == SEQUENCE:
+                    out.append(Axis(SEQUENCE, self.max_sequence_length, self.sequence_buckets))
+                else:
+                    out.append(limits.get(name, Axis(name, 0, DEFAULT_AXIS_BUCKETS)))
+        return tuple(out)
+
+    def axis(self, name: str) -> Axis:
+        for a in self.axes:
+            if a.name == name:
+                return a
+        raise KeyError(name)
 
     @property
     def max_batch_size(self) -> int:
@@ -228,7 +302,7 @@ class ModelSpec(Tunables):
     @property
     def encoder_name(self) -> str:
         """The name of the model that runs the network (the ensemble keeps the plain name)."""
-        return contract.encoder_name(self.name, text=self.task == "text-embedding")
+        return contract.encoder_name(self.name, text=self.text)
 
     @property
     def tokenizer_name(self) -> str:
@@ -269,7 +343,8 @@ def _describe(error: Any) -> str:
     if error.validator == "oneOf" and "source" in where:
         return f"{where}: give exactly one of 'recipe' (a name from tritonbundle.recipes) or 'onnx' (a path)"
     if error.validator == "anyOf" and "shape" in where:
-        return f"{where}: {error.instance!r} is not a dimension; use a positive integer, 'batch' or 'sequence'"
+        return (f"{where}: {error.instance!r} is not a dimension; use a positive integer, 'batch' (first only), "
+                "'sequence' (the token axis of text) or a name for another dynamic axis (height, width, ...)")
     if error.validator == "required":
         return f"{where}: {error.message}"
     return f"{where}: {error.message}"
@@ -346,17 +421,13 @@ def from_dict(data: Any, *, path: Path, runtimes: Sequence[str] = (), recipes: S
             )
         task = raw.get("task", "tensor")
         tokenizer = raw.get("tokenizer", {})
-        if task == "text-embedding":
-            names = {t.name for t in inputs}
-            if len(inputs) != 2 or not all(t.sequence_axes for t in inputs):
-                raise ConfigError(
-                    f"{path}: {where}.inputs: a text-embedding model takes exactly two [batch, sequence] "
-                    f"inputs (token ids, attention mask), got {sorted(names)}"
-                )
-            if not tokenizer.get("file") and raw["source"].get("recipe") is None:
-                raise ConfigError(f"{path}: {where}.tokenizer.file: a text-embedding model from ONNX needs a tokenizer.json")
+        if task in contract.TEXT_TASKS:
+            _check_text_model(raw, inputs, outputs, task, tokenizer, where=f"{path}: {where}")
+        if raw.get("labels") and task != "text-classification":
+            raise ConfigError(f"{path}: {where}.labels: only a text-classification model has labels (task is {task})")
         sequence = any(t.sequence_axes for t in inputs)
         max_seq = int(raw.get("max_sequence_length", 512 if sequence else 0))
+        axes = _axis_limits(raw, inputs, where=f"{path}: {where}")
         models.append(
             ModelSpec(
                 name=raw["name"],
@@ -371,10 +442,49 @@ def from_dict(data: Any, *, path: Path, runtimes: Sequence[str] = (), recipes: S
                 traffic=(base / raw["traffic"]) if raw.get("traffic") else manifest_traffic,
                 calibration=(base / raw["calibration"]) if raw.get("calibration") else None,
                 tolerance=raw.get("tolerance"),
+                axis_limits=axes,
+                labels=tuple(raw.get("labels", ())),
                 **tunables,
             )
         )
     return Manifest(path=path, models=tuple(models), traffic=manifest_traffic, raw=data)
+
+
+def _check_text_model(raw: Mapping[str, Any], inputs: Sequence[TensorDecl], outputs: Sequence[TensorDecl], task: str,
+                      tokenizer: Mapping[str, Any], *, where: str) -> None:
+    """A text task's encoder: token ids, attention mask and optionally token type ids, each [batch, sequence]."""
+    names = [t.name for t in inputs]
+    if len(inputs) not in (2, 3) or not all(t.shape == (BATCH, SEQUENCE) for t in inputs):
+        raise ConfigError(
+            f"{where}.inputs: a {task} model takes two or three [batch, sequence] inputs (token ids, attention "
+            f"mask, and optionally token type ids, in that order), got {names} with shapes "
+            f"{[list(t.shape) for t in inputs]}"
+        )
+    if not tokenizer.get("file") and raw["source"].get("recipe") is None:
+        raise ConfigError(f"{where}.tokenizer.file: a {task} model from ONNX needs its tokenizer.json")
+    if task in ("text-classification", "text-pair"):
+        if len(outputs) != 1 or len(outputs[0].shape) != 2 or outputs[0].shape[0] != BATCH:
+            raise ConfigError(f"{where}.outputs: a {task} model has one output, its logits, shaped [batch, n]; got "
+                              f"{[(t.name, list(t.shape)) for t in outputs]}")
+        if not outputs[0].dtype.startswith("FP"):
+            raise ConfigError(f"{where}.outputs[0].dtype: logits must be floating point, got {outputs[0].dtype}")
+        n = outputs[0].shape[1]
+        if task == "text-pair" and isinstance(n, int) and n not in (1, 2):
+            raise ConfigError(f"{where}.outputs[0].shape: a text-pair model scores each pair with one logit (or two: "
+                              f"not relevant, relevant), got {n}")
+        if raw.get("labels") and isinstance(n, int) and len(raw["labels"]) != n:
+            raise ConfigError(f"{where}.labels: {len(raw['labels'])} labels for {n} logits")
+
+
+def _axis_limits(raw: Mapping[str, Any], inputs: Sequence[TensorDecl], *, where: str) -> tuple[Axis, ...]:
+    declared = raw.get("axes", {})
+    named = {a for t in inputs for a in t.axis_names}
+    unknown = sorted(set(declared) - named)
+    if unknown:
+        raise ConfigError(f"{where}.axes: {', '.join(unknown)} is not a dimension of any input "
+                          f"(named axes: {', '.join(sorted(named)) or 'none'})")
+    return tuple(Axis(name, int(v.get("max", 0)), int(v.get("buckets", DEFAULT_AXIS_BUCKETS)))
+                 for name, v in declared.items())
 
 
 def override(manifest: Manifest, **changes: Any) -> Manifest:

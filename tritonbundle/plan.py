@@ -6,7 +6,14 @@ the engine will be asked to run, as NVIDIA's guidance for optimization profiles 
 kernels for the shapes that actually occur): under the ``targets`` policy every request arrives
 padded to the bucket's edge, so ``opt`` is the edge; under ``ragged`` it is a percentile (default
 P95) of the lengths that fall in the bucket.
-Optimization profiles are batch buckets x sequence buckets.
+Optimization profiles are batch buckets x the buckets of every named dynamic axis.
+
+Every dynamic axis is planned the same way: the traffic sample gives each request's size on it
+(``tokens`` for ``sequence``, ``shape.<axis>`` for the others), the same dynamic program chooses its
+bucket edges, and each profile holds one bucket per axis. Only the sequence axis of text is padded
+(the tokenizer pads token rows); the others (an image's height and width) are served at the size the
+request has, so their ``opt`` is the percentile of the sizes in the bucket, and a model with no
+traffic for an axis gets one bucket ``[1, axes.<axis>.max]``.
 
 Two padding policies exist; the runtime says which one it uses (``Runtime.padding_policy``) and
 the plan records it:
@@ -24,6 +31,7 @@ This module needs only the manifest and the traffic sample: it knows nothing of 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -32,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from tritonbundle.errors import ConfigError
-from tritonbundle.manifest import ModelSpec
+from tritonbundle.manifest import BATCH, SEQUENCE, Axis, ModelSpec
 from tritonbundle.traffic import TrafficSample
 
 POLICIES = ("targets", "ragged")
@@ -112,11 +120,16 @@ def brute_force_edges(lengths: np.ndarray[Any, Any], buckets: int, max_len: int)
 
 @dataclass(frozen=True)
 class SequenceBucket:
+    """A bucket of one dynamic axis (the name is the sequence axis's, the first one planned)."""
+
     min: int
     opt: int
     max: int
     #: Share of the sample's rows in this bucket.
     share: float
+
+
+Bucket = SequenceBucket
 
 
 def sequence_buckets(lengths: np.ndarray[Any, Any], buckets: int, max_len: int, percentile: float = 95.0) -> tuple[SequenceBucket, ...]:
@@ -158,23 +171,33 @@ class Profile:
     index: int
     shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]
     batch: BatchBucket
-    sequence: SequenceBucket | None
+    #: The bucket of each named dynamic axis (``sequence`` included).
+    axes: dict[str, Bucket] = field(default_factory=dict)
+
+    @property
+    def sequence(self) -> Bucket | None:
+        return self.axes.get(SEQUENCE)
 
 
-def _shape(decl_shape: Sequence[int | str], batch: int, seq: int) -> tuple[int, ...]:
-    return tuple(batch if d == "batch" else seq if d == "sequence" else int(d) for d in decl_shape)
+def _shape(decl_shape: Sequence[int | str], batch: int, sizes: dict[str, int]) -> tuple[int, ...]:
+    return tuple(batch if (i == 0 and d == BATCH) else sizes[d] if isinstance(d, str) else int(d)
+                 for i, d in enumerate(decl_shape))
 
 
-def profiles(spec: ModelSpec, batches: Sequence[BatchBucket], seqs: Sequence[SequenceBucket | None]) -> tuple[Profile, ...]:
+def profiles(spec: ModelSpec, batches: Sequence[BatchBucket], axes: dict[str, Sequence[Bucket]]) -> tuple[Profile, ...]:
+    """Every batch bucket x every combination of the axes' buckets."""
     out: list[Profile] = []
+    names = list(axes)
     for b in batches:
-        for s in seqs:
-            lo, mid, hi = (s.min, s.opt, s.max) if s else (1, 1, 1)
-            shapes = {
-                t.name: (_shape(t.shape, b.min, lo), _shape(t.shape, b.opt, mid), _shape(t.shape, b.max, hi))
-                for t in spec.inputs
-            }
-            out.append(Profile(len(out), shapes, b, s))
+        for combo in itertools.product(*(axes[n] for n in names)):
+            chosen = dict(zip(names, combo))
+            shapes = {}
+            for t in spec.inputs:
+                low = {n: c.min for n, c in chosen.items()}
+                mid = {n: c.opt for n, c in chosen.items()}
+                high = {n: c.max for n, c in chosen.items()}
+                shapes[t.name] = (_shape(t.shape, b.min, low), _shape(t.shape, b.opt, mid), _shape(t.shape, b.max, high))
+            out.append(Profile(len(out), shapes, b, chosen))
     return tuple(out)
 
 
@@ -224,6 +247,8 @@ class ModelPlan:
     max_queue_delay_us: int
     waste: Waste | None
     traffic: dict[str, float] = field(default_factory=dict)
+    #: The buckets of every named dynamic axis other than ``sequence`` (its own are ``sequence_buckets``).
+    axis_buckets: dict[str, tuple[Bucket, ...]] = field(default_factory=dict)
 
     @property
     def padding_targets(self) -> tuple[int, ...]:
@@ -236,30 +261,56 @@ class ModelPlan:
         return data
 
 
+def axis_buckets(spec: ModelSpec, axis: Axis, sample: TrafficSample | None) -> tuple[Bucket, ...]:
+    """Buckets of a named axis other than ``sequence``: from the sample's sizes on it (above the axis's
+    ``max`` they are clipped to it), or one bucket ``[1, max]`` when the sample has none."""
+    if sample is not None and axis.name in sample.axes():
+        sizes = sample.row_sizes(axis.name)
+        high = axis.max or int(sizes.max())
+        return sequence_buckets(np.minimum(sizes, high), axis.buckets, high, spec.opt_percentile)
+    if not axis.max:
+        where = f"model {spec.name}"
+        raise ConfigError(
+            f"{where}: its axis {axis.name!r} is dynamic, so planning needs the sizes requests have on it: a traffic "
+            f"sample whose lines give shape.{axis.name} (build/traffic/README.md), or axes.{axis.name}.max in the "
+            "manifest (one bucket from 1 to it)"
+        )
+    return (Bucket(min=1, opt=axis.max, max=axis.max, share=1.0),)
+
+
 def plan_model(spec: ModelSpec, sample: TrafficSample | None, *, policy: str = "targets") -> ModelPlan:
-    """Plan one model under a padding policy. A model without a sequence dimension needs no traffic sample."""
+    """Plan one model under a padding policy (it applies to the sequence axis of text). A model without
+    dynamic axes needs no traffic sample."""
     if policy not in POLICIES:
         raise ConfigError(f"padding policy {policy!r} is not one of {', '.join(POLICIES)}")
     batches = batch_buckets(spec.batch_buckets) if spec.batched else (BatchBucket(1, 1, 1),)
     seqs: tuple[SequenceBucket, ...] = ()
     plan_waste = None
     summary: dict[str, float] = {}
+    others: dict[str, tuple[Bucket, ...]] = {}
+    for axis in spec.axes:
+        if axis.name != SEQUENCE:
+            others[axis.name] = axis_buckets(spec, axis, sample)
     if spec.has_sequence:
         if sample is None:
             raise ConfigError(
                 f"model {spec.name}: it has a sequence dimension, so planning needs a traffic sample "
                 "(manifest key 'traffic', or --traffic; make one with `tritonbundle traffic`)"
             )
-        sample = sample.clipped(spec.max_sequence_length)
-        rows = sample.row_lengths()
+        clipped = sample.clipped(spec.max_sequence_length)
+        rows = clipped.row_lengths()
         seqs = sequence_buckets(rows, spec.sequence_buckets, spec.max_sequence_length, spec.opt_percentile)
         if policy == "targets":
             # Every request is padded to its bucket's edge, so the edge is the only length the engine
             # sees in that bucket: tune for it (opt = max), not for a percentile it never serves.
             seqs = tuple(dataclasses.replace(s, opt=s.max) for s in seqs)
         plan_waste = waste(rows, [s.max for s in seqs], spec.max_sequence_length, [b.max for b in batches])
-        summary = sample.summary()
-    profs = profiles(spec, batches, seqs or (None,))
+    if sample is not None and (spec.has_sequence or others):
+        summary = (sample.clipped(spec.max_sequence_length) if spec.has_sequence else sample).summary()
+    axes: dict[str, Sequence[Bucket]] = {}
+    for axis in spec.axes:
+        axes[axis.name] = seqs if axis.name == SEQUENCE else others[axis.name]
+    profs = profiles(spec, batches, axes)
     sizes = [b.max for b in batches if b.max > 1]
     preferred: tuple[int, ...] = ()
     if spec.batched and spec.preferred_batch_sizes == "buckets":
@@ -280,4 +331,5 @@ def plan_model(spec: ModelSpec, sample: TrafficSample | None, *, policy: str = "
         max_queue_delay_us=spec.max_queue_delay_us,
         waste=plan_waste,
         traffic=summary,
+        axis_buckets=others,
     )

@@ -139,7 +139,7 @@ def _parity(record: dict[str, object]) -> tuple[ParityResult, ...]:
 def copy_tokenizer(spec: ModelSpec, out_dir: Path) -> Path | None:
     """Copy the model's tokenizer.json next to the export (kept if the source is not installed here)."""
     target = out_dir / "tokenizer.json"
-    if spec.task != "text-embedding" and spec.tokenizer_file is None:
+    if not spec.text and spec.tokenizer_file is None:
         return None
     try:
         source = spec.tokenizer_file or (recipes.tokenizer_file(spec.recipe) if spec.recipe else None)

@@ -16,13 +16,13 @@ from tritonbundle.manifest import ModelSpec, TensorDecl
 from tritonbundle.modelconfig import numpy_dtype
 
 # onnx.TensorProto data types -> config names
-_ONNX_DTYPES = {1: "FP32", 2: "UINT8", 3: "INT8", 4: "UINT16", 5: "INT16", 6: "INT32", 7: "INT64", 8: "STRING",
+ONNX_DTYPES = {1: "FP32", 2: "UINT8", 3: "INT8", 4: "UINT16", 5: "INT16", 6: "INT32", 7: "INT64", 8: "STRING",
                 9: "BOOL", 10: "FP16", 11: "FP64", 12: "UINT32", 13: "UINT64", 16: "BF16"}
 
 
 def _check_tensor(model: str, kind: str, decl: TensorDecl, value_info: object, path: Path) -> None:
     ttype = value_info.type.tensor_type  # type: ignore[attr-defined]
-    dtype = _ONNX_DTYPES.get(ttype.elem_type, f"onnx type {ttype.elem_type}")
+    dtype = ONNX_DTYPES.get(ttype.elem_type, f"onnx type {ttype.elem_type}")
     where = f"model {model}: {kind} {decl.name!r}"
     if dtype != decl.dtype:
         raise ConfigError(f"{where}: the manifest says {decl.dtype}, the ONNX graph {path} has {dtype}; fix the manifest's dtype")
@@ -65,17 +65,20 @@ def check_graph(spec: ModelSpec, onnx_path: Path, *, probe: bool = True) -> None
     missing = sorted(set(graph_inputs) - {d.name for d in spec.inputs})
     if missing:
         raise ConfigError(f"model {spec.name}: the graph also needs inputs {missing}; declare them in the manifest")
-    if probe and spec.has_sequence:
+    if probe and spec.has_sequence and all(a.max for a in spec.axes):
         probe_range(spec, onnx_path)
 
 
 def probe_range(spec: ModelSpec, onnx_path: Path) -> None:
-    """Run the graph once at batch 1 x max_sequence_length: fails fast if the range is too long."""
+    """Run the graph once at batch 1 x max_sequence_length (every other named axis at its max): fails fast
+    if the range is too long."""
     import onnxruntime as ort
 
+    sizes = {a.name: a.max for a in spec.axes}
     feed = {}
     for t in spec.inputs:
-        shape = tuple(1 if d == "batch" else spec.max_sequence_length if d == "sequence" else int(d) for d in t.shape)
+        shape = tuple(1 if (i == 0 and d == "batch") else sizes[d] if isinstance(d, str) else int(d)
+                      for i, d in enumerate(t.shape))
         feed[t.name] = np.ones(shape, dtype=numpy_dtype(t.dtype))
     try:
         session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])

@@ -1,13 +1,8 @@
 """Write the model repository: per model its ``config.pbtxt`` and version files.
 
-A text-embedding model becomes three Triton models::
-
-    <name>_tokenizer   Python backend: TEXT (BYTES) -> token ids + attention mask
-    <name>_encoder     the network, in the runtime the manifest names
-    <name>             ensemble: TEXT in, the encoder's outputs out
-
-or, with ``tokenize_in_encoder`` (the pytorch runtime), two: ``<name>_encoder`` and ``<name>``, one
-model that tokenizes and encodes in the same process (:meth:`Runtime.text_model`).
+Each manifest model becomes its encoder (the network, in the runtime the manifest names: ``<name>``
+for a tensor model, ``<name>_encoder`` behind a text ensemble) plus the Triton models its task writes
+around it (:mod:`tritonbundle.tasks`: tokenizer, post-processing, ensemble).
 
 Everything is written to a staging folder next to the repository first; only when every model has
 been written and every config reads back as a valid ``ModelConfig`` are the model folders swapped
@@ -23,38 +18,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tritonbundle import runtimes
-from tritonbundle.contract import TEXT_INPUT, ContractError, Parameters, TokenizerParameters
+from tritonbundle import runtimes, tasks
+from tritonbundle.contract import ContractError, Parameters
 from tritonbundle.errors import BuildError, ConfigError
 from tritonbundle.log import LOG
 from tritonbundle.manifest import ModelSpec
-from tritonbundle.modelconfig import EnsembleStep, ModelConfig, TensorSpec, read_config, write_config
+from tritonbundle.modelconfig import read_config, write_config
 from tritonbundle.plan import ModelPlan
 from tritonbundle.runtimes.base import BuildContext
-from tritonbundle.runtimes.tokenizer import plugin as tokenizer
-
-
-def ensemble_config(spec: ModelSpec) -> ModelConfig:
-    ids, mask = spec.inputs
-    return ModelConfig(
-        name=spec.name,
-        platform="ensemble",
-        max_batch_size=spec.max_batch_size,
-        inputs=(TensorSpec(TEXT_INPUT, "STRING", (1,)),),
-        outputs=tuple(TensorSpec(t.name, t.dtype, t.dims) for t in spec.outputs),
-        ensemble_steps=(
-            EnsembleStep(
-                spec.tokenizer_name,
-                input_map={TEXT_INPUT: TEXT_INPUT},
-                output_map={ids.name: "_token_ids", mask.name: "_attention_mask"},
-            ),
-            EnsembleStep(
-                spec.encoder_name,
-                input_map={ids.name: "_token_ids", mask.name: "_attention_mask"},
-                output_map={t.name: t.name for t in spec.outputs},
-            ),
-        ),
-    )
 
 
 @dataclass(frozen=True)
@@ -82,26 +53,7 @@ def _stage_model(
     written = runtime.write_files(ctx, encoder_dir / str(version))
     write_config(runtime.config(ctx, written), encoder_dir)
     names: dict[str, type[Parameters] | None] = {spec.encoder_name: runtime.parameters(spec)}
-    if spec.task == "text-embedding":
-        if artifacts.tokenizer_path is None:
-            raise BuildError(f"model {spec.name}: a text-embedding model needs a tokenizer.json (run export first)")
-        if spec.tokenize_in_encoder:
-            text_dir = staging / spec.name
-            tokenizer.write_tokenizer(artifacts.tokenizer_path, text_dir / str(version))
-            config, record = runtime.text_model(
-                ctx, encoder_dir / str(version), text_dir / str(version), tokenizer.parameters(spec, plan)
-            )
-            write_config(config, text_dir)
-            names[spec.name] = record
-            return names
-        tok_dir = staging / spec.tokenizer_name
-        tokenizer.write_files(artifacts.tokenizer_path, tok_dir / str(version))
-        write_config(tokenizer.config(spec, plan), tok_dir)
-        ens_dir = staging / spec.name
-        (ens_dir / str(version)).mkdir(parents=True, exist_ok=True)
-        (ens_dir / str(version) / ".gitkeep").touch()
-        write_config(ensemble_config(spec), ens_dir)
-        names.update({spec.tokenizer_name: TokenizerParameters, spec.name: None})
+    names |= tasks.get(spec.task).write(ctx, runtime, staging, artifacts.tokenizer_path)
     return names
 
 

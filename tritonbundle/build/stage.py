@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tritonbundle import manifest as manifest_mod
 from tritonbundle import plan as planner
-from tritonbundle import recipes, runtimes
+from tritonbundle import recipes, runtimes, tasks
 from tritonbundle import traffic as traffic_mod
 from tritonbundle.build import onnx_check
 from tritonbundle.build.repository import ModelArtifacts, write_repository
@@ -58,16 +58,21 @@ def load_manifest(options: BuildOptions) -> Manifest:
     for spec in m.models:
         try:
             runtimes.get(spec.runtime).check(spec)
+            tasks.get(spec.task).check(spec)
         except ConfigError as e:
             raise ConfigError(f"{options.manifest}: {e}") from e
     return m
 
 
 def traffic_for(spec: ModelSpec, options: BuildOptions) -> traffic_mod.TrafficSample | None:
+    """The traffic sample a model's dynamic axes are planned from (None: it has none, or every named axis
+    other than sequence has ``axes.<axis>.max`` and there is no sample)."""
     path = options.traffic or spec.traffic
-    if not spec.has_sequence:
+    if not spec.axes:
         return None
     if path is None:
+        if not spec.has_sequence and all(a.max for a in spec.axes):
+            return None  # one bucket [1, max] per axis
         raise ConfigError(
             f"model {spec.name}: no traffic sample: set 'traffic' in {options.manifest} or pass --traffic"
         )
@@ -126,12 +131,12 @@ def existing_artifacts(spec: ModelSpec, options: BuildOptions) -> ModelArtifacts
             )
         onnx_check.check_graph(spec, onnx_path)
     tokenizer = work / "tokenizer.json"
-    if spec.task == "text-embedding" and not tokenizer.exists():
+    if spec.text and not tokenizer.exists():
         if spec.tokenizer_file is not None:
             tokenizer = spec.tokenizer_file
         else:
             raise ConfigError(f"model {spec.name}: {tokenizer} does not exist; run `tritonbundle export` first")
-    return ModelArtifacts(onnx_path, tokenizer if spec.task == "text-embedding" else None)
+    return ModelArtifacts(onnx_path, tokenizer if spec.text else None)
 
 
 def at_precision(spec: ModelSpec, plan: planner.ModelPlan, artifacts: ModelArtifacts, options: BuildOptions) -> ModelArtifacts:

@@ -94,14 +94,16 @@ def _encode(spec: ModelSpec, tokenizer_json: Path, factory: Any, lengths: Sequen
 
 
 def _token_feed(spec: ModelSpec, encoded: Sequence[Sequence[int]], length: int) -> Feed:
-    ids_name, mask_name = (t.name for t in spec.inputs)
     ids = np.zeros((len(encoded), length), dtype=np.int64)
     mask = np.zeros_like(ids)
     for row, e in enumerate(encoded):
         e = list(e)[:length]
         ids[row, : len(e)] = e
         mask[row, : len(e)] = 1
-    return {ids_name: ids, mask_name: mask}
+    feed = {spec.inputs[0].name: ids, spec.inputs[1].name: mask}
+    if len(spec.inputs) > 2:  # token type ids: one text per row, so all of type 0
+        feed[spec.inputs[2].name] = np.zeros_like(ids)
+    return feed
 
 
 def _factory(spec: ModelSpec, seed: int) -> Any:
@@ -191,7 +193,7 @@ def fits(profile: Profile, feed: Feed) -> bool:
 def feeds(spec: ModelSpec, plan: ModelPlan, *, tokenizer_json: Path | None, purpose: str) -> list[Feed]:
     """Inputs for calibration (``purpose="calibration"``) or for a gate (``"gate"``), see the module docstring."""
     seed = 1001 if purpose == "calibration" else 2002
-    text = spec.task == "text-embedding" and tokenizer_json is not None
+    text = spec.text and tokenizer_json is not None
     if purpose == "gate":
         if text:  # a text model is always judged on traffic-shaped texts, whatever it was calibrated on
             assert tokenizer_json is not None

@@ -3,6 +3,7 @@ config fields that come from the plan (tensors, dynamic batching, queue policy, 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from collections.abc import Mapping
@@ -10,9 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from tritonbundle.contract import Parameters, TokenizerParameters
+from tritonbundle.contract import EncoderParameters, Parameters, TokenizerParameters
 from tritonbundle.errors import ConfigError
-from tritonbundle.manifest import ModelSpec
+from tritonbundle.manifest import SEQUENCE, ModelSpec
 from tritonbundle.modelconfig import (
     DynamicBatching,
     InstanceGroup,
@@ -105,7 +106,7 @@ def no_text_model(spec: ModelSpec, runtime: str) -> None:
 def needs_calibration(spec: ModelSpec) -> None:
     """INT8 calibrates on traffic-shaped inputs: a text model draws them from the traffic sample; any
     other model needs the manifest's ``calibration`` data."""
-    if spec.precision == "int8" and spec.calibration is None and spec.task != "text-embedding":
+    if spec.precision == "int8" and spec.calibration is None and not spec.text:
         raise ConfigError(
             f"model {spec.name}.calibration: precision int8 needs calibration data for a model that is not a text "
             "model: a .npz holding one array per input (first axis: samples), shaped like real requests"
@@ -186,29 +187,40 @@ def dynamic_batching(ctx: BuildContext) -> DynamicBatching | None:
 
 
 def warmups(ctx: BuildContext, *, every_bucket: bool) -> tuple[Warmup, ...]:
-    """Warm-up samples: one per (batch bucket, sequence bucket) at the bucket's max shape.
+    """Warm-up samples: one per profile (batch bucket x the buckets of every dynamic axis), at its max shape.
 
     Warming every profile before READY keeps the first requests of each shape from paying for
-    kernel selection or CUDA graph capture. On the CPU server one small sample is enough.
+    kernel selection or CUDA graph capture. On the CPU server one small sample is enough: batch 1,
+    8 tokens, the first bucket's ``opt`` on any other axis.
     """
     spec, plan = ctx.spec, ctx.plan
     if every_bucket:
-        shapes = [(p.batch.max, p.sequence.max if p.sequence else 1) for p in plan.profiles]
+        samples = [(p.batch.max, {n: b.max for n, b in p.axes.items()}) for p in plan.profiles]
     else:
-        shapes = [(1, min(8, spec.max_sequence_length or 8))]
+        first = plan.profiles[0].axes if plan.profiles else {}
+        samples = [(1, {n: min(8, spec.max_sequence_length or 8) if n == SEQUENCE else b.opt for n, b in first.items()})]
     out = []
-    for batch, seq in shapes:
+    for batch, sizes in samples:
         inputs = {}
         for t in spec.inputs:
             rest = t.shape[1:] if t.batched else t.shape
-            dims = tuple(seq if d == "sequence" else int(d) for d in rest)
+            dims = tuple(sizes[d] if isinstance(d, str) else int(d) for d in rest)
             # Token ids and masks must stay valid indices: zeros are the padding token.
             data = "zero" if t.dtype.startswith(("INT", "UINT", "BOOL")) else "random"
             inputs[t.name] = WarmupInput(t.dtype, dims, data)
+        name = f"warmup_b{batch}" + "".join(f"_s{n}" if axis == SEQUENCE else f"_{axis}{n}" for axis, n in sizes.items())
         # Triton skips a warm-up sample of batch_size 0 (core src/backend_model_instance.cc); a model
         # without a batch dimension takes batch_size 1 and the full shape in dims (model_config.proto).
-        out.append(Warmup(name=f"warmup_b{batch}_s{seq}", batch_size=batch if spec.batched else 1, inputs=inputs))
+        out.append(Warmup(name=name, batch_size=batch if spec.batched else 1, inputs=inputs))
     return tuple(out)
+
+
+def axis_sizes(plan: ModelPlan) -> dict[str, str]:
+    """Named axis -> "least,typical,largest" of the plan (see ``EncoderParameters.axis_sizes``)."""
+    buckets = dict(plan.axis_buckets)
+    if plan.sequence_buckets:
+        buckets[SEQUENCE] = plan.sequence_buckets
+    return {name: f"{b[0].min},{max(b, key=lambda x: x.share).opt},{b[-1].max}" for name, b in buckets.items() if b}
 
 
 def encoder_config(
@@ -218,6 +230,10 @@ def encoder_config(
     spec = ctx.spec
     inputs, outputs = tensor_specs(spec, ragged=ragged)
     fields.setdefault("instance_groups", (InstanceGroup(count=spec.instances, kind=kind),))
+    if isinstance(parameters, EncoderParameters):  # what the build knows and the runtime need not
+        parameters = dataclasses.replace(
+            parameters, task=spec.task, axes={t.name: ",".join(map(str, t.shape)) for t in spec.inputs},
+            axis_sizes=axis_sizes(ctx.plan))
     return ModelConfig(
         name=spec.encoder_name, max_batch_size=spec.max_batch_size, inputs=inputs, outputs=outputs,
         dynamic_batching=dynamic_batching(ctx), parameters=parameters.to_parameters(), **fields,

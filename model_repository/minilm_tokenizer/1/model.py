@@ -1,4 +1,6 @@
-"""Triton Python-backend model: text in, ``input_ids``/``attention_mask`` out.
+"""Triton Python-backend model: text in, ``input_ids``/``attention_mask`` (and ``token_type_ids`` when
+the config has a third output) out. With ``pairs`` it reads ``QUERY`` and ``TEXT`` and tokenizes each
+row's two texts together (a text-pair model).
 
 Settings: :class:`tritonbundle.contract.TokenizerParameters` in the config's ``parameters``:
   tokenizer_file     tokenizer.json in the version directory (Hugging Face ``tokenizers`` format)
@@ -29,8 +31,8 @@ if (_HERE / "tritonbundle").is_dir() and sys.path[:1] != [str(_HERE)]:
     sys.path.insert(0, str(_HERE))  # the package modules the build copied next to this file
 
 
-from tritonbundle.contract import TokenizerParameters  # noqa: E402
-from tritonbundle.runtimes.text import TextError, load_tokenizer, read_texts, tokenize  # noqa: E402
+from tritonbundle.contract import QUERY_INPUT, TEXT_INPUT, TokenizerParameters  # noqa: E402
+from tritonbundle.runtimes.text import Row, TextError, load_tokenizer, pairs, read_texts, tokenize  # noqa: E402
 
 try:
     import triton_python_backend_utils as pb_utils
@@ -55,18 +57,25 @@ class TritonPythonModel:
         self.targets = params.padding_targets
         self.tokenizer = load_tokenizer(str(version_dir / params.tokenizer_file), self.max_length, params.threads)
         self.pad_id = params.pad_id
-        self.input_name = config["input"][0]["name"]
-        self.ids_name, self.mask_name = (o["name"] for o in config["output"][:2])
+        self.pairs = params.pairs
+        self.outputs = [o["name"] for o in config["output"]]
         gc.freeze()  # what initialize() loaded lives as long as the process: keep full collections off it
 
-    def _texts(self, request: Any) -> list[str]:
-        array = pb_utils.get_input_tensor_by_name(request, self.input_name).as_numpy()
-        return read_texts(array, self.input_name, self.max_text_bytes, self.max_length)
+    def _read(self, request: Any, name: str) -> list[str]:
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        if tensor is None:
+            raise TextError(f"input {name} is missing")
+        return read_texts(tensor.as_numpy(), name, self.max_text_bytes, self.max_length)
+
+    def _texts(self, request: Any) -> list[Row]:
+        if self.pairs:
+            return list(pairs(self._read(request, QUERY_INPUT), self._read(request, TEXT_INPUT), QUERY_INPUT, TEXT_INPUT))
+        return list(self._read(request, TEXT_INPUT))
 
     def execute(self, requests: list[Any]) -> list[Any]:
         """One tokenizer call for every text of every request in the dynamic batch."""
         responses: list[Any] = [None] * len(requests)
-        texts: list[str] = []
+        texts: list[Row] = []
         good: list[tuple[int, int, int]] = []  # (request, first text, number of texts)
         for index, request in enumerate(requests):
             try:
@@ -76,9 +85,10 @@ class TritonPythonModel:
                 continue
             good.append((index, len(texts), len(mine)))
             texts.extend(mine)
-        tokens = tokenize(self.tokenizer, texts, [(s, n) for _, s, n in good], self.targets, self.pad_id)
-        for (index, _, _), (ids, mask) in zip(good, tokens):
+        tokens = tokenize(self.tokenizer, texts, [(s, n) for _, s, n in good], self.targets, self.pad_id,
+                          type_ids=len(self.outputs) > 2)
+        for (index, _, _), arrays in zip(good, tokens):
             responses[index] = pb_utils.InferenceResponse(
-                output_tensors=[pb_utils.Tensor(self.ids_name, ids), pb_utils.Tensor(self.mask_name, mask)]
+                output_tensors=[pb_utils.Tensor(name, a) for name, a in zip(self.outputs, arrays)]
             )
         return responses

@@ -105,7 +105,7 @@ class PyTorchRuntime:
         params = TextPyTorchParameters(
             **{**vars(self._parameters(ctx)), "tokenizer_file": tokenizer.tokenizer_file,
                "max_length": tokenizer.max_length, "max_text_bytes": tokenizer.max_text_bytes, "pad_id": tokenizer.pad_id,
-               "threads": tokenizer.threads},
+               "threads": tokenizer.threads, "task": spec.task},
         )
         config = ModelConfig(
             name=spec.name, backend="python", max_batch_size=spec.max_batch_size,

@@ -1,12 +1,12 @@
-"""The tokenizer model of a text-embedding model: ``<name>_tokenizer``, a Python-backend model
-(``model.py`` next to this file) that turns text into the encoder's token ids and attention mask,
-padded to the plan's targets."""
+"""The tokenizer model of a text model: ``<name>_tokenizer``, a Python-backend model (``model.py`` next
+to this file) that turns text (or query and text pairs) into the encoder's token ids, attention mask
+and, when the encoder takes them, token type ids, padded to the plan's targets."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tritonbundle.contract import TEXT_INPUT, TokenizerParameters
+from tritonbundle.contract import QUERY_INPUT, TEXT_INPUT, TokenizerParameters
 from tritonbundle.manifest import ModelSpec
 from tritonbundle.modelconfig import DynamicBatching, InstanceGroup, ModelConfig, TensorSpec
 from tritonbundle.plan import ModelPlan
@@ -24,18 +24,25 @@ def parameters(spec: ModelSpec, plan: ModelPlan) -> TokenizerParameters:
     return TokenizerParameters(
         tokenizer_file=TOKENIZER_FILE, max_length=spec.tokenizer_max_length, max_text_bytes=MAX_TEXT_BYTES,
         padding_targets=plan.padding_targets, pad_id=0, threads=spec.tokenizer_threads,
+        pairs=spec.task == "text-pair",
     )
 
 
+def text_inputs(spec: ModelSpec) -> tuple[TensorSpec, ...]:
+    """What the user sends a text model: one text per row, or a query and a text per row."""
+    names = (QUERY_INPUT, TEXT_INPUT) if spec.task == "text-pair" else (TEXT_INPUT,)
+    return tuple(TensorSpec(name, "STRING", (1,)) for name in names)
+
+
 def config(spec: ModelSpec, plan: ModelPlan) -> ModelConfig:
-    ids, mask = spec.inputs
     params = parameters(spec, plan)
     return ModelConfig(
         name=spec.tokenizer_name,
         backend="python",
         max_batch_size=spec.max_batch_size,
-        inputs=(TensorSpec(TEXT_INPUT, "STRING", (1,)),),
-        outputs=(TensorSpec(ids.name, ids.dtype, (-1,)), TensorSpec(mask.name, mask.dtype, (-1,))),
+        inputs=text_inputs(spec),
+        # In the encoder's input order: token ids, attention mask[, token type ids].
+        outputs=tuple(TensorSpec(t.name, t.dtype, (-1,)) for t in spec.inputs),
         # One tokenizer call serves every request the batcher gathered (runtimes/text.py);
         # a short delay gathers more of them under load. The queue is bounded like the encoder's, so
         # overload is refused at the door.

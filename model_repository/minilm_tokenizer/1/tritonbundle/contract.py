@@ -26,8 +26,17 @@ from typing import Any, TypeVar
 import numpy as np
 
 # -- names -------------------------------------------------------------------------------------------
-#: The ensemble's text input.
+#: The ensemble's text input (every text task); a text-pair model's passages.
 TEXT_INPUT = "TEXT"
+#: A text-pair model's first text of each pair (the query a cross-encoder scores passages against).
+QUERY_INPUT = "QUERY"
+#: What a text-classification ensemble adds to the encoder's logits: the top label (BYTES) and its
+#: probability; a text-pair ensemble's relevance score per pair (FP32).
+LABEL_OUTPUT = "label"
+SCORE_OUTPUT = "score"
+#: The tasks: what the user-facing model takes and returns (tritonbundle.tasks).
+TASKS = ("tensor", "text-embedding", "text-classification", "text-pair")
+TEXT_TASKS = TASKS[1:]
 #: Header that unlocks the restricted APIs (model control, repository, shared memory, trace, logging).
 RESTRICTED_HEADER = "tritonbundle-key"
 #: Triton's gRPC server reads a restricted-protocol key from this prefix + the header name.
@@ -43,6 +52,11 @@ def encoder_name(model: str, *, text: bool = True) -> str:
 
 def tokenizer_name(model: str) -> str:
     return f"{model}_tokenizer"
+
+
+def postprocess_name(model: str) -> str:
+    """The Python model after the encoder of a text-classification or text-pair ensemble."""
+    return f"{model}_postprocess"
 
 
 # -- the padding rule ----------------------------------------------------------------------------------
@@ -170,6 +184,15 @@ class EncoderParameters(Parameters):
     padding_targets: tuple[int, ...]
     #: Longer token input is refused.
     max_sequence_length: int
+    #: The task when this model is the one users call (a ``tensor`` model); behind a text ensemble, the
+    #: ensemble's task. Written by the build stage, not by the runtime.
+    task: str = dataclasses.field(default="tensor", kw_only=True)
+    #: Input name -> its dimensions as the manifest names them ("batch,3,height,width"): the load tests
+    #: and ``tritonbundle infer --random`` draw each named axis's size from the traffic sample.
+    axes: dict[str, str] = dataclasses.field(default_factory=dict, kw_only=True)
+    #: Named axis -> "least,typical,largest" size the plan serves (typical: the ``opt`` of the bucket
+    #: that holds most of the traffic), for requests made up without a traffic sample.
+    axis_sizes: dict[str, str] = dataclasses.field(default_factory=dict, kw_only=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,6 +243,28 @@ class TokenizerParameters(Parameters):
     pad_id: int
     #: Threads one call of the fast tokenizer uses (1: the calling thread only).
     threads: int
+    #: Each row is a pair (QUERY, TEXT), tokenized together (text-pair); else one TEXT per row.
+    pairs: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskParameters(Parameters):
+    """What the user-facing model of a task says about itself (the ensemble's config): clients and the
+    command line read it to choose ``embed``, ``classify``, ``rerank`` or ``infer``."""
+
+    task: str
+
+
+@dataclasses.dataclass(frozen=True)
+class PostprocessParameters(Parameters):
+    """The post-processing model of a text-classification or text-pair ensemble
+    (``tasks/postprocess_model.py``)."""
+
+    task: str
+    #: The encoder output it reads (FP32 [batch, n]).
+    logits: str
+    #: Class index (as a string) -> label; empty: the index itself is the label.
+    labels: dict[str, str]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,5 +283,5 @@ class TextPyTorchParameters(PyTorchParameters):
 RECORDS: dict[str, type[Parameters]] = {
     cls.__name__: cls
     for cls in (EncoderParameters, TensorRTParameters, OnnxRuntimeParameters, PyTorchParameters, TokenizerParameters,
-                TextPyTorchParameters)
+                TextPyTorchParameters, TaskParameters, PostprocessParameters)
 }

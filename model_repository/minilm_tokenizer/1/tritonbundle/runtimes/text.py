@@ -1,7 +1,9 @@
 """Read and tokenize every request of a dynamic batch in one call of the fast tokenizer.
 
 Shared by the tokenizer model and by an encoder that tokenizes in its own process (the pytorch
-runtime with ``tokenize_in_encoder``), so both accept and refuse the same texts.
+runtime with ``tokenize_in_encoder``), so both accept and refuse the same texts. A row is one text,
+or a pair of texts (a text-pair model: query and passage, tokenized together with token type ids
+0 and 1, truncated longest-first to ``max_length``).
 
 The Rust tokenizer encodes the batch's texts in parallel with the GIL released; the token ids are
 then laid into one array with a single vectorized assignment (no loop over rows), and each request
@@ -21,7 +23,9 @@ import numpy.typing as npt
 
 from tritonbundle.contract import pad_length
 
-Tokens = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]
+#: (token ids, attention mask) of one request, and its token type ids when they were asked for.
+Tokens = tuple[npt.NDArray[np.int64], ...]
+Row = str | tuple[str, str]
 #: BERT's WordPiece turns a word longer than 100 characters into one [UNK]: 100 characters per token
 #: of max_length keep every token a text can contribute, unless it is mostly runs of whitespace.
 CHARS_PER_TOKEN = 100
@@ -89,9 +93,18 @@ def read_texts(array: np.ndarray[Any, Any], name: str, max_text_bytes: int, max_
     return texts
 
 
-def tokenize(tokenizer: Any, texts: Sequence[str], spans: Sequence[tuple[int, int]], targets: Sequence[int],
-             pad_id: int = 0) -> list[Tokens]:
-    """(token ids, attention mask) per request; ``spans`` are (first text, number of texts) per request."""
+def pairs(queries: Sequence[str], texts: Sequence[str], query_name: str, text_name: str) -> list[tuple[str, str]]:
+    """One (query, text) pair per row of a request; both inputs must have as many rows."""
+    if len(queries) != len(texts):
+        raise TextError(f"{query_name} has {len(queries)} rows and {text_name} {len(texts)}: send one {query_name} "
+                        f"per {text_name} (repeat the query for each passage)")
+    return list(zip(queries, texts))
+
+
+def tokenize(tokenizer: Any, texts: Sequence[Row], spans: Sequence[tuple[int, int]], targets: Sequence[int],
+             pad_id: int = 0, *, type_ids: bool = False) -> list[Tokens]:
+    """(token ids, attention mask[, token type ids]) per request; ``spans`` are (first row, number of rows)
+    per request; a row is a text or a (query, text) pair."""
     if not texts:
         return []
     encode = getattr(tokenizer, "encode_batch_fast", None) or tokenizer.encode_batch
@@ -100,8 +113,13 @@ def tokenize(tokenizer: Any, texts: Sequence[str], spans: Sequence[tuple[int, in
     padded = [pad_length(int(lengths[s : s + n].max()), targets) for s, n in spans]
     width = max(padded)
     mask = np.arange(width) < lengths[:, None]
+    count = int(lengths.sum())
     ids = np.full((len(encodings), width), pad_id, dtype=np.int64)
-    ids[mask] = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), dtype=np.int64, count=int(lengths.sum()))
-    mask64 = mask.astype(np.int64)
-    return [(np.ascontiguousarray(ids[s : s + n, :p]), np.ascontiguousarray(mask64[s : s + n, :p]))
-            for (s, n), p in zip(spans, padded)]
+    ids[mask] = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), dtype=np.int64, count=count)
+    arrays = [ids, mask.astype(np.int64)]
+    if type_ids:
+        types = np.zeros((len(encodings), width), dtype=np.int64)
+        types[mask] = np.fromiter(itertools.chain.from_iterable(e.type_ids for e in encodings), dtype=np.int64,
+                                  count=count)
+        arrays.append(types)
+    return [tuple(np.ascontiguousarray(a[s : s + n, :p]) for a in arrays) for (s, n), p in zip(spans, padded)]

@@ -1,0 +1,82 @@
+"""Triton Python-backend model: a classifier's or cross-encoder's logits in, ``label``/``score`` out.
+
+Settings: :class:`tritonbundle.contract.PostprocessParameters` in the config's ``parameters``:
+  task     text-classification: ``label`` (BYTES, the top class's label) and ``score`` (its softmax
+           probability); text-pair: ``score`` per pair (the sigmoid of a single logit, or the softmax
+           probability of class 1 of two: "relevant")
+  logits   the input's name (the encoder's output)
+  labels   class index -> label (JSON); an index without a label is its own label
+
+Every request of the dynamic batch is computed in one numpy call.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+_HERE = Path(__file__).resolve().parent
+if (_HERE / "tritonbundle").is_dir() and sys.path[:1] != [str(_HERE)]:
+    sys.path.insert(0, str(_HERE))  # the package modules the build copied next to this file
+
+import numpy as np  # noqa: E402
+
+from tritonbundle.contract import LABEL_OUTPUT, SCORE_OUTPUT, PostprocessParameters  # noqa: E402
+
+try:
+    import triton_python_backend_utils as pb_utils
+except ImportError:  # imported outside Triton (tests, type checks)
+    pb_utils = None
+
+
+def softmax(logits: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    e = np.exp(shifted)
+    return np.asarray(e / e.sum(axis=1, keepdims=True))
+
+
+def classify(logits: np.ndarray[Any, Any], labels: dict[str, str]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """(label [n, 1] object of bytes, score [n, 1] float32) of each row of ``logits`` [n, classes]."""
+    probs = softmax(logits.astype(np.float64))
+    top = probs.argmax(axis=1)
+    names = np.array([[labels.get(str(i), str(i)).encode()] for i in top], dtype=object).reshape(-1, 1)
+    return names, probs[np.arange(len(top)), top].astype(np.float32).reshape(-1, 1)
+
+
+def relevance(logits: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """score [n, 1] float32 of each pair: sigmoid of one logit, else the probability of class 1."""
+    values = logits.astype(np.float64)
+    if values.shape[1] == 1:
+        score = 1.0 / (1.0 + np.exp(-values[:, 0]))
+    else:
+        score = softmax(values)[:, 1]
+    return score.astype(np.float32).reshape(-1, 1)
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, str]) -> None:
+        params = PostprocessParameters.from_config(json.loads(args["model_config"]))
+        self.task = params.task
+        self.logits = params.logits
+        self.labels = params.labels
+        gc.freeze()
+
+    def execute(self, requests: list[Any]) -> list[Any]:
+        arrays = [pb_utils.get_input_tensor_by_name(r, self.logits).as_numpy() for r in requests]
+        rows = [a.shape[0] for a in arrays]
+        logits = np.concatenate(arrays, axis=0)
+        if self.task == "text-classification":
+            names, scores = classify(logits, self.labels)
+        else:
+            names, scores = None, relevance(logits)
+        responses, start = [], 0
+        for n in rows:
+            tensors = [pb_utils.Tensor(SCORE_OUTPUT, scores[start : start + n])]
+            if names is not None:
+                tensors.insert(0, pb_utils.Tensor(LABEL_OUTPUT, names[start : start + n]))
+            responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
+            start += n
+        return responses
