@@ -18,9 +18,11 @@ def _save(graph: onnx.GraphProto, path: Path) -> Path:
     return path
 
 
-def image_classifier(path: Path, *, static_batch: bool = False) -> Path:
-    """pixels FP32 [batch, 3, 8, 8] -> logits FP32 [batch, 10] (mean over pixels, then a matmul)."""
+def image_classifier(path: Path, *, static_batch: bool = False, dynamic_size: bool = False) -> Path:
+    """pixels FP32 [batch, 3, 8, 8] -> logits FP32 [batch, 10] (mean over pixels, then a matmul); with
+    ``dynamic_size`` the pixels are [batch, 3, height, width]."""
     batch: int | str = 4 if static_batch else "batch"
+    size: list[int | str] = ["height", "width"] if dynamic_size else [8, 8]
     weights = numpy_helper.from_array(np.arange(30, dtype=np.float32).reshape(3, 10) / 30.0, "W")
     graph = helper.make_graph(
         [
@@ -28,7 +30,7 @@ def image_classifier(path: Path, *, static_batch: bool = False) -> Path:
             helper.make_node("MatMul", ["pooled", "W"], ["logits"]),
         ],
         "image_classifier",
-        [helper.make_tensor_value_info("pixels", TensorProto.FLOAT, [batch, 3, 8, 8])],
+        [helper.make_tensor_value_info("pixels", TensorProto.FLOAT, [batch, 3, *size])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, 10])],
         [weights],
     )
@@ -92,7 +94,30 @@ def short_position_table(path: Path, *, positions: int = 16) -> Path:
     return _save(graph, path)
 
 
-def three_input_encoder(path: Path, *, vocab: int = 50, width: int = 16, out: int = 8) -> Path:
+def mlp(path: Path, *, features: int = 16, hidden: int = 32, classes: int = 4) -> Path:
+    """features FP32 [batch, 16] -> logits FP32 [batch, 4]: two dense layers with a ReLU, random weights."""
+    rng = np.random.default_rng(1)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((features, hidden)).astype(np.float32) / 4, "W1"),
+        numpy_helper.from_array(rng.standard_normal(hidden).astype(np.float32) / 4, "b1"),
+        numpy_helper.from_array(rng.standard_normal((hidden, classes)).astype(np.float32) / 4, "W2"),
+    ]
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["features", "W1"], ["h_mm"]),
+            helper.make_node("Add", ["h_mm", "b1"], ["h"]),
+            helper.make_node("Relu", ["h"], ["h_relu"]),
+            helper.make_node("MatMul", ["h_relu", "W2"], ["logits"]),
+        ],
+        "mlp",
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", features])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", classes])],
+        inits,
+    )
+    return _save(graph, path)
+
+
+def three_input_encoder(path: Path, *, vocab: int = 50, width: int = 16, out: int = 8, output: str = "embedding") -> Path:
     """input_ids, attention_mask, token_type_ids INT64 [batch, sequence] -> embedding FP32 [batch, out]:
     token + type embeddings, masked mean, a two-layer GELU MLP (GEMMs and a non-linearity, as in
     real encoders), random weights (seed 0)."""
@@ -127,17 +152,24 @@ def three_input_encoder(path: Path, *, vocab: int = 50, width: int = 16, out: in
         helper.make_node("Add", ["h_erf", "one_f"], ["h_erf1"]),
         helper.make_node("Mul", ["h", "h_erf1"], ["h_gelu2"]),
         helper.make_node("Mul", ["h_gelu2", "half"], ["h_gelu"]),
-        helper.make_node("MatMul", ["h_gelu", "W2"], ["embedding"]),
+        helper.make_node("MatMul", ["h_gelu", "W2"], [output]),
     ]
     inits.append(numpy_helper.from_array(np.array([2], dtype=np.int64), "axes2"))
     graph = helper.make_graph(
         nodes, "three_input_encoder",
         [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "sequence"])
          for n in ("input_ids", "attention_mask", "token_type_ids")],
-        [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", out])],
+        [helper.make_tensor_value_info(output, TensorProto.FLOAT, ["batch", out])],
         inits,
     )
     return _save(graph, path)
+
+
+def text_classifier(path: Path, *, classes: int = 3) -> Path:
+    """A BERT-style classifier as a Hugging Face export has it: input_ids, attention_mask, token_type_ids
+    [batch, sequence] -> logits FP32 [batch, classes], over BERT's 30,522-token vocabulary (so the MiniLM
+    package's tokenizer.json serves it), random weights."""
+    return three_input_encoder(path, vocab=30522, width=16, out=classes, output="logits")
 
 
 def token_batches(vocab: int, lengths: list[int], *, rows: int = 8, seed: int = 0) -> dict[str, np.ndarray]:

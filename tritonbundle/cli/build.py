@@ -1,4 +1,4 @@
-"""The build stage's commands: ``export``, ``traffic``, ``plan``, ``repo``, ``build``, ``fingerprint``."""
+"""The build stage's commands: ``init``, ``export``, ``traffic``, ``plan``, ``repo``, ``build``, ``fingerprint``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from tritonbundle import runtimes
 from tritonbundle.cli import defaults
+from tritonbundle.contract import TASKS
 from tritonbundle.manifest import PRECISIONS, TARGETS
 from tritonbundle.traffic import SHAPES
 
@@ -28,6 +29,61 @@ def options(args: argparse.Namespace, *, export: bool = True, reexport: bool = F
         force=getattr(args, "force", False), export=export,
         reexport=reexport or getattr(args, "reexport", False),
     )
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    """Describe an ONNX graph as a manifest entry and add it to the manifest."""
+    import yaml
+
+    from tritonbundle import traffic
+    from tritonbundle.build import describe
+    from tritonbundle.build.stage import BuildOptions, plan_all
+    from tritonbundle.errors import ConfigError
+    from tritonbundle.manifest import SEQUENCE
+
+    axes = {}
+    for item in args.axis or ():
+        axis, _, size = item.partition("=")
+        if not size.isdigit() or int(size) < 1:
+            raise ConfigError(f"--axis {item}: give NAME=LARGEST_SIZE, like height=1024")
+        axes[axis] = int(size)
+    manifest = args.manifest
+    name = args.name or "".join(c if c.isalnum() or c in "_-" else "_" for c in args.onnx.stem)
+    entry = describe.describe(args.onnx, name=name, task=args.task, tokenizer=args.tokenizer, axes=axes,
+                              relative_to=manifest.parent)
+    existing = yaml.safe_load(manifest.read_text()) if manifest.exists() else {}
+    sample_path = args.traffic or ((manifest.parent / existing["traffic"]) if existing.get("traffic") else None)
+    if args.traffic is not None:
+        entry["traffic"] = str(Path(args.traffic).resolve().relative_to(manifest.parent.resolve())) \
+            if Path(args.traffic).resolve().is_relative_to(manifest.parent.resolve()) else str(Path(args.traffic).resolve())
+    named = {d for t in entry["inputs"] for d in t["shape"] if isinstance(d, str)}
+    if SEQUENCE in named and sample_path is None:
+        sample_path = manifest.parent / "traffic" / "chat.jsonl"
+        if not sample_path.exists():
+            traffic.dump(traffic.synthetic("chat", n=5000, seed=0), sample_path)
+            print(f"wrote {sample_path}: a synthetic chat sample (token counts); replace it with your own traffic")
+        entry["traffic"] = str(sample_path.relative_to(manifest.parent))
+    sample_axes = traffic.load(sample_path).axes() if sample_path is not None and Path(sample_path).exists() else ()
+    missing = describe.missing_sizes(entry, sample_axes)
+    if missing:
+        raise ConfigError(
+            f"{args.onnx}: the dynamic axes {', '.join(missing)} need their largest size (--axis {missing[0]}=1024) or "
+            f"a traffic sample whose lines give shape.{missing[0]} (--traffic FILE; build/traffic/README.md)")
+    created = not manifest.exists()
+    block = describe.append_model(manifest, entry)
+    print(f"added model {name!r} ({entry['task']}) to {manifest}:\n{block}", end="")
+    try:  # what `plan` and `build` will do with it
+        for spec, plan in plan_all(BuildOptions(manifest=manifest, artifacts=args.artifacts, models=(name,))):
+            print(f"planned: {len(plan.profiles)} profile(s), max batch {spec.max_batch_size}; next: "
+                  f"tritonbundle build --manifest {manifest} --model {name}")
+    except ConfigError:
+        if created:
+            manifest.unlink()
+        else:
+            text = manifest.read_text()
+            manifest.write_text(text[: len(text) - len(block)])  # leave the manifest as it was
+        raise
+    return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -107,6 +163,19 @@ def _inputs(p: argparse.ArgumentParser, *, repository: bool = True) -> None:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("init", help="describe an ONNX model (inputs, outputs, dynamic axes) and add it to the manifest")
+    p.add_argument("onnx", type=Path, help="the ONNX file")
+    p.add_argument("--name", help="the model's name (default: the file's name without .onnx)")
+    p.add_argument("--task", choices=TASKS,
+                   help="what it takes and returns (default: a text task when a tokenizer is found, else tensor)")
+    p.add_argument("--tokenizer", type=Path, help="tokenizer.json of a text model (default: one next to the ONNX file)")
+    p.add_argument("--axis", action="append", metavar="NAME=MAX",
+                   help="largest size of a dynamic axis the traffic sample does not give (repeatable)")
+    p.add_argument("--traffic", type=Path, help="traffic sample for this model (default: the manifest's)")
+    p.add_argument("--manifest", type=Path, default=defaults.MANIFEST, help="manifest to add it to (created if missing)")
+    p.add_argument("--artifacts", type=Path, default=defaults.ARTIFACTS, help="where the check's plan is written")
+    p.set_defaults(func=cmd_init)
+
     p = sub.add_parser("export", help="export the manifest's models to ONNX and check parity with PyTorch")
     _inputs(p, repository=False)
     p.add_argument("--force", action="store_true", help="export again even when the export is up to date")
