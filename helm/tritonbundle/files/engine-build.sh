@@ -21,6 +21,39 @@ set -eu
 
 log() { echo "engine-build: $*"; }
 
+# Your own models (engineBuild.userModels, TRITONBUNDLE_USER_MODELS set): the manifest is on the volume, put
+# there by you (pvc: wait up to TRITONBUNDLE_MANIFEST_WAIT_S for it, time to copy it in, the manifest last) or
+# by the fetch-models init container (url: it must be there already).
+if [ -n "${TRITONBUNDLE_USER_MODELS:-}" ]; then
+  wait_s="${TRITONBUNDLE_MANIFEST_WAIT_S:-0}"
+  folder="$(dirname "$TRITONBUNDLE_MANIFEST")"
+  how="tar -C build -cf - models $(basename "$TRITONBUNDLE_MANIFEST") | kubectl exec -i <pod> -c engine-build -- tar -xf - -C $folder"
+  waited=0
+  while [ ! -f "$TRITONBUNDLE_MANIFEST" ]; do
+    if [ "$waited" -ge "$wait_s" ]; then
+      log "error: no manifest at $TRITONBUNDLE_MANIFEST (engineBuild.userModels.source: $TRITONBUNDLE_USER_MODELS)"
+      if [ "$TRITONBUNDLE_USER_MODELS" = pvc ]; then
+        log "copy the manifest and the files it names there, the manifest last, e.g. from the repository root:"
+        log "  $how"
+      fi
+      exit 1
+    fi
+    if [ "$waited" = 0 ]; then
+      mkdir -p "$folder"
+      log "waiting up to ${wait_s}s for $TRITONBUNDLE_MANIFEST (engineBuild.userModels.waitSeconds); copy the"
+      log "manifest and the files it names there, the manifest last, e.g. from the repository root:"
+      log "  $how"
+    fi
+    sleep 2
+    waited=$((waited + 2))
+  done
+  if [ "$waited" -gt 0 ]; then
+    log "$TRITONBUNDLE_MANIFEST appeared: giving the copy ${TRITONBUNDLE_SETTLE_S:-5}s to finish"
+    sleep "${TRITONBUNDLE_SETTLE_S:-5}"
+  fi
+  log "building your models from $TRITONBUNDLE_MANIFEST"
+fi
+
 fingerprint="$(tritonbundle fingerprint)"
 if [ -z "$fingerprint" ]; then
   log "error: 'tritonbundle fingerprint' printed nothing (is a GPU visible? nvidia.com/gpu limit set?)"

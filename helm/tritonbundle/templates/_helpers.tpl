@@ -196,6 +196,20 @@ Model repository
 {{- if and (eq .Values.modelRepository.source "pvc") (not .Values.modelRepository.pvc.existingClaim) (not (include "tritonbundle.isStatefulSet" .)) }}true{{ end }}
 {{- end }}
 
+{{/* The folder of your own models on the volume (engineBuild.userModels.path): the manifest and its files. */}}
+{{- define "tritonbundle.userModelsDir" -}}
+{{- printf "%s/%s" (trimSuffix "/" .Values.modelRepository.pvc.mountPath) .Values.engineBuild.userModels.path }}
+{{- end }}
+
+{{/* The manifest engine-build builds from: your own (engineBuild.userModels) on the volume, else the build image's. */}}
+{{- define "tritonbundle.manifest" -}}
+{{- if .Values.engineBuild.userModels.source }}
+{{- printf "%s/%s" (include "tritonbundle.userModelsDir" .) .Values.engineBuild.userModels.manifest }}
+{{- else }}
+{{- .Values.engineBuild.manifest }}
+{{- end }}
+{{- end }}
+
 {{/* Where the engine-build init container leaves a link to <volume>/engines/<fingerprint>/model_repository. */}}
 {{- define "tritonbundle.runDir" -}}/run/tritonbundle{{- end }}
 
@@ -294,6 +308,17 @@ Checks that values.schema.json cannot express. Included by the workload template
 {{- end }}
 {{- if and $v.engineBuild.enabled (ne $v.modelRepository.source "pvc") }}
 {{- fail (printf "engineBuild.enabled needs modelRepository.source=pvc (engines are written to the volume); with source=%s set engineBuild.enabled=false and provide plans built for the nodes' GPU" $v.modelRepository.source) }}
+{{- end }}
+{{- with $v.engineBuild.userModels }}
+{{- if and .source (not (include "tritonbundle.engineBuildEnabled" $)) }}
+{{- fail (printf "engineBuild.userModels.source=%s is read by the engine-build init container: it needs engineBuild.enabled=true and modelRepository.source=pvc" .source) }}
+{{- end }}
+{{- if and (eq .source "url") (not .url.location) (not .url.credentials.existingSecret) }}
+{{- fail "engineBuild.userModels.source=url needs the archive's URL: engineBuild.userModels.url.location, or a Secret holding it (url.credentials.existingSecret, entry url.credentials.urlKey)" }}
+{{- end }}
+{{- if and .source (eq (first (splitList "/" .path)) "engines") }}
+{{- fail "engineBuild.userModels.path must not be under engines/ (the engine cache of every GPU fingerprint)" }}
+{{- end }}
 {{- end }}
 {{- if and (eq $v.modelRepository.source "s3") (not $v.modelRepository.s3.path) }}
 {{- fail "modelRepository.s3.path is required when modelRepository.source=s3 (bucket/prefix, no scheme)" }}

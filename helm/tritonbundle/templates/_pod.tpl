@@ -72,6 +72,70 @@ spec:
         - name: tmp
           mountPath: /tmp
     {{- end }}
+    {{- if and $engineBuild (eq $v.engineBuild.userModels.source "url") }}
+    {{- /* Your own models from a URL (files/fetch-models.py): the archive, checksum-verified and bounded in size and
+    time, unpacked into engineBuild.userModels.path on the volume before engine-build reads the manifest there.
+    No GPU, no NVIDIA entry point. Credentials come from the Secret only, every entry optional. */}}
+    {{- $um := $v.engineBuild.userModels }}
+    {{- $cred := $um.url.credentials }}
+    - name: fetch-models
+      image: {{ include "tritonbundle.buildImage" . }}
+      imagePullPolicy: {{ $v.engineBuild.image.pullPolicy }}
+      command: ["python3", "/opt/tritonbundle/scripts/fetch-models.py"]
+      env:
+        - name: TRITONBUNDLE_FETCH_URL
+          {{- if $um.url.location }}
+          value: {{ $um.url.location | quote }}
+          {{- else }}
+          valueFrom:
+            secretKeyRef:
+              name: {{ $cred.existingSecret }}
+              key: {{ $cred.urlKey }}
+          {{- end }}
+        - name: TRITONBUNDLE_FETCH_DEST
+          value: {{ include "tritonbundle.userModelsDir" . | quote }}
+        - name: TRITONBUNDLE_FETCH_MANIFEST
+          value: {{ $um.manifest | quote }}
+        - name: TRITONBUNDLE_FETCH_SHA256
+          value: {{ $um.url.sha256 | lower | quote }}
+        - name: TRITONBUNDLE_FETCH_TIMEOUT_S
+          value: {{ int $um.url.timeoutSeconds | quote }}
+        - name: TRITONBUNDLE_FETCH_MAX_BYTES
+          value: {{ kindIs "string" $um.url.maxSize | ternary $um.url.maxSize (int64 $um.url.maxSize | toString) | quote }}
+        - name: TRITONBUNDLE_FETCH_S3_ENDPOINT
+          value: {{ $um.url.s3Endpoint | quote }}
+        - name: TRITONBUNDLE_FETCH_S3_REGION
+          value: {{ $um.url.s3Region | quote }}
+        {{- if $cred.existingSecret }}
+        {{- range $name, $key := dict "TRITONBUNDLE_FETCH_AUTHORIZATION" $cred.authorizationKey "AWS_ACCESS_KEY_ID" $cred.accessKeyIdKey "AWS_SECRET_ACCESS_KEY" $cred.secretAccessKeyKey "AWS_SESSION_TOKEN" $cred.sessionTokenKey }}
+        - name: {{ $name }}
+          valueFrom:
+            secretKeyRef:
+              name: {{ $cred.existingSecret }}
+              key: {{ $key }}
+              optional: true
+        {{- end }}
+        {{- end }}
+        - name: HOME
+          value: /tmp
+        - name: PYTHONDONTWRITEBYTECODE
+          value: "1"
+        {{- with $v.engineBuild.extraEnv }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      securityContext:
+        {{- toYaml $v.securityContext | nindent 8 }}
+      resources:
+        {{- toYaml $um.url.resources | nindent 8 }}
+      volumeMounts:
+        - name: scripts
+          mountPath: /opt/tritonbundle/scripts
+          readOnly: true
+        - name: model-cache
+          mountPath: {{ $v.modelRepository.pvc.mountPath }}
+        - name: tmp
+          mountPath: /tmp
+    {{- end }}
     {{- if $engineBuild }}
     - name: engine-build
       image: {{ include "tritonbundle.buildImage" . }}
@@ -85,7 +149,14 @@ spec:
       {{- end }}
       env:
         - name: TRITONBUNDLE_MANIFEST
-          value: {{ $v.engineBuild.manifest | quote }}
+          value: {{ include "tritonbundle.manifest" . | quote }}
+        {{- with $v.engineBuild.userModels.source }}
+        {{- /* Your own models on the volume: engine-build checks that the manifest is there (source=pvc: waits for it). */}}
+        - name: TRITONBUNDLE_USER_MODELS
+          value: {{ . | quote }}
+        - name: TRITONBUNDLE_MANIFEST_WAIT_S
+          value: {{ eq . "pvc" | ternary (int $v.engineBuild.userModels.waitSeconds) 0 | quote }}
+        {{- end }}
         - name: TRITONBUNDLE_SEED_ARTIFACTS
           value: {{ $v.engineBuild.seedArtifacts | quote }}
         - name: TRITONBUNDLE_CACHE_DIR
