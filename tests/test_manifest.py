@@ -146,3 +146,15 @@ def test_max_queue_size_is_auto_or_a_positive_count(tmp_path: Path) -> None:
     for bad in (0, -3, "big"):
         with pytest.raises(ConfigError, match="max_queue_size"):
             _load(_minimal(max_queue_size=bad), tmp_path)
+
+
+def test_the_manifest_reference_in_docs_is_generated_from_the_schema() -> None:
+    """docs/manifest.md documents every key; a key without prose or a stale page fails here."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("manifest_reference", ROOT / "scripts" / "manifest_reference.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert set(module.keys()) <= set(module.PROSE)
+    assert module.main(["--check"]) == 0, "run: python scripts/manifest_reference.py"
