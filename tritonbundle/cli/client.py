@@ -33,15 +33,117 @@ def client(args: argparse.Namespace, *, check_model: bool = True) -> _BaseClient
 
 
 def cmd_infer(args: argparse.Namespace) -> int:
+    """Call any model the way its task says: texts to a text model (embed, classify, or rerank against
+    --query), tensors to a tensor model (files, JSON or random data of its declared shapes)."""
+    from tritonbundle.payloads import task_of
+
+    with client(args) as c:
+        info = c.model_info(args.model)
+        task = task_of(info.parameters, {t.name: t.datatype for t in info.inputs})
+        out = _infer_tensors(args, c, info) if task == "tensor" else _infer_texts(args, c, task)
+    json.dump(out, sys.stdout)
+    sys.stdout.write("\n")
+    return 0
+
+
+def _round(values: Any) -> Any:
+    import numpy as np
+
+    array = np.asarray(values)
+    if array.dtype.kind == "f":
+        return np.round(array.astype(np.float64), 6).tolist()
+    if array.dtype.kind in "OSU":
+        return [[v.decode() if isinstance(v, bytes) else v for v in row] if isinstance(row, list) else
+                (row.decode() if isinstance(row, bytes) else row) for row in array.tolist()]
+    return array.tolist()
+
+
+def _infer_texts(args: argparse.Namespace, c: Any, task: str) -> Any:
+    if args.input or args.inputs or args.random:
+        raise ConfigError(f"model {args.model} takes text ({task}): pass texts, not --input/--inputs/--random")
     texts = list(args.texts) or [line.rstrip("\n") for line in sys.stdin if line.strip()]
     if not texts:
         raise TritonBundleError("no texts: pass them as arguments or one per line on stdin")
-    with client(args) as c:
-        embeddings = c.embed(texts)
+    if task == "text-pair":
+        if not args.query:
+            raise ConfigError(f"model {args.model} scores (query, text) pairs: pass --query and the texts to score")
+        scores = c.rerank(args.query, texts)
+        return [{"text": t, "score": round(float(s), 6)} for t, s in zip(texts, scores)]
+    if args.query:
+        raise ConfigError(f"--query is for text-pair models; {args.model} is {task}")
+    if task == "text-classification":
+        return [{"text": t, "label": r.label, "score": round(float(r.score), 6), "logits": _round(r.logits)}
+                for t, r in zip(texts, c.classify(texts))]
+    embeddings = c.embed(texts)
     out = [{"text": t, "embedding": [round(float(x), 6) for x in e]} for t, e in zip(texts, embeddings)]
-    json.dump(out if not args.compact else [o["embedding"] for o in out], sys.stdout)
-    sys.stdout.write("\n")
-    return 0
+    return [o["embedding"] for o in out] if args.compact else out
+
+
+def _infer_tensors(args: argparse.Namespace, c: Any, info: Any) -> Any:
+    """Inputs from --inputs (.npz), --input NAME=FILE (.npy or .json), or --random; outputs as JSON (or
+    into --out, a .npz)."""
+    import numpy as np
+
+    from tritonbundle.payloads import TensorRequests, random_array, tensor_inputs, typical_sizes
+
+    if args.texts or args.query:
+        raise ConfigError(f"model {args.model} takes tensors ({', '.join(t.name for t in info.inputs)}), not texts: "
+                          "use --input NAME=FILE, --inputs FILE.npz or --random")
+    arrays: dict[str, Any] = {}
+    if args.inputs:
+        with np.load(args.inputs) as data:
+            arrays.update({name: np.asarray(data[name]) for name in data.files})
+    for item in args.input or ():
+        name, _, path = item.partition("=")
+        if not path:
+            raise ConfigError(f"--input {item}: give NAME=FILE (.npy or .json)")
+        arrays[name] = _read_array(Path(path), name, info)
+    if args.random:
+        batched = info.max_batch_size > 0
+        inputs = tensor_inputs({t.name: (t.datatype, tuple(t.shape)) for t in info.inputs}, info.parameters, batched)
+        shapes = dict(_shape(s) for s in args.shape or ())
+        sizes = typical_sizes(info.parameters)
+        made = TensorRequests(inputs, batched=batched, max_batch=1, seed=args.seed, typical=sizes).arrays()
+        for name, shape in shapes.items():
+            t = next((t for t in inputs if t.name == name), None)
+            if t is None:
+                raise ConfigError(f"--shape {name}: the model has no such input ({', '.join(i.name for i in inputs)})")
+            made[name] = random_array(t, list(shape), np.random.default_rng(args.seed))
+        arrays = {**made, **arrays}
+    missing = [t.name for t in info.inputs if t.name not in arrays]
+    if missing:
+        raise ConfigError(f"model {args.model} needs inputs {missing}: give them with --input NAME=FILE, --inputs "
+                          "FILE.npz, or --random")
+    outputs = c.infer(arrays, model=args.model)
+    if args.out:
+        np.savez(args.out, **outputs)
+        return {name: {"shape": list(a.shape), "datatype": str(a.dtype), "saved": str(args.out)}
+                for name, a in outputs.items()}
+    return {name: {"shape": list(np.asarray(a).shape), "data": _round(a)} for name, a in outputs.items()}
+
+
+def _shape(item: str) -> tuple[str, tuple[int, ...]]:
+    name, _, dims = item.partition("=")
+    try:
+        shape = tuple(int(d) for d in dims.lower().split("x"))
+    except ValueError:
+        shape = ()
+    if not name or not shape or any(d < 1 for d in shape):
+        raise ConfigError(f"--shape {item}: give NAME=DIMS like pixels=1x3x224x224")
+    return name, shape
+
+
+def _read_array(path: Path, name: str, info: Any) -> Any:
+    import numpy as np
+
+    from tritonbundle.payloads import NUMPY
+
+    if not path.is_file():
+        raise ConfigError(f"--input {name}={path}: no such file")
+    if path.suffix == ".json":
+        declared = next((t.datatype for t in info.inputs if t.name == name), "FP32")
+        return np.asarray(json.loads(path.read_text()), dtype=NUMPY.get(declared, np.float32))
+    return np.load(path)
 
 
 def cmd_load(args: argparse.Namespace) -> int:
@@ -123,10 +225,22 @@ def _connection(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("infer", help="embed texts (arguments, or one per line on stdin); prints JSON")
+    p = sub.add_parser("infer", help="call a model as its task says: texts (arguments, or one per line on stdin) "
+                                     "to a text model, tensors to a tensor model; prints JSON")
     _connection(p)
-    p.add_argument("texts", nargs="*")
-    p.add_argument("--compact", action="store_true", help="print only the embeddings")
+    p.add_argument("texts", nargs="*", help="texts for a text model (one per line on stdin when none)")
+    p.add_argument("--compact", action="store_true", help="text-embedding: print only the embeddings")
+    p.add_argument("--query", help="text-pair: the query each text is scored against")
+    p.add_argument("--input", action="append", metavar="NAME=FILE",
+                   help="tensor model: an input from a .npy or .json file (repeatable)")
+    p.add_argument("--inputs", type=Path, metavar="FILE.npz", help="tensor model: every input from one .npz")
+    p.add_argument("--random", action="store_true",
+                   help="tensor model: random data of the declared shapes for inputs not given (batch 1, each "
+                        "dynamic axis at the plan's typical size)")
+    p.add_argument("--shape", action="append", metavar="NAME=DIMS",
+                   help="with --random: this input's full shape, batch included (pixels=1x3x224x224)")
+    p.add_argument("--seed", type=int, default=0, help="with --random")
+    p.add_argument("--out", type=Path, metavar="FILE.npz", help="tensor model: save the outputs there instead of printing them")
     p.set_defaults(func=cmd_infer)
 
     for verb, text in (("load", "load (or reload, picking up a new version) models; needs explicit model control "

@@ -19,6 +19,7 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         http_url=args.http_url if args.protocol in ("http", "both") else None,
         grpc_url=args.grpc_url if args.protocol in ("grpc", "both") else None,
         metrics_url=args.metrics_url, model=args.model, input=args.input,
+        inputs=str(args.inputs.resolve()) if args.inputs else None,
         traffic=str(traffic) if traffic else None, synthetic=args.synthetic, seed=args.seed, mode=args.mode,
         users=args.users, rate=args.rate, spawn_rate=args.spawn_rate, duration_s=args.duration_s,
         shape=args.shape, timeout_s=args.timeout_s, retries=args.retries, report_dir=str(args.out),
@@ -57,7 +58,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    f"(e.g. http://127.0.0.1:{defaults.METRICS_PORT}/metrics)")
     p.add_argument("--model", default=defaults.MODEL)
     p.add_argument("--input", choices=("text", "tokens", "both"), default="text",
-                   help="text through the ensemble, tokens to the encoder, or both")
+                   help="text: the model's own requests (texts for a text model, tensors of its declared shapes for "
+                        "a tensor model); tokens: token rows to a text-embedding model's encoder; both: alternate")
+    p.add_argument("--inputs", type=Path, metavar="FILE.npz",
+                   help="tensor model: recorded inputs (one array per input, first axis the samples) instead of "
+                        "random ones")
     p.add_argument("--traffic", type=Path, default=None,
                    help=f"traffic sample the requests are drawn from (default {defaults.TRAFFIC} when present)")
     p.add_argument("--synthetic", choices=SHAPES, default="chat", help="synthetic traffic when no sample is given")

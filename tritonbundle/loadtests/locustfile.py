@@ -1,5 +1,7 @@
-"""The locustfile: HTTP and gRPC users of the bundle's clients, request shapes from the traffic
-sample, load shapes, Triton's metrics scraped during the run, and SLO gates on exit.
+"""The locustfile: HTTP and gRPC users of the bundle's clients, requests made by the model's task from
+the traffic sample (:mod:`tritonbundle.payloads`: texts through embed, classify or rerank;
+tensors of the declared shapes, or recorded inputs, through infer), load shapes, Triton's metrics
+scraped during the run, and SLO gates on exit.
 
 Run it through ``tritonbundle loadtest`` (headless, bounded, writes a report folder), or by hand
 with Locust's web UI: ``locust -f loadtests/locustfile.py`` (settings from ``$TRITONBUNDLE_LOADTEST``).
@@ -9,18 +11,21 @@ with Locust's web UI: ``locust -f loadtests/locustfile.py`` (settings from ``$TR
   that does not wait for answers, so queueing shows up as latency instead of as a lower send rate.
 
 Every call fires ``events.request`` with the protocol as request type and the input kind as name,
-so Locust's statistics, CSV and HTML reports cover both protocols.
+so Locust's statistics, CSV and HTML reports cover both protocols. The first failure of the run is
+printed on stderr as it happens (its reason would otherwise be only in the report's errors table).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import gevent
+import numpy as np
 from locust import LoadTestShape, User, constant, events, task
 from locust.env import Environment
 
@@ -29,7 +34,7 @@ from tritonbundle.errors import ClientError
 from tritonbundle.loadtests.report import Recorder, evaluate_gates, finite, summarize
 from tritonbundle.loadtests.settings import LoadSettings, shape_users
 from tritonbundle.measure import triton_metrics as metrics
-from tritonbundle.payloads import PayloadFactory
+from tritonbundle.payloads import Requests, for_model
 from tritonbundle.traffic import TrafficSample, load, synthetic
 
 SETTINGS = LoadSettings.from_env()
@@ -50,6 +55,13 @@ SAMPLE = _sample(SETTINGS)
 #: Every request's latency or failure (the summary's percentiles come from here).
 RECORDER = Recorder()
 _user_ids = itertools.count()
+_first_failure: list[str] = []
+
+
+def _report_first_failure(protocol: str, kind: str, error: BaseException) -> None:
+    if not _first_failure:
+        _first_failure.append(f"{protocol} {kind}: {error}")
+        print(f"loadtest: first failed request: {_first_failure[0]}", file=sys.stderr, flush=True)
 
 
 class TritonUser(User):
@@ -62,10 +74,9 @@ class TritonUser(User):
     def __init__(self, environment: Environment) -> None:
         super().__init__(environment)
         self.settings = SETTINGS
-        uid = next(_user_ids)
-        self.factory = PayloadFactory(SAMPLE, seed=self.settings.seed + uid, max_batch=self.settings.max_batch)
-        kinds = ["text", "tokens"] if self.settings.input == "both" else [self.settings.input]
-        self.kinds = itertools.cycle(kinds)
+        self.uid = next(_user_ids)
+        self.rng = np.random.default_rng(self.settings.seed + self.uid)
+        self.requests: list[Requests] = []
         self.client: Any = None
 
     def on_start(self) -> None:
@@ -76,6 +87,13 @@ class TritonUser(User):
             connect_timeout_s=30, retry=RetryPolicy(max_attempts=max(1, self.settings.retries)),
             pool_size=min(64, self.settings.max_in_flight) if self.settings.mode == "open" else 1,
         )
+        info = self.client.model_info(self.settings.model)
+        kinds = ["auto", "tokens"] if self.settings.input == "both" else \
+            ["tokens" if self.settings.input == "tokens" else "auto"]
+        recorded = Path(self.settings.inputs) if self.settings.inputs else None
+        self.requests = [for_model(info, SAMPLE, seed=self.settings.seed + self.uid, max_batch=self.settings.max_batch,
+                                   kind=kind, recorded=recorded) for kind in kinds]
+        self.sources = itertools.cycle(self.requests)
 
     def on_stop(self) -> None:
         if self.client is not None:
@@ -83,25 +101,30 @@ class TritonUser(User):
 
     def one_request(self) -> None:
         """Draw a request, send it, and report it to Locust."""
-        kind = next(self.kinds)
-        payload = self.factory.text_payload() if kind == "text" else self.factory.token_payload()
+        call = next(self.sources).next()
         start = time.perf_counter()
         error: Exception | None = None
         size = 0
         try:
-            if kind == "text":
-                result = self.client.embed(payload.texts)
-            else:
-                result = self.client.embed_tokens(payload.ids)
-            size = int(result.nbytes)
+            size = _nbytes(call.send(self.client))
         except ClientError as e:
             error = e
+            _report_first_failure(self.protocol, call.kind, e)
         elapsed_ms = (time.perf_counter() - start) * 1000
-        RECORDER.add(self.protocol, kind, elapsed_ms, error is None)
+        RECORDER.add(self.protocol, call.kind, elapsed_ms, error is None)
         self.environment.events.request.fire(
-            request_type=self.protocol, name=kind, response_time=elapsed_ms,
-            response_length=size, exception=error, context={"tokens": payload.tokens, "batch": payload.batch},
+            request_type=self.protocol, name=call.kind, response_time=elapsed_ms,
+            response_length=size, exception=error, context={"tokens": call.tokens, "batch": call.rows},
         )
+
+
+def _nbytes(result: Any) -> int:
+    """Bytes of what a call returned: an array, a dict of arrays, or a list of records."""
+    if isinstance(result, dict):
+        return sum(int(np.asarray(v).nbytes) for v in result.values())
+    if isinstance(result, np.ndarray):
+        return int(result.nbytes)
+    return len(result) if isinstance(result, list) else 0
 
 
 class ClosedModel(TritonUser):
@@ -123,7 +146,7 @@ class OpenModel(TritonUser):
     @task
     def request(self) -> None:
         rate = self.settings.rate / max(1, self.environment.runner.user_count if self.environment.runner else 1)
-        gevent.sleep(self.factory.rng.exponential(1.0 / rate))
+        gevent.sleep(self.rng.exponential(1.0 / rate))
         if self.in_flight >= self.settings.max_in_flight:
             RECORDER.add(self.protocol, "client saturated", 0.0, False)
             self.environment.events.request.fire(

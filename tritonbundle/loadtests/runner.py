@@ -58,18 +58,47 @@ def run(settings: LoadSettings) -> RunResult:
     argv = locust_command(settings)
     budget = settings.duration_s + settings.timeout_s + 60
     LOG.debug("$ %s", " ".join(argv))
-    try:
-        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=budget, check=False)
-    except subprocess.TimeoutExpired as e:
-        raise TritonBundleError(f"locust did not stop within {budget:.0f} s") from e
-    (report_dir / "locust.log").write_text(proc.stdout + proc.stderr)
+    returncode, output = _run_locust(argv, env, budget, report_dir / "locust.log")
     summary_path = report_dir / "summary.json"
     if not summary_path.exists():
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
-        raise TritonBundleError(f"locust exited with code {proc.returncode} and wrote no summary:\n{tail}")
+        tail = "\n".join(output.strip().splitlines()[-15:])
+        raise TritonBundleError(f"locust exited with code {returncode} and wrote no summary:\n{tail}")
     summary = json.loads(summary_path.read_text())
     files = report.plot(report_dir, summary, PREFIX)
-    return RunResult(proc.returncode, summary, report_dir, files)
+    return RunResult(returncode, summary, report_dir, files)
+
+
+#: Lines of the Locust process that are for the user, not only for locust.log.
+CONSOLE_PREFIX = "loadtest:"
+
+
+def _run_locust(argv: list[str], env: dict[str, str], budget_s: float, log: Path) -> tuple[int, str]:
+    """Run Locust, keeping its whole output in ``log`` and echoing the lines meant for the console (the
+    first failure) as they come."""
+    import threading
+
+    lines: list[str] = []
+    with log.open("w") as out:
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+        def pump() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                out.write(line)
+                lines.append(line)
+                if line.startswith(CONSOLE_PREFIX):
+                    print(line.rstrip(), file=sys.stderr, flush=True)
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        try:
+            proc.wait(timeout=budget_s)
+        except subprocess.TimeoutExpired as e:
+            proc.kill()
+            proc.wait()
+            raise TritonBundleError(f"locust did not stop within {budget_s:.0f} s") from e
+        reader.join(timeout=10)
+    return proc.returncode, "".join(lines)
 
 
 def describe(summary: dict[str, Any]) -> str:

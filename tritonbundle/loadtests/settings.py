@@ -23,7 +23,11 @@ class LoadSettings:
     grpc_url: str | None = "127.0.0.1:8001"
     metrics_url: str | None = None
     model: str = "minilm"
+    #: text: the model's own requests (texts for a text model, tensors for a tensor model); tokens:
+    #: token rows to a text-embedding model's encoder; both: alternate.
     input: str = "text"
+    #: Recorded inputs (.npz, one array per input) for a tensor model, instead of random ones.
+    inputs: str | None = None
     traffic: str | None = None
     synthetic: str = "chat"
     seed: int = 0

@@ -3,9 +3,10 @@ system under test.
 
 Each worker is ``python -m tritonbundle.measure.loadgen``: it reads one JSON command per line on stdin
 and answers one JSON line on stdout. ``setup`` connects (gRPC: the project's ``AsyncGrpcClient`` on
-the ensemble; HTTP: aiohttp against the naive server) and builds its text pool from the traffic
-sample; ``step`` sends Poisson arrivals at a rate for a while and returns the latencies of the
-requests scheduled inside the measured window.
+the served model; HTTP: aiohttp against the naive server) and builds its request pool from the traffic
+sample (gRPC: the model's own requests, :func:`tritonbundle.payloads.for_model`: texts through its
+task's method, or tensors of its declared shapes; HTTP: texts); ``step`` sends Poisson arrivals at a
+rate for a while and returns the latencies of the requests scheduled inside the measured window.
 
 Latency is measured from each request's *scheduled* arrival time to its answer, so a client that
 falls behind shows up as latency (no coordinated omission); ``lag_ms`` reports how late sends were.
@@ -47,7 +48,8 @@ def text_pool(traffic: str, *, seed: int, size: int, max_tokens: int = 512) -> l
 class _Worker:
     def __init__(self) -> None:
         self.kind = ""
-        self.pool: list[tuple[int, str]] = []
+        #: (tokens, request): texts for HTTP, payloads.Call for gRPC.
+        self.pool: list[tuple[int, Any]] = []
         self.client: Any = None
         self.session: Any = None
         self.url = ""
@@ -58,15 +60,22 @@ class _Worker:
         await self.close()
         self.kind, self.url, self.timeout_s = cmd["kind"], cmd["url"], float(cmd.get("timeout_s", 10.0))
         self.path = str(cmd.get("path") or "/embed")
-        self.pool = text_pool(cmd["traffic"], seed=int(cmd["seed"]), size=int(cmd.get("pool", 2000)))
         if self.kind == "grpc":
+            from tritonbundle import traffic as traffic_mod
             from tritonbundle.clients.aio import AsyncGrpcClient
             from tritonbundle.clients.core import RetryPolicy
+            from tritonbundle.payloads import for_model
 
             self.client = AsyncGrpcClient(self.url, model=cmd["model"], timeout_s=self.timeout_s,
                                           retry=RetryPolicy(max_attempts=1), connect_timeout_s=30.0)
             await self.client.connect()
+            info = await self.client.model_info(cmd["model"])
+            requests = for_model(info, traffic_mod.load(cmd["traffic"]), seed=int(cmd["seed"]),
+                                 max_batch=int(cmd.get("max_batch", 1)))
+            calls = [requests.next() for _ in range(int(cmd.get("pool", 2000)))]
+            self.pool = [(c.tokens * c.rows, c) for c in calls]
         elif self.kind == "http":
+            self.pool = text_pool(cmd["traffic"], seed=int(cmd["seed"]), size=int(cmd.get("pool", 2000)))
             import aiohttp
 
             self.session = aiohttp.ClientSession(
@@ -78,10 +87,11 @@ class _Worker:
         await self.one(self.pool[0][1])
         return {"ok": True, "pool": len(self.pool), "pid": os.getpid()}
 
-    async def one(self, text: str) -> None:
+    async def one(self, request: Any) -> None:
         if self.kind == "grpc":
-            await self.client.embed([text], timeout_s=self.timeout_s)
+            await request.send(self.client)
         else:
+            text = request
             async with self.session.post(f"http://{self.url}{self.path}", json={"text": text}) as response:
                 if response.status != 200:
                     raise RuntimeError(f"HTTP {response.status}: {(await response.text())[:200]}")

@@ -4,7 +4,7 @@
 ``text-pair`` (cross-encoder scores). A task owns the Triton models around the encoder (the tokenizer,
 the post-processing model, the ensemble), names the client method that calls it (``infer``, ``embed``,
 ``classify``, ``rerank``) and makes the requests load tests, tune and ``tritonbundle infer --random``
-send (:mod:`tritonbundle.tasks.requests`). The runtimes stay unaware of tasks; the build stage, the CLI
+send (:mod:`tritonbundle.payloads`). The runtimes stay unaware of tasks; the build stage, the CLI
 and the measurement code ask the task.
 """
 

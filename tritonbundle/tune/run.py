@@ -85,7 +85,12 @@ def run_tune(options: TuneOptions) -> dict[str, Any]:
     spec = _spec(base, options.model)
     traffic_path = options.traffic or spec.traffic
     if traffic_path is None:
-        raise ConfigError(f"model {spec.name}: tuning draws requests from a traffic sample: set 'traffic' or --traffic")
+        if spec.text:
+            raise ConfigError(f"model {spec.name}: tuning draws texts from a traffic sample: set 'traffic' or --traffic")
+        # A tensor model without one: batch-1 requests at the plan's typical sizes (payloads.for_model).
+        from tritonbundle import traffic as traffic_mod
+
+        traffic_path = traffic_mod.dump(traffic_mod.synthetic("fixed", n=100, fixed_tokens=1), work / "traffic.jsonl")
     defaults: Config = {k: getattr(spec, k) for k in options.knobs if hasattr(spec, k)}
     start = {**defaults, **options.start}
     result: dict[str, Any] = {"command": "tritonbundle " + " ".join(sys.argv[1:]), "model": spec.name, "slo_p99_ms": options.slo_ms, "budget_s": options.budget_s,
@@ -121,7 +126,7 @@ def run_tune(options: TuneOptions) -> dict[str, Any]:
         # the winner must beat them on the same measurement.
         baseline = first if start == defaults else measure("the manifest's defaults", defaults)
         launch_ms = {_shape(text): float(ms) for text, ms in (first.detail.get("launch_ms_by_shape") or {}).items()}
-        searched = space(slo_ms=options.slo_ms, cores=os.cpu_count() or 1, text=spec.task == "text-embedding",
+        searched = space(slo_ms=options.slo_ms, cores=os.cpu_count() or 1, text=spec.text,
                          gpu=spec.target == "gpu", launch_ms=launch_ms or None, knobs=options.knobs,
                          include=(start, defaults))
         result["space"] = {"knobs": {k.name: list(k.values) for k in searched.knobs}, "notes": list(searched.notes)}
@@ -152,19 +157,15 @@ def _terminate(signum: int, _frame: object) -> None:
 
 
 def _spec(base: BuildOptions, model: str | None) -> ModelSpec:
-    """The model to tune: ``model``, else the manifest's first text-embedding model (the load
-    generator sends texts through its ensemble)."""
+    """The model to tune: ``model``, else the manifest's first (the load generator sends each model the
+    requests of its task: tritonbundle.payloads.for_model)."""
     specs = list(load_manifest(base).models)
     if model is not None:
         named = [s for s in specs if s.name == model]
         if not named:
             raise ConfigError(f"--model {model}: the manifest has {', '.join(s.name for s in specs)}")
         specs = named
-    text = [s for s in specs if s.task == "text-embedding"]
-    if not text:
-        raise ConfigError("tune drives text requests through a text-embedding model's ensemble: "
-                          f"{model or 'the manifest'} has none")
-    return text[0]
+    return specs[0]
 
 
 def _search(measure: Callable[[str, Config], Point], known: dict[Any, Point], start: Config, searched: Space,
