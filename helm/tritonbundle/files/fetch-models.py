@@ -35,6 +35,7 @@ import errno
 import fcntl
 import hashlib
 import hmac
+import http.client
 import json
 import os
 import re
@@ -218,7 +219,7 @@ def download(url: str, headers: dict[str, str], target: Path, *, deadline: float
             last = _error_detail(e)
             if e.code != 429 and e.code < 500:
                 raise FetchError(f"{shown}: {last}") from None
-        except (urllib.error.URLError, OSError) as e:
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
             reason = getattr(e, "reason", e)
             last = f"{type(reason).__name__}: {reason}" if not isinstance(reason, str) else reason
         if attempt < ATTEMPTS:
