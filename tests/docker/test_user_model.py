@@ -214,7 +214,8 @@ def test_serves_the_users_model_and_answers_as_onnx_runtime_does(user_stack: Use
         assert [(m["name"], m.get("state")) for m in index] == [(MODEL, "READY")], index
         inp = httpclient.InferInput("pixels", list(pixels.shape), "FP32")
         inp.set_data_from_numpy(pixels, binary_data=True)
-        http_logits = client.infer(MODEL, [inp], timeout=30).as_numpy("logits")
+        # network_timeout bounds the call (tritonclient's `timeout` would be Triton's queue timeout, in µs).
+        http_logits = client.infer(MODEL, [inp]).as_numpy("logits")
     with grpcclient.InferenceServerClient(stack.grpc_url) as client:
         inp = grpcclient.InferInput("pixels", list(pixels.shape), "FP32")
         inp.set_data_from_numpy(pixels)
