@@ -211,7 +211,7 @@ class AsyncHttpClient(_AsyncBaseClient):
         try:
             result = await asyncio.wait_for(
                 self._client.infer(model, inputs, outputs=requested, timeout=core.server_timeout_us(timeout_s),
-                                   headers=self.headers),
+                                   headers=self._request_headers()),
                 timeout=timeout_s,
             )
         except asyncio.TimeoutError as e:
@@ -251,7 +251,7 @@ class AsyncGrpcClient(_AsyncBaseClient):
         requested = [aiogrpcclient.InferRequestedOutput(name) for name in outputs]
         result = await self._client.infer(
             model, inputs, outputs=requested, client_timeout=timeout_s, timeout=core.server_timeout_us(timeout_s),
-            headers=self.headers,
+            headers=self._request_headers(),
         )
         return self._outputs(result, outputs, model)
 

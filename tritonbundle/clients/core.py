@@ -355,6 +355,12 @@ class ClientBase:
             f"does not serve it{there}", model=self.model, protocol=self.protocol,
         )
 
+    def _request_headers(self) -> dict[str, str]:
+        """A fresh copy of the headers for one request: tritonclient's HTTP clients write the request's
+        ``Inference-Header-Content-Length`` into the dict they are given, and threads sharing one dict
+        sent each other's lengths (the server then split the body at the wrong byte)."""
+        return dict(self.headers)
+
     def _remember(self, model: str, info: ModelInfo) -> ModelInfo:
         """Check the main model's text input and output once, then cache its description."""
         if model == self.model and self.check_model:

@@ -294,7 +294,7 @@ class HttpClient(_BaseClient):
                 for inp, array in zip(inputs, arrays.values()):
                     inp.set_data_from_numpy(array, binary_data=True)
             pending = self._client.async_infer(
-                model, inputs, outputs=requested, timeout=core.server_timeout_us(timeout_s), headers=self.headers,
+                model, inputs, outputs=requested, timeout=core.server_timeout_us(timeout_s), headers=self._request_headers(),
             )
             try:
                 result = pending.get_result(block=True, timeout=timeout_s)
@@ -362,7 +362,7 @@ class GrpcClient(_BaseClient):
                 client = next(self._next)
             result = client.infer(
                 model, inputs, outputs=requested, client_timeout=timeout_s,
-                timeout=core.server_timeout_us(timeout_s), headers=self.headers,
+                timeout=core.server_timeout_us(timeout_s), headers=self._request_headers(),
             )
         return self._outputs(result, outputs, model)
 
