@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from tritonbundle import manifest
+from tritonbundle import manifest as manifest_module
 from tritonbundle.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -158,3 +159,14 @@ def test_the_manifest_reference_in_docs_is_generated_from_the_schema() -> None:
     spec.loader.exec_module(module)
     assert set(module.keys()) <= set(module.PROSE)
     assert module.main(["--check"]) == 0, "run: python scripts/manifest_reference.py"
+
+
+def test_init_appends_to_an_empty_models_list_keeping_comments(tmp_path: Path) -> None:
+    from tests.build.onnx_models import mlp
+    from tritonbundle.build.describe import append_model, describe
+
+    manifest = tmp_path / "models.yaml"
+    manifest.write_text("# our models\nversion: 1\nmodels: []\n")
+    append_model(manifest, describe(mlp(tmp_path / "mlp.onnx"), name="mlp", relative_to=tmp_path))
+    assert manifest.read_text().startswith("# our models\n")
+    assert [m.name for m in manifest_module.load(manifest).models] == ["mlp"]

@@ -151,3 +151,27 @@ def test_missing_traffic_sample_names_the_fix(tmp_path: Path) -> None:
     manifest = _manifest(tmp_path, [TOKENS], traffic=None)
     with pytest.raises(ConfigError, match="no traffic sample: set 'traffic'"):
         build(BuildOptions(manifest=manifest, repository=tmp_path / "repo", artifacts=tmp_path / "a"))
+
+
+def test_an_onnx_with_external_weights_reaches_the_repository_whole(tmp_path: Path) -> None:
+    """Exporters write the weights of large models beside the graph; the build used to copy the graph
+    only, and ONNX Runtime then refused the served model ("External data path does not exist")."""
+    import onnx
+    import onnxruntime as ort
+
+    source = tmp_path / "user" / "mlp.onnx"
+    onnx_models.mlp(tmp_path / "plain.onnx")
+    source.parent.mkdir()
+    onnx.save_model(onnx.load(str(tmp_path / "plain.onnx")), str(source), save_as_external_data=True,
+                    location="weights.bin", size_threshold=0)
+    mlp = {"name": "mlp", "source": {"onnx": "user/mlp.onnx"},
+           "inputs": [{"name": "features", "dtype": "FP32", "shape": ["batch", 16]}],
+           "outputs": [{"name": "logits", "dtype": "FP32", "shape": ["batch", 4]}]}
+    repo = tmp_path / "repo"
+    build(BuildOptions(manifest=_manifest(tmp_path, [mlp]), repository=repo, artifacts=tmp_path / "artifacts"))
+    served = repo / "mlp" / "1" / "model.onnx"
+    assert (repo / "mlp" / "1" / "model.onnx.data").exists(), "the weights travel in one file beside the graph"
+    features = np.random.default_rng(0).standard_normal((2, 16)).astype(np.float32)
+    want = ort.InferenceSession(str(tmp_path / "plain.onnx")).run(None, {"features": features})[0]
+    got = ort.InferenceSession(str(served)).run(None, {"features": features})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-6)

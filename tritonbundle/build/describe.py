@@ -138,6 +138,8 @@ def append_model(manifest: Path, entry: Mapping[str, Any], *, traffic: str | Non
             raise ConfigError(f"{manifest}: 'models' is not its last key, so the entry cannot be appended without "
                               f"rewriting the file; add this to its models list by hand:\n{block}")
         text = manifest.read_text()
+        if not existing.get("models"):  # `models: []` (or empty): the list starts here
+            text = re.sub(r"^models:.*$", "models:", text, count=1, flags=re.M)
         manifest.write_text(text + ("" if text.endswith("\n") else "\n") + block)
     else:
         head = "# The models manifest (tritonbundle init wrote it; schema: docs/manifest.md).\nversion: 1\n"

@@ -18,7 +18,7 @@ import numpy as np
 
 from tritonbundle import recipes
 from tritonbundle.errors import ExportError
-from tritonbundle.files import sha256
+from tritonbundle.files import onnx_data, sha256
 from tritonbundle.log import LOG, spinner
 from tritonbundle.manifest import ModelSpec
 
@@ -126,6 +126,26 @@ def _declare_static_output_dims(spec: ModelSpec, path: Path) -> None:
     onnx.save(model, str(path))
 
 
+def copy_onnx(source: Path, target: Path) -> None:
+    """Copy the user's ONNX file to ``target``. A model saved with external data (weights in other files
+    next to it, as exporters do above 2 GB) is re-saved with every weight in one file beside the copy,
+    ``<target>.data``, which the runtimes carry along; the references are rewritten to it."""
+    import onnx
+    from onnx.external_data_helper import uses_external_data
+
+    graph = onnx.load(str(source), load_external_data=False).graph
+    onnx_data(target).unlink(missing_ok=True)
+    if not any(uses_external_data(t) for t in graph.initializer):
+        shutil.copy2(source, target)
+        return
+    try:
+        model = onnx.load(str(source))  # reads the weights from the files next to it
+    except (OSError, ValueError) as e:
+        raise ExportError(f"{source}: its external weights cannot be read ({e}): keep the .data files next to it") from e
+    onnx.save_model(model, str(target), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=onnx_data(target).name, size_threshold=1024)
+
+
 def _torch_available() -> bool:
     import importlib.util
 
@@ -182,7 +202,7 @@ def export(spec: ModelSpec, out_dir: Path, *, force: bool = False) -> ExportResu
         if not spec.onnx_path.exists():
             raise ExportError(f"model {spec.name}: source.onnx {spec.onnx_path} does not exist")
         if spec.onnx_path.resolve() != onnx_path.resolve():
-            shutil.copy2(spec.onnx_path, onnx_path)
+            copy_onnx(spec.onnx_path, onnx_path)
         return ExportResult(onnx_path, sha256(onnx_path), (), exported=False)
 
     record = json.loads(record_path.read_text()) if record_path.exists() else {}
