@@ -101,3 +101,22 @@ def test_text_array_refuses_a_bare_string() -> None:
         core.text_array("hello")  # type: ignore[arg-type]
     arr = core.text_array(["é", b"\xff"])
     assert arr.shape == (2, 1) and arr[0, 0] == "é".encode()
+
+
+@pytest.mark.parametrize(
+    ("status", "message"),
+    [
+        ("500", "Stub process 'minilm_encoder_0_0' is not healthy."),
+        ("StatusCode.INTERNAL", "Stub process 'minilm_encoder_0_0' is not healthy."),
+        ("500", "in ensemble 'minilm', Stub process 'minilm_encoder_0_0' is not healthy."),  # as measured
+    ],
+)
+def test_a_python_stub_being_restarted_is_retryable(status: str, message: str) -> None:
+    """Triton 2.51 answers "Stub process '<instance>' is not healthy." (HTTP 500 / INTERNAL) while a model's
+    Python stub is dead, until `serve --restart` restarts the server: retried like a refused connection."""
+    err = core.classify(InferenceServerException(message, status=status), model="minilm", protocol="http")
+    assert type(err) is ServerUnavailableError and core.retryable(err)
+    assert message in str(err) and "stub is dead and restarting" in str(err)
+    other = core.classify(InferenceServerException("Stub process 'x' failed to load", status="500"), model="m",
+                          protocol="http")
+    assert type(other) is ClientError and not core.retryable(other)

@@ -4,6 +4,7 @@ request splitting and padding. Nothing here does I/O."""
 from __future__ import annotations
 
 import random
+import re
 import socket
 import time
 from collections.abc import Iterator, Sequence
@@ -24,6 +25,9 @@ from tritonbundle.errors import (
 )
 
 PROTOCOLS = ("http", "grpc")
+#: The Python backend's answer while a model's stub process is dead (python_backend ``src/python_be.cc``:
+#: "Stub process '<model>_0_0' is not healthy."; through an ensemble: "in ensemble '<name>', Stub ...").
+STUB_RESTARTING = re.compile(r"Stub process '[^']*' is not healthy", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,16 @@ def classify(error: BaseException, *, model: str, protocol: str) -> ClientError:
             return ModelNotFoundError(message, model=model, protocol=protocol, status=code)
         if code in ("503", "UNAVAILABLE"):
             return ServerUnavailableError(message, model=model, protocol=protocol, status=code)
+        if STUB_RESTARTING.search(reason):
+            # HTTP 500 / INTERNAL, but not the request's fault: the model's Python stub died (a crash, the
+            # OOM killer). Triton 2.51 does not restart it; `tritonbundle serve --restart` restarts the server
+            # when its canary sees it (seconds). The served models are stateless, so the request is as safe
+            # to send again as one whose connection was refused; without a supervisor, retries end at the
+            # call's deadline, as for a server that stays down.
+            return ServerUnavailableError(
+                f"{message} (the model's Python stub is dead and restarting)", model=model, protocol=protocol,
+                status=code,
+            )
         if code in ("504", "408", "DEADLINE_EXCEEDED") or "deadline exceeded" in reason.lower():
             return DeadlineExceededError(message, model=model, protocol=protocol, status=code)
         if code in ("429", "RESOURCE_EXHAUSTED"):
