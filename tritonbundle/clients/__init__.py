@@ -3,11 +3,15 @@
 * :class:`HttpClient`, :class:`GrpcClient`: blocking; :func:`connect` picks one by protocol name.
 * :class:`AsyncHttpClient`, :class:`AsyncGrpcClient`: asyncio.
 
-All are context managers, check the model at connect, take keyword-only ``timeout_s`` deadlines,
-retry only safe failures, and raise the project's error types (``tritonbundle.errors``).
+One method per task of the served model (its config's ``task`` parameter, :attr:`ModelInfo.task`):
+``infer`` (any tensors, every output), ``embed``, ``classify`` (:class:`Classification` per text) and
+``rerank`` (a relevance score per passage). All are context managers, check at connect that the model
+exists, check before each call that the method fits the model (naming the one that does), take
+keyword-only ``timeout_s`` deadlines, retry only safe failures, and raise the project's error types
+(``tritonbundle.errors``).
 """
 
-from tritonbundle.clients.core import ModelInfo, RetryPolicy
+from tritonbundle.clients.core import Classification, ModelInfo, RetryPolicy
 from tritonbundle.clients.sync import GrpcClient, HttpClient, connect
 from tritonbundle.errors import (
     ClientBusyError,
@@ -21,7 +25,7 @@ from tritonbundle.errors import (
 )
 
 __all__ = [
-    "ClientBusyError", "ClientError", "DeadlineExceededError", "GrpcClient", "HttpClient", "InvalidInputError",
+    "Classification", "ClientBusyError", "ClientError", "DeadlineExceededError", "GrpcClient", "HttpClient", "InvalidInputError",
     "MetadataMismatchError", "ModelInfo", "ModelNotFoundError", "RetryPolicy", "ServerUnavailableError", "UnauthorizedError", "connect",
 ]
 

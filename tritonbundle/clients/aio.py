@@ -18,7 +18,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 from tritonbundle.clients import core
-from tritonbundle.clients.core import ModelInfo, RetryPolicy
+from tritonbundle.clients.core import Classification, ModelInfo, RetryPolicy
+from tritonbundle.contract import SCORE_OUTPUT
 from tritonbundle.errors import ClientBusyError, ModelNotFoundError, ServerUnavailableError
 
 T = TypeVar("T")
@@ -103,7 +104,21 @@ class _AsyncBaseClient(core.ClientBase):
     async def embed(self, texts: Sequence[str | bytes], *, timeout_s: float | None = None) -> np.ndarray[Any, Any]:
         info = await self.model_info(self.model)
         arrays, output = self._embed_request(info, texts)
-        return await self._batched(self.model, arrays, output, info.max_batch_size, timeout_s)
+        return (await self._batched(self.model, arrays, [output], info.max_batch_size, timeout_s))[output]
+
+    async def classify(self, texts: Sequence[str | bytes], *, timeout_s: float | None = None) -> list[Classification]:
+        info = await self.model_info(self.model)
+        arrays, outputs, logits = self._classify_request(info, texts)
+        out = await self._batched(self.model, arrays, outputs, info.max_batch_size, timeout_s)
+        return core.classifications(out, logits)
+
+    async def rerank(
+        self, query: str | bytes, passages: Sequence[str | bytes], *, timeout_s: float | None = None
+    ) -> np.ndarray[Any, Any]:
+        info = await self.model_info(self.model)
+        arrays, outputs = self._rerank_request(info, query, passages)
+        out = await self._batched(self.model, arrays, outputs, info.max_batch_size, timeout_s)
+        return out[SCORE_OUTPUT].reshape(-1).astype(np.float32, copy=False)
 
     async def embed_tokens(
         self, ids: Sequence[Sequence[int]] | np.ndarray[Any, Any], mask: Sequence[Sequence[int]] | np.ndarray[Any, Any] | None = None,
@@ -111,34 +126,37 @@ class _AsyncBaseClient(core.ClientBase):
     ) -> np.ndarray[Any, Any]:
         info = await self.model_info(self.token_model)
         arrays, output = self._token_request(info, ids, mask)
-        return await self._batched(self.token_model, arrays, output, info.max_batch_size, timeout_s)
+        return (await self._batched(self.token_model, arrays, [output], info.max_batch_size, timeout_s))[output]
 
     async def infer(
         self, inputs: Mapping[str, np.ndarray[Any, Any]], *, model: str | None = None, outputs: Sequence[str] | None = None,
         timeout_s: float | None = None,
     ) -> dict[str, np.ndarray[Any, Any]]:
+        """Any model, any tensors: the named ``outputs``, or every output the model returns."""
         model = model or self.model
-        names = self._output_names(await self.model_info(model) if self.check_model else None, outputs)
+        if self.check_model:
+            await self.model_info(model)
+        names = list(outputs or ())
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         return await self._call(model, lambda: self._infer(model, inputs, names, self._remaining(deadline)),
                                 deadline=deadline)
 
     # -- internals ------------------------------------------------------------------------------
     async def _batched(
-        self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], output: str, max_batch_size: int, timeout_s: float | None
-    ) -> np.ndarray[Any, Any]:
+        self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str], max_batch_size: int,
+        timeout_s: float | None,
+    ) -> dict[str, np.ndarray[Any, Any]]:
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         n = next(iter(arrays.values())).shape[0]
 
-        async def one(rows: slice) -> np.ndarray[Any, Any]:
+        async def one(rows: slice) -> dict[str, np.ndarray[Any, Any]]:
             part = {k: v[rows] for k, v in arrays.items()}
-            result = await self._call(
-                model, lambda: self._infer(model, part, [output], self._remaining(deadline)), deadline=deadline
+            return await self._call(
+                model, lambda: self._infer(model, part, outputs, self._remaining(deadline)), deadline=deadline
             )
-            return result[output]
 
         parts = await asyncio.gather(*(one(rows) for rows in core.chunks(n, max_batch_size)))
-        return np.concatenate(parts, axis=0)
+        return {name: np.concatenate([p[name] for p in parts], axis=0) for name in outputs}
 
     async def _call(
         self, model: str, fn: Callable[[], Awaitable[T]], *, deadline: float, retry: RetryPolicy | None = None
@@ -210,7 +228,7 @@ class AsyncHttpClient(_AsyncBaseClient):
         self._in_flight += 1
         try:
             result = await asyncio.wait_for(
-                self._client.infer(model, inputs, outputs=requested, timeout=core.server_timeout_us(timeout_s),
+                self._client.infer(model, inputs, outputs=requested or None, timeout=core.server_timeout_us(timeout_s),
                                    headers=self._request_headers()),
                 timeout=timeout_s,
             )
@@ -250,7 +268,7 @@ class AsyncGrpcClient(_AsyncBaseClient):
             inputs.append(inp)
         requested = [aiogrpcclient.InferRequestedOutput(name) for name in outputs]
         result = await self._client.infer(
-            model, inputs, outputs=requested, client_timeout=timeout_s, timeout=core.server_timeout_us(timeout_s),
+            model, inputs, outputs=requested or None, client_timeout=timeout_s, timeout=core.server_timeout_us(timeout_s),
             headers=self._request_headers(),
         )
         return self._outputs(result, outputs, model)

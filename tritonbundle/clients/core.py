@@ -28,6 +28,8 @@ PROTOCOLS = ("http", "grpc")
 #: The Python backend's answer while a model's stub process is dead (python_backend ``src/python_be.cc``:
 #: "Stub process '<model>_0_0' is not healthy."; through an ensemble: "in ensemble '<name>', Stub ...").
 STUB_RESTARTING = re.compile(r"Stub process '[^']*' is not healthy", re.IGNORECASE)
+#: The client method that calls each task's user-facing model (tritonbundle.tasks says the same).
+METHODS = {"tensor": "infer", "text-embedding": "embed", "text-classification": "classify", "text-pair": "rerank"}
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,23 @@ class ModelInfo:
         raise KeyError(name)
 
     @property
+    def task(self) -> str | None:
+        """What the model's config says it is (:class:`tritonbundle.contract.TaskParameters`: ``tensor``,
+        ``text-embedding``, ``text-classification``, ``text-pair``); None for a model the build did not
+        write (see :meth:`kind`)."""
+        return self.parameters.get("task") or None
+
+    def kind(self) -> str:
+        """The task, else a guess from the inputs: ``text-pair`` with BYTES ``QUERY`` and ``TEXT``,
+        ``text-embedding`` with a BYTES ``TEXT``, else ``tensor``."""
+        if self.task:
+            return self.task
+        served = {t.name: t.datatype for t in self.inputs}
+        if served.get(contract.TEXT_INPUT) == "BYTES":
+            return "text-pair" if served.get(contract.QUERY_INPUT) == "BYTES" else "text-embedding"
+        return "tensor"
+
+    @property
     def encoder(self) -> contract.EncoderParameters | None:
         """What the encoder's config says about token input (None for a model the build did not write)."""
         try:
@@ -237,6 +256,42 @@ def _fmt(tensors: dict[str, str]) -> str:
     return "[" + ", ".join(f"{n} ({d})" for n, d in tensors.items()) + "]"
 
 
+#: The task each text method calls (``infer`` calls any model).
+TASK_OF_METHOD = {"embed": "text-embedding", "classify": "text-classification", "rerank": "text-pair"}
+
+
+def check_method(info: ModelInfo, method: str, *, text_input: str, protocol: str, url: str) -> None:
+    """Raise :class:`MetadataMismatchError` when ``method`` (``embed``, ``classify``, ``rerank``) cannot
+    call the model: its config names another task, or (a model the build did not write) it lacks the
+    inputs or outputs the method sends and reads. The message names the model, its inputs and the
+    method that calls it."""
+    expected_task = TASK_OF_METHOD[method]
+    served = {t.name: t.datatype for t in info.inputs}
+    where = f"model {info.name!r} at {url} over {protocol}"
+
+    def mismatch(problem: str) -> MetadataMismatchError:
+        use = METHODS.get(info.kind(), "infer")
+        if use == method:  # the task fits, the tensors do not: a model outside the contract, or text_input=...
+            hint = "infer() sends whatever tensors it takes"
+        elif use == "infer":
+            hint = "call infer({input name: numpy array, ...}) with its tensors instead"
+        else:
+            hint = f"call {use}() instead"
+        return MetadataMismatchError(f"{where} {problem}: {hint}", model=info.name, protocol=protocol)
+
+    sends = {**({contract.QUERY_INPUT: "BYTES"} if method == "rerank" else {}), text_input: "BYTES"}
+    if info.task is not None and info.task != expected_task:
+        raise mismatch(f"is a {info.task} model with inputs {_fmt(served)}; {method}() sends {_fmt(sends)} to "
+                       f"{expected_task} models")
+    if any(served.get(n) != d for n, d in sends.items()):
+        raise mismatch(f"has inputs {_fmt(served)}, but {method}() sends {_fmt(sends)}")
+    reads = {"classify": (contract.LABEL_OUTPUT, contract.SCORE_OUTPUT), "rerank": (contract.SCORE_OUTPUT,)}
+    names = [t.name for t in info.outputs]
+    missing = [n for n in reads.get(method, ()) if n not in names]
+    if missing:
+        raise mismatch(f"has outputs {names}, but {method}() reads {list(reads[method])}")
+
+
 # -- request building --------------------------------------------------------------------------------
 def chunks(n: int, max_batch_size: int) -> list[slice]:
     """Row slices of at most ``max_batch_size`` (all rows when the model has no batch limit)."""
@@ -255,6 +310,70 @@ def text_array(texts: Sequence[str | bytes]) -> np.ndarray[Any, Any]:
     for i, row in enumerate(rows):
         out[i, 0] = row
     return out
+
+
+def pair_arrays(query: str | bytes, passages: Sequence[str | bytes]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """(QUERY, TEXT) rows of a text-pair request: the query repeated beside each passage, [N, 1] each."""
+    if not isinstance(query, (str, bytes)):
+        raise TypeError(f"query must be one string, not {type(query).__name__}")
+    texts = text_array(passages)
+    return text_array([query] * texts.shape[0]), texts
+
+
+@dataclass(frozen=True, eq=False)
+class Classification:
+    """One text's answer from a text-classification model."""
+
+    #: The top class's label (the model's labels; the class index as text when it has none).
+    label: str
+    #: Its softmax probability.
+    score: float
+    #: The encoder's logits for this text, float32 [classes] (empty when the model returns none).
+    logits: np.ndarray[Any, Any]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Classification):
+            return NotImplemented
+        return (self.label, self.score) == (other.label, other.score) and np.array_equal(self.logits, other.logits)
+
+    __hash__ = None  # type: ignore[assignment]  # holds an array, like the array itself
+
+
+def logits_output(info: ModelInfo) -> str | None:
+    """The encoder's logits among a text-classification model's outputs: the first that is not label or score."""
+    return next((t.name for t in info.outputs if t.name not in (contract.LABEL_OUTPUT, contract.SCORE_OUTPUT)), None)
+
+
+def task_outputs(logits: str | None, *added: str) -> list[str]:
+    """The outputs a classify or rerank request names: what the task added, and the logits with them
+    even where only the score is read. Triton 2.51's ensemble scheduler fails a request that names
+    ``score`` without ``logits`` ("unexpected deadlock, at least one output is not set"): ``logits``
+    is both an ensemble output and the post-processing step's input."""
+    return [*([logits] if logits else []), *added]
+
+
+def classifications(outputs: dict[str, np.ndarray[Any, Any]], logits: str | None) -> list[Classification]:
+    """Rows of ``label`` (BYTES [N, 1]), ``score`` (FP32 [N, 1]) and the logits (FP32 [N, classes])."""
+    labels = outputs[contract.LABEL_OUTPUT].reshape(-1)
+    scores = outputs[contract.SCORE_OUTPUT].reshape(-1)
+    if labels.shape[0] != scores.shape[0]:
+        raise ClientError(f"the response has {labels.shape[0]} labels for {scores.shape[0]} scores")
+    n = labels.shape[0]
+    rows = (outputs[logits].reshape(n, -1).astype(np.float32, copy=False) if logits is not None
+            else np.empty((n, 0), dtype=np.float32))
+    return [
+        Classification(label=v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v), score=float(s), logits=row)
+        for v, s, row in zip(labels, scores, rows)
+    ]
+
+
+def response_output_names(result: Any) -> list[str]:
+    """The outputs a tritonclient ``InferResult`` holds, in the response's order: HTTP's
+    ``get_response()`` is the JSON header (``{"outputs": [{"name": ...}, ...]}``), gRPC's a
+    ``ModelInferResponse`` whose ``outputs`` have ``.name``."""
+    response = result.get_response()
+    items = (response.get("outputs") or []) if isinstance(response, dict) else response.outputs
+    return [str(o["name"] if isinstance(o, dict) else o.name) for o in items]
 
 
 def pad_tokens(
@@ -311,7 +430,7 @@ class ClientBase:
         *,
         model: str = "minilm",
         token_model: str | None = None,
-        text_input: str = contract.TEXT_INPUT,
+        text_input: str | None = None,
         token_inputs: tuple[str, str] = ("input_ids", "attention_mask"),
         output: str | None = None,
         timeout_s: float = 30.0,
@@ -332,7 +451,8 @@ class ClientBase:
         self.url = url.removeprefix("http://").removeprefix("https://")
         self.model = model
         self.token_model = token_model or contract.encoder_name(model)
-        self.text_input = text_input
+        self.text_input = text_input or contract.TEXT_INPUT
+        self._named_text_input = text_input is not None
         self.token_inputs = token_inputs
         self.output = output
         self.timeout_s = timeout_s
@@ -376,19 +496,53 @@ class ClientBase:
         return dict(self.headers)
 
     def _remember(self, model: str, info: ModelInfo) -> ModelInfo:
-        """Check the main model's text input and output once, then cache its description."""
+        """Cache a model's description; for the client's own model, check what the caller named
+        (``text_input=``, ``output=``) at once. What each method needs is checked by the method, so
+        a client connects to a model of any task."""
         if model == self.model and self.check_model:
-            check_inputs(info, {self.text_input: "BYTES"}, protocol=self.protocol, url=self.url)
-            self.output = check_output(info, self.output, protocol=self.protocol, url=self.url)
+            if self._named_text_input:
+                check_inputs(info, {self.text_input: "BYTES"}, protocol=self.protocol, url=self.url)
+            if self.output is not None:
+                check_output(info, self.output, protocol=self.protocol, url=self.url)
         self._infos[model] = info
         return info
 
+    def _check_method(self, info: ModelInfo, method: str) -> None:
+        check_method(info, method, text_input=self.text_input, protocol=self.protocol, url=self.url)
+
+    def _no_rows(self, what: str) -> InvalidInputError:
+        return InvalidInputError(f"no {what}: send at least one", model=self.model, protocol=self.protocol)
+
     def _embed_request(self, info: ModelInfo, texts: Sequence[str | bytes]) -> tuple[dict[str, np.ndarray[Any, Any]], str]:
+        self._check_method(info, "embed")
         array = text_array(texts)
         if array.shape[0] == 0:
-            raise InvalidInputError("no texts: send at least one", model=self.model, protocol=self.protocol)
+            raise self._no_rows("texts")
         output = check_output(info, self.output, protocol=self.protocol, url=self.url)
         return {self.text_input: array}, output
+
+    def _classify_request(
+        self, info: ModelInfo, texts: Sequence[str | bytes]
+    ) -> tuple[dict[str, np.ndarray[Any, Any]], list[str], str | None]:
+        """The TEXT rows, the outputs to read (logits, label, score) and the logits' name."""
+        self._check_method(info, "classify")
+        array = text_array(texts)
+        if array.shape[0] == 0:
+            raise self._no_rows("texts")
+        logits = logits_output(info)
+        return {self.text_input: array}, task_outputs(logits, contract.LABEL_OUTPUT, contract.SCORE_OUTPUT), logits
+
+    def _rerank_request(
+        self, info: ModelInfo, query: str | bytes, passages: Sequence[str | bytes]
+    ) -> tuple[dict[str, np.ndarray[Any, Any]], list[str]]:
+        """One (QUERY, TEXT) pair per row (the query beside each passage, in the passages' order), and
+        the outputs to read."""
+        self._check_method(info, "rerank")
+        queries, texts = pair_arrays(query, passages)
+        if texts.shape[0] == 0:
+            raise self._no_rows("passages")
+        outputs = task_outputs(logits_output(info), contract.SCORE_OUTPUT)
+        return {contract.QUERY_INPUT: queries, self.text_input: texts}, outputs
 
     def _token_request(
         self, info: ModelInfo, ids: Sequence[Sequence[int]] | np.ndarray[Any, Any], mask: Sequence[Sequence[int]] | np.ndarray[Any, Any] | None
@@ -400,9 +554,10 @@ class ClientBase:
         return {self.token_inputs[0]: padded_ids, self.token_inputs[1]: padded_mask}, output
 
     def _outputs(self, result: Any, names: Sequence[str], model: str) -> dict[str, np.ndarray[Any, Any]]:
-        """The requested outputs of a response; a response without one is an error, not None."""
+        """The requested outputs of a response (every output it holds when none were named); a
+        requested output the response lacks is an error, not None."""
         out = {}
-        for name in names:
+        for name in names or response_output_names(result):
             value = result.as_numpy(name)
             if value is None:
                 raise ClientError(
@@ -411,9 +566,6 @@ class ClientBase:
                 )
             out[name] = value
         return out
-
-    def _output_names(self, info: ModelInfo | None, outputs: Sequence[str] | None) -> list[str]:
-        return list(outputs) if outputs else [t.name for t in info.outputs] if info else []
 
     def _remaining(self, deadline: float) -> float:
         left = deadline - time.monotonic()

@@ -7,8 +7,12 @@ Both sit on ``tritonclient`` and behave the same::
     with HttpClient("127.0.0.1:8000", model="minilm", timeout_s=5) as client:
         vectors = client.embed(["a sentence", "another one"])   # float32 [2, 384]
 
-On connect the client checks that the server is live and ready and that the model's inputs and
-outputs are what it will send and read. Each call has a deadline (``timeout_s``) that bounds the
+    with HttpClient("127.0.0.1:8000", model="mlp") as client:
+        outputs = client.infer({"features": features})          # {"logits": float32 [N, 4]}
+
+On connect the client checks that the server is live and ready and that the model exists; each
+method checks that the model's task and tensors are what it sends and reads (``embed`` on a tensor
+model names ``infer`` instead). Each call has a deadline (``timeout_s``) that bounds the
 transport and is passed to Triton as the request's server-side timeout; calls are retried with
 jittered exponential backoff only when that is safe (see :class:`RetryPolicy`). Inputs larger than
 the model's ``max_batch_size`` are split and the results put back together in order.
@@ -26,7 +30,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 from tritonbundle.clients import core
-from tritonbundle.clients.core import ModelInfo, RetryPolicy
+from tritonbundle.clients.core import Classification, ModelInfo, RetryPolicy
+from tritonbundle.contract import SCORE_OUTPUT
 from tritonbundle.errors import ClientError, ModelNotFoundError, ServerUnavailableError
 
 T = TypeVar("T")
@@ -156,10 +161,27 @@ class _BaseClient(core.ClientBase):
             return self._remember(model, info)
 
     def embed(self, texts: Sequence[str | bytes], *, timeout_s: float | None = None) -> np.ndarray[Any, Any]:
-        """Embed texts through the server-side ensemble (tokenizer + encoder). Returns [N, dim]."""
+        """Embed texts through the server-side ensemble (tokenizer + encoder). Returns [N, dim].
+
+        Raises :class:`MetadataMismatchError` (naming the method to use) for a model of another task."""
         info = self.model_info(self.model)
         arrays, output = self._embed_request(info, texts)
-        return self._batched(self.model, arrays, output, info.max_batch_size, timeout_s)
+        return self._batched(self.model, arrays, [output], info.max_batch_size, timeout_s)[output]
+
+    def classify(self, texts: Sequence[str | bytes], *, timeout_s: float | None = None) -> list[Classification]:
+        """Classify texts with a text-classification model: one :class:`Classification` (label, its
+        probability, the logits) per text, in order."""
+        info = self.model_info(self.model)
+        arrays, outputs, logits = self._classify_request(info, texts)
+        return core.classifications(self._batched(self.model, arrays, outputs, info.max_batch_size, timeout_s), logits)
+
+    def rerank(self, query: str | bytes, passages: Sequence[str | bytes], *, timeout_s: float | None = None) -> np.ndarray[Any, Any]:
+        """Score each passage's relevance to ``query`` with a text-pair model (a cross-encoder): float32
+        [len(passages)], in the passages' order (sort them yourself: ``np.argsort(-scores)``)."""
+        info = self.model_info(self.model)
+        arrays, outputs = self._rerank_request(info, query, passages)
+        out = self._batched(self.model, arrays, outputs, info.max_batch_size, timeout_s)
+        return out[SCORE_OUTPUT].reshape(-1).astype(np.float32, copy=False)
 
     def embed_tokens(
         self, ids: Sequence[Sequence[int]] | np.ndarray[Any, Any], mask: Sequence[Sequence[int]] | np.ndarray[Any, Any] | None = None,
@@ -172,15 +194,18 @@ class _BaseClient(core.ClientBase):
         """
         info = self.model_info(self.token_model)
         arrays, output = self._token_request(info, ids, mask)
-        return self._batched(self.token_model, arrays, output, info.max_batch_size, timeout_s)
+        return self._batched(self.token_model, arrays, [output], info.max_batch_size, timeout_s)[output]
 
     def infer(
         self, inputs: Mapping[str, np.ndarray[Any, Any]], *, model: str | None = None, outputs: Sequence[str] | None = None,
         timeout_s: float | None = None,
     ) -> dict[str, np.ndarray[Any, Any]]:
-        """Any model, any tensors: one request (no splitting), with deadline and retries."""
+        """Any model, any tensors: one request (no splitting), with deadline and retries. Returns the
+        named ``outputs``, or every output the model returns when none are named."""
         model = model or self.model
-        names = self._output_names(self.model_info(model) if self.check_model else None, outputs)
+        if self.check_model:
+            self.model_info(model)  # an unknown model fails here, naming the models there are
+        names = list(outputs or ())
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         return self._call(
             model, lambda: self._infer(model, inputs, names, self._remaining(deadline)), deadline=deadline
@@ -188,19 +213,21 @@ class _BaseClient(core.ClientBase):
 
     # -- internals ------------------------------------------------------------------------------
     def _batched(
-        self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], output: str, max_batch_size: int, timeout_s: float | None
-    ) -> np.ndarray[Any, Any]:
+        self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str], max_batch_size: int,
+        timeout_s: float | None,
+    ) -> dict[str, np.ndarray[Any, Any]]:
+        """Send the rows in chunks of at most ``max_batch_size``, one after another; each output's
+        chunks put back together in order."""
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         n = next(iter(arrays.values())).shape[0]
         parts = []
         for rows in core.chunks(n, max_batch_size):
             part = {k: v[rows] for k, v in arrays.items()}
             def request(part: Mapping[str, np.ndarray[Any, Any]] = part) -> dict[str, np.ndarray[Any, Any]]:
-                return self._infer(model, part, [output], self._remaining(deadline))
+                return self._infer(model, part, outputs, self._remaining(deadline))
 
-            result = self._call(model, request, deadline=deadline)
-            parts.append(result[output])
-        return np.concatenate(parts, axis=0)
+            parts.append(self._call(model, request, deadline=deadline))
+        return {name: np.concatenate([p[name] for p in parts], axis=0) for name in outputs}
 
     def _call(self, model: str, fn: Callable[[], T], *, deadline: float, retry: RetryPolicy | None = None) -> T:
         """Run ``fn`` with retries on safe errors, never past ``deadline``."""
@@ -294,7 +321,8 @@ class HttpClient(_BaseClient):
                 for inp, array in zip(inputs, arrays.values()):
                     inp.set_data_from_numpy(array, binary_data=True)
             pending = self._client.async_infer(
-                model, inputs, outputs=requested, timeout=core.server_timeout_us(timeout_s), headers=self._request_headers(),
+                model, inputs, outputs=requested or None, timeout=core.server_timeout_us(timeout_s),
+                headers=self._request_headers(),
             )
             try:
                 result = pending.get_result(block=True, timeout=timeout_s)
@@ -361,7 +389,7 @@ class GrpcClient(_BaseClient):
             with self._lock:
                 client = next(self._next)
             result = client.infer(
-                model, inputs, outputs=requested, client_timeout=timeout_s,
+                model, inputs, outputs=requested or None, client_timeout=timeout_s,
                 timeout=core.server_timeout_us(timeout_s), headers=self._request_headers(),
             )
         return self._outputs(result, outputs, model)
