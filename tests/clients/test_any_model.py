@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from tests.build import onnx_models
+from tests.clients.examples import readme_snippets, run_example, run_snippet
 from tritonbundle.clients import (
     AsyncGrpcClient,
     AsyncHttpClient,
@@ -240,3 +241,25 @@ def test_each_text_method_on_another_task_names_the_one_that_fits(server: Any) -
         with pytest.raises(MetadataMismatchError, match=r"model 'reranker'.*is a text-pair model.*"
                                                          r"call rerank\(\) instead"):
             client.classify(["text"])
+
+
+def test_the_tensor_example_calls_any_tensor_model_over_http_and_grpc(server: Any) -> None:
+    for model, outputs in (("image", ["logits"]), ("tokens", ["logits", "token_scores"])):
+        out = run_example("infer_tensor.py", model, server.http_url, server.grpc_url)
+        assert [line.split(":")[0] for line in out.splitlines()] == outputs, out
+        assert out.count("HTTP and gRPC agree: True") == len(outputs), out
+
+
+def test_the_classify_and_rerank_example_runs(server: Any) -> None:
+    out = run_example("classify_rerank.py", "sentiment", "reranker", server.grpc_url)
+    lines = out.splitlines()
+    assert len(lines) == 2 + 1 + 3 and lines[0].split()[0] in LABELS and lines[2].startswith("query: "), out
+    scores = [float(line.split()[0]) for line in lines[3:]]
+    assert scores == sorted(scores, reverse=True), out
+
+
+def test_the_readme_snippets_for_tensor_classify_and_rerank_run_as_written(server: Any) -> None:
+    snippets = [code for code in readme_snippets() if 'model="minilm"' not in code]
+    assert len(snippets) == 2 and 'model="image"' in snippets[0] and "rerank(" in snippets[1]
+    for code in snippets:
+        run_snippet(code, server)

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.clients.examples import readme_snippets, run_example, run_snippet
 from tests.conftest import API_KEY
 from tritonbundle.clients import (
     AsyncGrpcClient,
@@ -238,3 +239,17 @@ def test_cli_bad_input_is_a_one_line_error_with_nonzero_exit(server: Any) -> Non
     out = _cli("infer", "--url", server.http_url, "")
     assert out.returncode == 1
     assert out.stderr.strip().count("\n") == 0 and "TEXT[0] is empty" in out.stderr
+
+
+@pytest.mark.parametrize("example", ["embed_http.py", "embed_async.py"])
+def test_the_embedding_examples_run(server: Any, example: str) -> None:
+    out = run_example(example, server.http_url if example == "embed_http.py" else server.grpc_url)
+    if example == "embed_http.py":
+        assert out.splitlines()[0].endswith("The dynamic batcher groups requests into batches."), out
+    else:
+        assert "200 requests in" in out
+
+
+def test_the_readme_embedding_snippet_runs_as_written(server: Any) -> None:
+    (code,) = [code for code in readme_snippets() if 'model="minilm"' in code]
+    run_snippet(code, server)
