@@ -22,7 +22,7 @@ from tritonclient.utils import (
     triton_to_np_dtype,
 )
 
-from tritonbundle.clients import core
+from tritonbundle.clients import modelinfo
 
 Arrays = dict[str, np.ndarray[Any, Any]]
 #: (model, inputs) -> every output the model returns.
@@ -74,7 +74,7 @@ def grpc_result(outputs: Mapping[str, np.ndarray[Any, Any]]) -> Any:
 
 
 def info(name: str, inputs: Mapping[str, str], outputs: Mapping[str, str], *, max_batch_size: int = 0,
-         task: str | None = None) -> core.ModelInfo:
+         task: str | None = None) -> modelinfo.ModelInfo:
     """A ModelInfo parsed from metadata and config as Triton's HTTP API writes them."""
     metadata = {"name": name, "versions": ["1"],
                 "inputs": [{"name": n, "datatype": d, "shape": [-1, 1]} for n, d in inputs.items()],
@@ -82,7 +82,7 @@ def info(name: str, inputs: Mapping[str, str], outputs: Mapping[str, str], *, ma
     config: dict[str, Any] = {"name": name, "max_batch_size": max_batch_size}
     if task is not None:
         config["parameters"] = {"task": {"string_value": task}}
-    return core.model_info(metadata, config)
+    return modelinfo.model_info(metadata, config)
 
 
 @dataclass
@@ -151,7 +151,7 @@ class FakeAioGrpc(FakeTriton):
         pass
 
 
-def attach(client: Any, fake: FakeTriton, *models: core.ModelInfo) -> Any:
+def attach(client: Any, fake: FakeTriton, *models: modelinfo.ModelInfo) -> Any:
     """Put ``fake`` under ``client`` (no connection is made) and give it the models' descriptions."""
     protocol = getattr(client, "protocol", "")
     if isinstance(fake, (FakeAioHttp, FakeAioGrpc)):

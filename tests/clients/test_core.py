@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from tritonbundle.clients import core
+from tritonbundle.clients import core, modelinfo
 from tritonbundle.errors import (
     ClientError,
     DeadlineExceededError,
@@ -123,10 +123,10 @@ def test_a_python_stub_being_restarted_is_retryable(status: str, message: str) -
 
 
 def test_model_info_reads_the_task_parameter_and_guesses_without_it() -> None:
-    def info(params: dict[str, object], inputs: list[tuple[str, str]]) -> core.ModelInfo:
+    def info(params: dict[str, object], inputs: list[tuple[str, str]]) -> modelinfo.ModelInfo:
         metadata = {"name": "m", "versions": ["1"], "inputs": [{"name": n, "datatype": d, "shape": [-1, 1]}
                                                                for n, d in inputs], "outputs": []}
-        return core.model_info(metadata, {"config": {"max_batch_size": 4, "parameters": params}})
+        return modelinfo.model_info(metadata, {"config": {"max_batch_size": 4, "parameters": params}})
 
     classifier = info({"task": {"string_value": "text-classification"}}, [("TEXT", "BYTES")])
     assert classifier.task == classifier.kind() == "text-classification"
@@ -141,16 +141,16 @@ def test_response_output_names_come_from_the_response_itself() -> None:
     from tests.clients.fake_triton import grpc_result, http_result
 
     outputs = {"logits": np.zeros((2, 3), np.float32), "label": np.array([[b"a"], [b"b"]], dtype=object)}
-    assert core.response_output_names(http_result(outputs)) == ["logits", "label"]
-    assert core.response_output_names(grpc_result(outputs)) == ["logits", "label"]
+    assert modelinfo.response_output_names(http_result(outputs)) == ["logits", "label"]
+    assert modelinfo.response_output_names(grpc_result(outputs)) == ["logits", "label"]
 
 
 def test_classifications_pair_each_label_score_and_logits_row() -> None:
-    rows = core.classifications(
+    rows = modelinfo.classifications(
         {"label": np.array([[b"pos"], ["né".encode()]], dtype=object), "score": np.array([[0.9], [0.6]], np.float32),
          "logits": np.array([[1, 2], [3, 4]], np.float32)}, "logits")
     assert [(r.label, round(r.score, 3), r.logits.tolist()) for r in rows] == [("pos", 0.9, [1, 2]), ("né", 0.6, [3, 4])]
-    assert rows[0] == core.Classification("pos", rows[0].score, np.array([1, 2], np.float32))
+    assert rows[0] == modelinfo.Classification("pos", rows[0].score, np.array([1, 2], np.float32))
     assert rows[0] != rows[1]
-    bare = core.classifications({"label": np.array([[b"x"]], dtype=object), "score": np.ones((1, 1), np.float32)}, None)
+    bare = modelinfo.classifications({"label": np.array([[b"x"]], dtype=object), "score": np.ones((1, 1), np.float32)}, None)
     assert bare[0].logits.shape == (0,)

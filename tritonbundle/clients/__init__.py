@@ -11,7 +11,8 @@ keyword-only ``timeout_s`` deadlines, retry only safe failures, and raise the pr
 (``tritonbundle.errors``).
 """
 
-from tritonbundle.clients.core import Classification, ModelInfo, RetryPolicy
+from tritonbundle.clients.core import RetryPolicy
+from tritonbundle.clients.modelinfo import Classification, ModelInfo
 from tritonbundle.clients.sync import GrpcClient, HttpClient, connect
 from tritonbundle.errors import (
     ClientBusyError,

@@ -17,8 +17,9 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from tritonbundle.clients import core
-from tritonbundle.clients.core import Classification, ModelInfo, RetryPolicy
+from tritonbundle.clients import core, modelinfo
+from tritonbundle.clients.core import RetryPolicy
+from tritonbundle.clients.modelinfo import Classification, ModelInfo
 from tritonbundle.contract import SCORE_OUTPUT
 from tritonbundle.errors import ClientBusyError, ModelNotFoundError, ServerUnavailableError
 
@@ -110,7 +111,7 @@ class _AsyncBaseClient(core.ClientBase):
         info = await self.model_info(self.model)
         arrays, outputs, logits = self._classify_request(info, texts)
         out = await self._batched(self.model, arrays, outputs, info.max_batch_size, timeout_s)
-        return core.classifications(out, logits)
+        return modelinfo.classifications(out, logits)
 
     async def rerank(
         self, query: str | bytes, passages: Sequence[str | bytes], *, timeout_s: float | None = None
@@ -206,7 +207,7 @@ class AsyncHttpClient(_AsyncBaseClient):
     async def _describe(self, model: str) -> ModelInfo:
         metadata = await self._client.get_model_metadata(model, headers=self.headers)
         config = await self._client.get_model_config(model, headers=self.headers)
-        return core.model_info(metadata, config)
+        return modelinfo.model_info(metadata, config)
 
     async def _infer(
         self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str], timeout_s: float
@@ -253,7 +254,7 @@ class AsyncGrpcClient(_AsyncBaseClient):
     async def _describe(self, model: str) -> ModelInfo:
         metadata = await self._client.get_model_metadata(model, headers=self.headers, as_json=True)
         config = await self._client.get_model_config(model, headers=self.headers, as_json=True)
-        return core.model_info(metadata, config)
+        return modelinfo.model_info(metadata, config)
 
     async def _infer(
         self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str], timeout_s: float

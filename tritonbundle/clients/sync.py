@@ -29,8 +29,9 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from tritonbundle.clients import core
-from tritonbundle.clients.core import Classification, ModelInfo, RetryPolicy
+from tritonbundle.clients import core, modelinfo
+from tritonbundle.clients.core import RetryPolicy
+from tritonbundle.clients.modelinfo import Classification, ModelInfo
 from tritonbundle.contract import SCORE_OUTPUT
 from tritonbundle.errors import ClientError, ModelNotFoundError, ServerUnavailableError
 
@@ -173,7 +174,7 @@ class _BaseClient(core.ClientBase):
         probability, the logits) per text, in order."""
         info = self.model_info(self.model)
         arrays, outputs, logits = self._classify_request(info, texts)
-        return core.classifications(self._batched(self.model, arrays, outputs, info.max_batch_size, timeout_s), logits)
+        return modelinfo.classifications(self._batched(self.model, arrays, outputs, info.max_batch_size, timeout_s), logits)
 
     def rerank(self, query: str | bytes, passages: Sequence[str | bytes], *, timeout_s: float | None = None) -> np.ndarray[Any, Any]:
         """Score each passage's relevance to ``query`` with a text-pair model (a cross-encoder): float32
@@ -298,7 +299,7 @@ class HttpClient(_BaseClient):
     def _describe(self, model: str) -> ModelInfo:
         metadata = self._client.get_model_metadata(model, headers=self.headers)
         config = self._client.get_model_config(model, headers=self.headers)
-        return core.model_info(metadata, config)
+        return modelinfo.model_info(metadata, config)
 
     def _index(self) -> list[dict[str, Any]]:
         return list(self._client.get_model_repository_index(headers=self._restricted_headers()))
@@ -366,7 +367,7 @@ class GrpcClient(_BaseClient):
     def _describe(self, model: str) -> ModelInfo:
         metadata = self._client.get_model_metadata(model, headers=self.headers, as_json=True, client_timeout=self.timeout_s)
         config = self._client.get_model_config(model, headers=self.headers, as_json=True, client_timeout=self.timeout_s)
-        return core.model_info(metadata, config)
+        return modelinfo.model_info(metadata, config)
 
     def _index(self) -> list[dict[str, Any]]:
         index = self._client.get_model_repository_index(headers=self._restricted_headers(), as_json=True)
