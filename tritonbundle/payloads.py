@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from tritonbundle.contract import task_of
 from tritonbundle.errors import ConfigError
 from tritonbundle.traffic import TrafficSample
 
@@ -105,14 +106,6 @@ class Call:
 
 class Requests(Protocol):
     def next(self) -> Call: ...
-
-
-def task_of(parameters: Mapping[str, str], inputs: Mapping[str, str]) -> str:
-    """The task a served model says it has; a model the build did not write: text when it takes TEXT."""
-    task = parameters.get("task")
-    if task:
-        return task
-    return "text-embedding" if inputs.get("TEXT") == "BYTES" else "tensor"
 
 
 class TextRequests:

@@ -35,11 +35,9 @@ def client(args: argparse.Namespace, *, check_model: bool = True) -> _BaseClient
 def cmd_infer(args: argparse.Namespace) -> int:
     """Call any model the way its task says: texts to a text model (embed, classify, or rerank against
     --query), tensors to a tensor model (files, JSON or random data of its declared shapes)."""
-    from tritonbundle.payloads import task_of
-
     with client(args) as c:
         info = c.model_info(args.model)
-        task = task_of(info.parameters, {t.name: t.datatype for t in info.inputs})
+        task = info.kind()
         out = _infer_tensors(args, c, info) if task == "tensor" else _infer_texts(args, c, task)
     json.dump(out, sys.stdout)
     sys.stdout.write("\n")

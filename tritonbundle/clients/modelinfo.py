@@ -14,7 +14,7 @@ from tritonbundle import contract
 from tritonbundle.errors import ClientError, MetadataMismatchError
 
 #: The client method that calls each task's user-facing model (tritonbundle.tasks says the same).
-METHODS = {"tensor": "infer", "text-embedding": "embed", "text-classification": "classify", "text-pair": "rerank"}
+METHODS = contract.TASK_METHODS
 
 
 @dataclass(frozen=True)
@@ -49,12 +49,7 @@ class ModelInfo:
     def kind(self) -> str:
         """The task, else a guess from the inputs: ``text-pair`` with BYTES ``QUERY`` and ``TEXT``,
         ``text-embedding`` with a BYTES ``TEXT``, else ``tensor``."""
-        if self.task:
-            return self.task
-        served = {t.name: t.datatype for t in self.inputs}
-        if served.get(contract.TEXT_INPUT) == "BYTES":
-            return "text-pair" if served.get(contract.QUERY_INPUT) == "BYTES" else "text-embedding"
-        return "tensor"
+        return contract.task_of(self.parameters, {t.name: t.datatype for t in self.inputs})
 
     @property
     def encoder(self) -> contract.EncoderParameters | None:
@@ -197,9 +192,9 @@ def logits_output(info: ModelInfo) -> str | None:
 
 def task_outputs(logits: str | None, *added: str) -> list[str]:
     """The outputs a classify or rerank request names: what the task added, and the logits with them
-    even where only the score is read. Triton 2.51's ensemble scheduler fails a request that names
-    ``score`` without ``logits`` ("unexpected deadlock, at least one output is not set"): ``logits``
-    is both an ensemble output and the post-processing step's input."""
+    (``Classification.logits``). Repositories built before the post-processing step passed the logits
+    through fail a request that names ``score`` without ``logits`` on Triton 2.51 ("unexpected
+    deadlock, at least one output is not set"); naming both works with every build."""
     return [*([logits] if logits else []), *added]
 
 

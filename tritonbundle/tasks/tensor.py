@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tritonbundle.contract import TASK_METHODS
 from tritonbundle.errors import ConfigError
 from tritonbundle.manifest import ModelSpec
 from tritonbundle.runtimes.base import BuildContext, Runtime
@@ -12,7 +13,7 @@ from tritonbundle.tasks.base import Written
 
 class TensorTask:
     name = "tensor"
-    method = "infer"
+    method = TASK_METHODS["tensor"]
 
     def check(self, spec: ModelSpec) -> None:
         if spec.tokenize_in_encoder:

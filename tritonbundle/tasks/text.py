@@ -27,6 +27,7 @@ from pathlib import Path
 from tritonbundle.contract import (
     LABEL_OUTPUT,
     SCORE_OUTPUT,
+    TASK_METHODS,
     PostprocessParameters,
     TaskParameters,
     TokenizerParameters,
@@ -48,13 +49,14 @@ from tritonbundle.runtimes.tokenizer import plugin as tokenizer
 from tritonbundle.tasks.base import Written
 
 POSTPROCESS_PY = Path(__file__).with_name("postprocess") / "model.py"
-METHODS = {"text-embedding": "embed", "text-classification": "classify", "text-pair": "rerank"}
+#: The post-processing model's input: the encoder's logits (its outputs include them under their own name).
+POSTPROCESS_INPUT = "encoder_logits"
 
 
 class TextTask:
     def __init__(self, name: str) -> None:
         self.name = name
-        self.method = METHODS[name]
+        self.method = TASK_METHODS[name]
 
     def check(self, spec: ModelSpec) -> None:
         if spec.tokenize_in_encoder and self.name != "text-embedding":
@@ -102,15 +104,22 @@ class TextTask:
     def ensemble_config(self, spec: ModelSpec) -> ModelConfig:
         token_map = {t.name: f"_{t.name}" for t in spec.inputs}
         texts = tokenizer.text_inputs(spec)
+        encoded = {t.name: t.name for t in spec.outputs}
+        post = None
+        if self.name != "text-embedding":
+            # The post-processing step returns the logits it read too: Triton 2.51's ensemble scheduler
+            # fails a request that names `score` but not `logits` when `logits` is both an ensemble output
+            # and a later step's input ("unexpected deadlock, at least one output is not set").
+            logits = spec.outputs[0].name
+            encoded = {logits: f"_{logits}"}
+            added = (LABEL_OUTPUT, SCORE_OUTPUT) if self.name == "text-classification" else (SCORE_OUTPUT,)
+            post = EnsembleStep(postprocess_name(spec.name), input_map={POSTPROCESS_INPUT: f"_{logits}"},
+                                output_map={name: name for name in (logits, *added)})
         steps = [
             EnsembleStep(spec.tokenizer_name, input_map={t.name: t.name for t in texts}, output_map=token_map),
-            EnsembleStep(spec.encoder_name, input_map=token_map, output_map={t.name: t.name for t in spec.outputs}),
+            EnsembleStep(spec.encoder_name, input_map=token_map, output_map=encoded),
+            *([post] if post else []),
         ]
-        if self.name != "text-embedding":
-            logits = spec.outputs[0].name
-            post = {LABEL_OUTPUT: LABEL_OUTPUT, SCORE_OUTPUT: SCORE_OUTPUT} if self.name == "text-classification" \
-                else {SCORE_OUTPUT: SCORE_OUTPUT}
-            steps.append(EnsembleStep(postprocess_name(spec.name), input_map={logits: logits}, output_map=post))
         return ModelConfig(
             name=spec.name, platform="ensemble", max_batch_size=spec.max_batch_size, inputs=texts,
             outputs=self.outputs(spec), ensemble_steps=tuple(steps),
@@ -120,12 +129,12 @@ class TextTask:
     def postprocess_config(self, spec: ModelSpec, labels: dict[str, str]) -> ModelConfig:
         logits = spec.outputs[0]
         params = PostprocessParameters(task=self.name, logits=logits.name, labels=labels)
-        outputs = [TensorSpec(SCORE_OUTPUT, "FP32", (1,))]
+        outputs = [TensorSpec(logits.name, logits.dtype, logits.dims), TensorSpec(SCORE_OUTPUT, "FP32", (1,))]
         if self.name == "text-classification":
-            outputs.insert(0, TensorSpec(LABEL_OUTPUT, "STRING", (1,)))
+            outputs.insert(1, TensorSpec(LABEL_OUTPUT, "STRING", (1,)))
         return ModelConfig(
             name=postprocess_name(spec.name), backend="python", max_batch_size=spec.max_batch_size,
-            inputs=(TensorSpec(logits.name, logits.dtype, logits.dims),), outputs=tuple(outputs),
+            inputs=(TensorSpec(POSTPROCESS_INPUT, logits.dtype, logits.dims),), outputs=tuple(outputs),
             # Every request the batcher gathered in one numpy call; bounded like the tokenizer's queue.
             dynamic_batching=DynamicBatching(queue_policy=queue_policy(spec, spec.tokenizer_instances)),
             instance_groups=(InstanceGroup(count=spec.tokenizer_instances, kind="KIND_CPU"),),

@@ -1,10 +1,11 @@
-"""Triton Python-backend model: a classifier's or cross-encoder's logits in, ``label``/``score`` out.
+"""Triton Python-backend model: a classifier's or cross-encoder's logits in; the logits (passed through),
+``label`` and ``score`` out.
 
 Settings: :class:`tritonbundle.contract.PostprocessParameters` in the config's ``parameters``:
   task     text-classification: ``label`` (BYTES, the top class's label) and ``score`` (its softmax
            probability); text-pair: ``score`` per pair (the sigmoid of a single logit, or the softmax
            probability of class 1 of two: "relevant")
-  logits   the input's name (the encoder's output)
+  logits   the name of the logits it returns (its one input holds the encoder's logits)
   labels   class index -> label (JSON); an index without a label is its own label
 
 Every request of the dynamic batch is computed in one numpy call.
@@ -58,14 +59,16 @@ def relevance(logits: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
-        params = PostprocessParameters.from_config(json.loads(args["model_config"]))
+        config = json.loads(args["model_config"])
+        params = PostprocessParameters.from_config(config)
+        self.input = config["input"][0]["name"]
         self.task = params.task
         self.logits = params.logits
         self.labels = params.labels
         gc.freeze()
 
     def execute(self, requests: list[Any]) -> list[Any]:
-        arrays = [pb_utils.get_input_tensor_by_name(r, self.logits).as_numpy() for r in requests]
+        arrays = [pb_utils.get_input_tensor_by_name(r, self.input).as_numpy() for r in requests]
         rows = [a.shape[0] for a in arrays]
         logits = np.concatenate(arrays, axis=0)
         if self.task == "text-classification":
@@ -73,10 +76,10 @@ class TritonPythonModel:
         else:
             names, scores = None, relevance(logits)
         responses, start = [], 0
-        for n in rows:
-            tensors = [pb_utils.Tensor(SCORE_OUTPUT, scores[start : start + n])]
+        for array, n in zip(arrays, rows):
+            tensors = [pb_utils.Tensor(self.logits, array), pb_utils.Tensor(SCORE_OUTPUT, scores[start : start + n])]
             if names is not None:
-                tensors.insert(0, pb_utils.Tensor(LABEL_OUTPUT, names[start : start + n]))
+                tensors.append(pb_utils.Tensor(LABEL_OUTPUT, names[start : start + n]))
             responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
             start += n
         return responses
