@@ -87,7 +87,12 @@ def repository(manifest: Path, project: Path) -> Path:
     return repo
 
 
-def test_the_image_model_is_planned_on_both_axes_from_its_traffic(repository: Path, project: Path) -> None:
+def test_the_image_model_is_planned_on_both_axes_from_its_traffic(repository: Path, manifest: Path, project: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    capsys.readouterr()
+    assert main(["plan", "--manifest", str(manifest), "--artifacts", str(project / "artifacts"), "--model", "vision",
+                 "--out", str(project / "plan")]) == 0
+    print(capsys.readouterr().out)
     plan = json.loads((project / "artifacts" / "vision" / "plan.json").read_text())
     assert set(plan["axis_buckets"]) == {"height", "width"}
     assert len(plan["profiles"]) == 3 * 2 * 2  # batch buckets x height buckets x width buckets
@@ -193,7 +198,7 @@ def test_loadtest_drives_each_model_with_its_own_requests(server: Any, project: 
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     traffic = project / "traffic" / ("images.jsonl" if model == "vision" else "chat.jsonl")
     code = main(["loadtest", "--http-url", server.http_url, "--grpc-url", server.grpc_url, "--model", model,
-                 "--traffic", str(traffic), "--users", "2", "--duration-s", "4", "--out", str(tmp_path / "lt")])
+                 "--traffic", str(traffic), "--users", "2", "--window-s", "4", "--out", str(tmp_path / "lt")])
     summary = json.loads((tmp_path / "lt" / "summary.json").read_text())
     assert code == 0, capsys.readouterr()
     total = summary["total"]
@@ -203,13 +208,15 @@ def test_loadtest_drives_each_model_with_its_own_requests(server: Any, project: 
           f"p99 {total['p99_ms']:.0f} ms ({', '.join(sorted(kinds))})")
 
 
-def test_a_short_tune_measures_a_tensor_model(repository: Path, manifest: Path, project: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("model", ["mlp", "vision", "sentiment"])
+def test_a_short_tune_measures_each_kind_of_model(repository: Path, manifest: Path, project: Path, tmp_path: Path,
+                                                  model: str) -> None:
     out = tmp_path / "tune"
-    code = main(["tune", "--manifest", str(manifest), "--artifacts", str(project / "artifacts"), "--model", "mlp",
-                 "--budget-s", "40", "--window-s", "2", "--start-rate", "20", "--knobs", "max_queue_delay_us",
-                 "--slo-p99-ms", "200", "--out", str(out)])
+    code = main(["tune", "--manifest", str(manifest), "--artifacts", str(project / "artifacts"), "--model", model,
+                 "--budget-s", "25", "--window-s", "2", "--start-rate", "10", "--knobs", "max_queue_delay_us",
+                 "--slo-p99-ms", "500", "--out", str(out)])
     result = json.loads((out / "tune.json").read_text())
     rates = [p["rate"] for p in result["points"]]
-    print(f"\ntune mlp (CPU tier): {result.get('reason')}; rates {rates}")
-    assert result["model"] == "mlp" and any(r for r in rates), result
+    print(f"\ntune {model} (CPU tier): {result.get('reason')}; rates {rates}")
+    assert result["model"] == model and any(r for r in rates), result
     assert code == 0

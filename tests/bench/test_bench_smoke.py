@@ -32,7 +32,7 @@ def test_bench_on_the_cpu_measures_four_systems_and_cleans_up(tmp_path: Path) ->
     out, work = tmp_path / "out", tmp_path / "work"
     argv = [
         sys.executable, "-m", "tritonbundle", "bench", "gpu", "--device", "cpu", "--models", "minilm",
-        "--budget-s", "170", "--slo-ms", "10000", "--ladder-start", "1", "--ladder-factor", "3", "--refine", "1",
+        "--budget-s", "170", "--slo-p99-ms", "10000", "--start-rate", "1", "--rate-factor", "3", "--refine", "1",
         "--sequence-buckets", "4", "--batch-buckets", "1,4", "--ceiling-batches", "1,4", "--load-procs", "1",
         "--instances", "1", "--shares", "naive=0.25,peer=0.3,bundle=0.35,ceiling=0.1", "--out", str(out), "--work", str(work),
     ]
@@ -97,7 +97,7 @@ def test_sigterm_stops_the_servers_and_still_writes_the_report(tmp_path: Path) -
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "tritonbundle", "bench", "gpu", "--device", "cpu", "--models", "minilm",
-         "--systems", "bundle", "--budget-s", "120", "--slo-ms", "10000", "--ladder-start", "1",
+         "--systems", "bundle", "--budget-s", "120", "--slo-p99-ms", "10000", "--start-rate", "1",
          "--sequence-buckets", "4", "--batch-buckets", "1,4", "--load-procs", "1", "--instances", "1",
          "--out", str(out), "--work", str(work)],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,

@@ -23,6 +23,8 @@ class BenchOptions:
     systems: tuple[str, ...] = SYSTEMS
     device: str = "cuda"
     slo_ms: float = 50.0
+    #: Failed requests a level may have and still meet the SLO.
+    max_failure_ratio: float = 0.01
     traffic: Path | None = None
     sequence_buckets: int = 16
     batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)

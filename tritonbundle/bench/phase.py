@@ -34,8 +34,8 @@ class Context:
 
     @property
     def slo(self) -> Slo:
-        """The benchmark's objective: p99 within ``--slo-ms``, at most 1 % of requests failed."""
-        return Slo(p99_ms=self.options.slo_ms, max_failure_ratio=0.01)
+        """The benchmark's objective: p99 within ``--slo-p99-ms``, at most 1 % of requests failed."""
+        return Slo(p99_ms=self.options.slo_ms, max_failure_ratio=self.options.max_failure_ratio)
 
 
 def wait_idle(probe: Callable[[], float], max_s: float, threshold: float) -> float:

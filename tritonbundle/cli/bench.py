@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from tritonbundle.cli import args as shared
 from tritonbundle.cli import defaults
 
 
@@ -24,11 +25,12 @@ def cmd_gpu(args: argparse.Namespace) -> int:
 
     options = BenchOptions(
         out=args.out, work=args.work, budget_s=args.budget_s, models=_names(args.models), systems=_names(args.systems),
-        device=args.device, slo_ms=args.slo_ms, traffic=args.traffic, sequence_buckets=args.sequence_buckets,
+        device=args.device, slo_ms=args.slo_p99_ms, max_failure_ratio=args.max_failure_ratio, traffic=args.traffic,
+        sequence_buckets=args.sequence_buckets,
         batch_buckets=_ints(args.batch_buckets), queue_delay_us=args.queue_delay_us,
         tokenizer_instances=args.tokenizer_instances, tokenizer_queue_delay_us=args.tokenizer_queue_delay_us,
         instances=args.instances or (2 if args.device == "cuda" else 1), load_procs=args.load_procs,
-        ladder_start=args.ladder_start, ladder_factor=args.ladder_factor, refine=args.refine, max_rate=args.max_rate,
+        ladder_start=args.start_rate, ladder_factor=args.rate_factor, refine=args.refine, max_rate=args.max_rate,
         ceiling_batches=_ints(args.ceiling_batches), timeout_s=args.timeout_s, seed=args.seed,
         shares={k.strip(): float(v) for k, v in (x.split("=", 1) for x in args.shares.split(",") if x.strip())},
         tuned=winner_overrides(args.tuned) if args.tuned else {},
@@ -44,9 +46,9 @@ def cmd_gpu(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("bench", help="serving benchmark: naive PyTorch vs the bundle vs the engine ceiling (GPU)")
+    p = shared.parser(sub, "bench", help="serving benchmark: naive PyTorch vs the bundle vs the engine ceiling (GPU)")
     bench_sub = p.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
-    g = bench_sub.add_parser(
+    g = shared.parser(bench_sub,
         "gpu", help="naive / bundle / ceiling on one GPU, same traffic, in one run; writes bench.json/.md/.png",
         description="Measure the systems in turn on the same request stream: naive (aiohttp + PyTorch FP32, one "
                     "request at a time), the peer (LitServe, FP16, its own dynamic batching), the bundle (tritonserver + the pytorch runtime: dynamic batching, padding "
@@ -59,8 +61,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g.add_argument("--systems", default="naive,peer,bundle,ceiling",
                    help="comma-separated: naive, peer (LitServe), bundle, ceiling")
     g.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the same run on the CPU (smoke test)")
-    g.add_argument("--slo-ms", type=float, default=50.0, help="p99 latency SLO")
-    g.add_argument("--traffic", type=Path, help="traffic sample (JSON Lines); default: synthetic chat, 10,000 requests, seed 0")
+    shared.slo(g, p99_ms=50.0, p95=False)
+    shared.traffic(g, sample="default: synthetic chat, 10,000 requests, seed 0", shape=False)
     g.add_argument("--sequence-buckets", type=int, default=16, help="padding targets planned from the traffic (max 16)")
     g.add_argument("--batch-buckets", default="1,2,4,8,16,32,64,128", help="batch sizes CUDA graphs are captured for")
     g.add_argument("--queue-delay-us", type=int, default=0,
@@ -69,10 +71,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g.add_argument("--tokenizer-instances", type=int, default=4, help="tokenizer model instances")
     g.add_argument("--tokenizer-queue-delay-us", type=int, default=200, help="tokenizer batcher max queue delay")
     g.add_argument("--load-procs", type=int, default=0, help="load generator processes for the bundle (default: cores/2 - 1, at most 8)")
-    g.add_argument("--ladder-start", type=float, default=50.0, help="first offered load (req/s)")
-    g.add_argument("--ladder-factor", type=float, default=4.0, help="ladder multiplier until the SLO is missed")
-    g.add_argument("--refine", type=int, default=3, help="bisection steps after the ladder")
-    g.add_argument("--max-rate", type=float, default=60000.0)
+    shared.rate_search(g, start=50.0, factor=4.0, refine=3, max_rate=60000.0)
     g.add_argument("--ceiling-batches", default="1,8,32,64,128,256", help="batch sizes the ceiling is timed at")
     g.add_argument("--shares", default="naive=0.15,peer=0.25,bundle=0.45,ceiling=0.15",
                    help="each system's share of a model's time (unused time rolls over)")

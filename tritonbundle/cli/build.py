@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tritonbundle import runtimes
+from tritonbundle.cli import args as shared
 from tritonbundle.cli import defaults
 from tritonbundle.contract import TASKS
 from tritonbundle.manifest import PRECISIONS, TARGETS
@@ -98,7 +99,7 @@ def cmd_traffic(args: argparse.Namespace) -> int:
     from tritonbundle import traffic
 
     sample = traffic.synthetic(
-        args.shape, n=args.n, max_tokens=args.max_tokens, seed=args.seed, batch_max=args.batch_max,
+        args.traffic_shape, n=args.n, max_tokens=args.max_tokens, seed=args.seed, batch_max=args.batch_max,
         rate_per_s=args.rate, fixed_tokens=args.tokens,
     )
     path = traffic.dump(sample, args.out)
@@ -163,7 +164,7 @@ def _inputs(p: argparse.ArgumentParser, *, repository: bool = True) -> None:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("init", help="describe an ONNX model (inputs, outputs, dynamic axes) and add it to the manifest")
+    p = shared.parser(sub, "init", help="describe an ONNX model (inputs, outputs, dynamic axes) and add it to the manifest")
     p.add_argument("onnx", type=Path, help="the ONNX file")
     p.add_argument("--name", help="the model's name (default: the file's name without .onnx)")
     p.add_argument("--task", choices=TASKS,
@@ -176,13 +177,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--artifacts", type=Path, default=defaults.ARTIFACTS, help="where the check's plan is written")
     p.set_defaults(func=cmd_init)
 
-    p = sub.add_parser("export", help="export the manifest's models to ONNX and check parity with PyTorch")
+    p = shared.parser(sub, "export", help="export the manifest's models to ONNX and check parity with PyTorch")
     _inputs(p, repository=False)
     p.add_argument("--force", action="store_true", help="export again even when the export is up to date")
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("traffic", help="write a synthetic traffic sample (JSON Lines)")
-    p.add_argument("--shape", choices=SHAPES, default="chat")
+    p = shared.parser(sub, "traffic", help="write a synthetic traffic sample (JSON Lines)")
+    p.add_argument("--traffic-shape", choices=SHAPES, default="chat",
+                   help="lengths like chat turns, chat + documents, uniform, fixed")
+    shared.hidden(p, "--shape", dest="traffic_shape", choices=SHAPES)
     p.add_argument("--n", type=int, default=5000, help="number of requests")
     p.add_argument("--max-tokens", type=int, default=512)
     p.add_argument("--tokens", type=int, default=128, help="length for --shape fixed")
@@ -192,17 +195,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--out", type=Path, default=defaults.TRAFFIC)
     p.set_defaults(func=cmd_traffic)
 
-    p = sub.add_parser("plan", help="plan buckets and profiles from the traffic sample; write a report")
+    p = shared.parser(sub, "plan", help="plan buckets and profiles from the traffic sample; write a report")
     _inputs(p, repository=False)
     p.add_argument("--out", type=Path, default=defaults.PLAN_REPORT, help="report folder")
     p.set_defaults(func=cmd_plan)
 
-    p = sub.add_parser("repo", help="write the model repository from existing exports (no export)")
+    p = shared.parser(sub, "repo", help="write the model repository from existing exports (no export)")
     _inputs(p)
     p.add_argument("--force", action="store_true", help="rebuild engines and weights even when up to date")
     p.set_defaults(func=cmd_repo)
 
-    p = sub.add_parser("build", help="export, plan, build engines and write the model repository")
+    p = shared.parser(sub, "build", help="export, plan, build engines and write the model repository")
     _inputs(p)
     p.add_argument("--force", action="store_true",
                    help="rebuild engines and weights even when up to date (uses the existing ONNX export)")
@@ -212,6 +215,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "engines that fit this GPU and TensorRT); print what differs and exit 1 if anything does")
     p.set_defaults(func=cmd_build)
 
-    p = sub.add_parser("fingerprint", help="print this node's GPU + TensorRT fingerprint (engine cache key)")
+    p = shared.parser(sub, "fingerprint", help="print this node's GPU + TensorRT fingerprint (engine cache key)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_fingerprint)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from tritonbundle.cli import args as shared
 from tritonbundle.cli import defaults
 
 
@@ -15,7 +16,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("demo", help="export, write the repository, serve, embed sentences over HTTP and gRPC, stop")
+    p = shared.parser(sub, "demo", help="export, write the repository, serve, embed sentences over HTTP and gRPC, stop")
     p.add_argument("--manifest", type=Path, default=defaults.MANIFEST)
     p.add_argument("--repository", type=Path, default=defaults.REPOSITORY)
     p.add_argument("--artifacts", type=Path, default=defaults.ARTIFACTS)

@@ -3,30 +3,33 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
+from tritonbundle.cli import args as shared
 from tritonbundle.cli import defaults
-from tritonbundle.traffic import SHAPES
 
 
 def cmd_loadtest(args: argparse.Namespace) -> int:
     from tritonbundle.loadtests import runner
     from tritonbundle.loadtests.settings import LoadSettings
-    from tritonbundle.measure.latency import Slo
 
     traffic = args.traffic or (defaults.TRAFFIC if defaults.TRAFFIC.exists() else None)
     settings = LoadSettings(
-        http_url=args.http_url if args.protocol in ("http", "both") else None,
+        http_url=(args.http_url or os.environ.get(defaults.URL_ENV) or defaults.HTTP_URL)
+        if args.protocol in ("http", "both") else None,
         grpc_url=args.grpc_url if args.protocol in ("grpc", "both") else None,
         metrics_url=args.metrics_url, model=args.model, input=args.input,
         inputs=str(args.inputs.resolve()) if args.inputs else None,
-        traffic=str(traffic) if traffic else None, synthetic=args.synthetic, seed=args.seed, mode=args.mode,
-        users=args.users, rate=args.rate, spawn_rate=args.spawn_rate, duration_s=args.duration_s,
-        shape=args.shape, timeout_s=args.timeout_s, retries=args.retries, report_dir=str(args.out),
-        slo=Slo(p95_ms=args.slo_p95_ms, p99_ms=args.slo_p99_ms, max_failure_ratio=args.max_failure_ratio),
+        traffic=str(traffic) if traffic else None, synthetic=args.traffic_shape, seed=args.seed, mode=args.mode,
+        users=args.users, rate=args.rate, spawn_rate=args.spawn_rate, duration_s=args.window_s,
+        shape=args.load_shape, timeout_s=args.timeout_s, retries=args.retries, report_dir=str(args.out),
+        slo=shared.slo_from(args),
     )
-    if args.search:
-        found = runner.search(settings, start=args.search)
+    if args.search is not None:
+        start = float(args.search) if args.search else args.start_rate  # `--search START`: the earlier spelling
+        found = runner.search(settings, start=start, factor=args.rate_factor, refine=args.refine,
+                              max_rate=args.max_rate)
         for s in found.steps:
             print(f"{s.offered_rps:9.1f} req/s offered: {s.achieved_rps:9.1f} answered/s, p99 {s.p99_ms:.1f} ms, "
                   f"SLO {'met' if s.passed else 'missed'}")
@@ -50,39 +53,39 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("loadtest", help="run a bounded Locust load test (HTTP and gRPC) and write a report with SLO gates")
-    p.add_argument("--protocol", choices=("http", "grpc", "both"), default="both")
-    p.add_argument("--http-url", default=defaults.HTTP_URL)
-    p.add_argument("--grpc-url", default=defaults.GRPC_URL)
+    p = shared.parser(sub, "loadtest", help="run a bounded Locust load test (HTTP and gRPC) and write a report with SLO gates")
+    p.add_argument("--protocol", choices=("http", "grpc", "both"), default="both", help="protocols the users speak")
+    p.add_argument("--http-url", help=f"the server's HTTP address (${defaults.URL_ENV}, else {defaults.HTTP_URL})")
+    p.add_argument("--grpc-url", default=defaults.GRPC_URL, help="the server's gRPC address")
     p.add_argument("--metrics-url", help="Triton's metrics endpoint, scraped for the server-side view "
                    f"(e.g. http://127.0.0.1:{defaults.METRICS_PORT}/metrics)")
-    p.add_argument("--model", default=defaults.MODEL)
+    p.add_argument("--model", default=defaults.MODEL, help="model to load")
     p.add_argument("--input", choices=("text", "tokens", "both"), default="text",
                    help="text: the model's own requests (texts for a text model, tensors of its declared shapes for "
                         "a tensor model); tokens: token rows to a text-embedding model's encoder; both: alternate")
     p.add_argument("--inputs", type=Path, metavar="FILE.npz",
                    help="tensor model: recorded inputs (one array per input, first axis the samples) instead of "
                         "random ones")
-    p.add_argument("--traffic", type=Path, default=None,
-                   help=f"traffic sample the requests are drawn from (default {defaults.TRAFFIC} when present)")
-    p.add_argument("--synthetic", choices=SHAPES, default="chat", help="synthetic traffic when no sample is given")
+    shared.traffic(p, sample=f"default {defaults.TRAFFIC} when present")
     p.add_argument("--mode", choices=("closed", "open"), default="closed",
                    help="closed: USERS send back-to-back; open: Poisson arrivals at RATE requests/s")
-    p.add_argument("--users", type=int, default=8)
+    p.add_argument("--users", type=int, default=8, help="concurrent users (open model: Poisson sources)")
     p.add_argument("--rate", type=float, default=20.0, help="open model: requests per second")
-    p.add_argument("--spawn-rate", type=float, default=100.0)
-    p.add_argument("--duration-s", type=float, default=20.0)
-    p.add_argument("--shape", choices=("constant", "step", "spike", "soak"), default="constant")
+    p.add_argument("--spawn-rate", type=float, default=100.0, help="users started per second")
+    shared.window(p, default=20.0, what="seconds the test runs (each level of a sweep or search)")
+    shared.hidden(p, "--duration-s", dest="window_s", type=float)
+    p.add_argument("--load-shape", choices=("constant", "step", "spike", "soak"), default="constant",
+                   help="how the users (or the rate) change over the run")
+    shared.hidden(p, "--shape", dest="load_shape", choices=("constant", "step", "spike", "soak"))
     p.add_argument("--timeout-s", type=float, default=10.0, help="deadline per request")
     p.add_argument("--retries", type=int, default=1, help="attempts per request (1: report raw failures)")
-    p.add_argument("--slo-p95-ms", type=float)
-    p.add_argument("--slo-p99-ms", type=float)
-    p.add_argument("--max-failure-ratio", type=float, default=0.0)
+    shared.slo(p)
     p.add_argument("--sweep", help="comma-separated levels (users, or requests/s with --mode open); "
                    "reports the highest throughput that meets the SLO")
-    p.add_argument("--search", type=float, metavar="START",
-                   help="open model: find the highest rate that meets the SLO, from START requests/s (x2 ladder, "
-                        "then bisection; one --duration-s run per level)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--search", nargs="?", const="", metavar="START",
+                   help="open model: find the highest rate that meets the SLO, from --start-rate (x --rate-factor, "
+                        "then --refine bisections; one --window-s run per level)")
+    shared.rate_search(p, start=10.0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the requests drawn")
     p.add_argument("--out", type=Path, default=defaults.LOADTEST_REPORT, help="report folder")
     p.set_defaults(func=cmd_loadtest)

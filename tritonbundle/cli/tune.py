@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from tritonbundle import runtimes
+from tritonbundle.cli import args as shared
 from tritonbundle.cli import defaults
 from tritonbundle.errors import ConfigError
 from tritonbundle.manifest import PRECISIONS, TARGETS, Tunables
@@ -67,6 +68,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         out=args.out, manifest=manifest, artifacts=artifacts, slo_ms=args.slo_p99_ms, budget_s=args.budget_s,
         model=args.model, traffic=args.traffic, overrides=overrides, start=args.start, knobs=args.knobs,
         window_s=args.window_s, load_procs=args.load_procs or 1, start_rate=args.start_rate, work=args.work,
+        rate_factor=args.rate_factor, refine=args.refine, max_rate=args.max_rate,
+        max_failure_ratio=args.max_failure_ratio,
         tuned_manifest=tuned, extra_server_args=server_args,
     )
     result = run_tune(options)
@@ -113,7 +116,7 @@ def _bench_workspace(args: argparse.Namespace) -> tuple[Path, Path, tuple[str, .
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
+    p = shared.parser(sub,
         "tune", help="pick instances, queue delays, batch sizes from the traffic sample and a p99 SLO, on the real server",
         description="Measure candidate serving configurations on the real tritonserver: each is written by the "
                     "build stage (the manifest plus overrides), served, and driven by the traffic sample at rising "
@@ -121,12 +124,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                     "Writes tune.md/.json/.png and winner.yaml to --out and the manifest with the winner beside "
                     "the manifest (<name>.tuned.yaml, or the manifest itself with --write).",
     )
-    p.add_argument("--slo-p99-ms", type=float, default=50.0, help="p99 latency SLO, end to end through the ensemble")
+    shared.slo(p, p99_ms=50.0, p95=False)
     p.add_argument("--budget-s", type=float, default=300.0, help="wall time for the whole search; results are kept as it goes")
     p.add_argument("--manifest", type=Path, default=defaults.MANIFEST, help="models manifest (YAML)")
     p.add_argument("--artifacts", type=Path, default=defaults.ARTIFACTS, help="ONNX files, plans, logs")
-    p.add_argument("--model", help="the text-embedding model to tune (default: the manifest's first)")
-    p.add_argument("--traffic", type=Path, help="traffic sample (JSON Lines); overrides the manifest's")
+    p.add_argument("--model", help="the model to tune (default: the manifest's first)")
+    shared.traffic(p, sample="default: the manifest's", shape=False)
     p.add_argument("--target", choices=TARGETS, help="override the manifest's target server")
     p.add_argument("--runtime", choices=runtimes.names(), help="override the model's runtime")
     p.add_argument("--precision", choices=PRECISIONS, help="override the model's precision")
@@ -134,8 +137,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="where the search starts, as manifest keys: 'instances=1,max_queue_delay_us=0,batch_buckets=[1]' "
                         "(default: the manifest's values)")
     p.add_argument("--knobs", type=_knobs, default=ORDER, help=f"knobs to search, in this order (default: {','.join(ORDER)})")
-    p.add_argument("--window-s", type=float, default=3.0, help="measured seconds per load level")
-    p.add_argument("--start-rate", type=float, default=4.0, help="first offered load of the first point (req/s)")
+    shared.window(p, default=3.0)
+    shared.rate_search(p, start=4.0)
     p.add_argument("--load-procs", type=int, default=0, help="load generator processes (default: 1; --bench-model: cores/2 - 1)")
     p.add_argument("--out", type=Path, default=defaults.TUNE_REPORT, help="report folder")
     p.add_argument("--write", action="store_true", help="write the winner into the manifest itself (keeps <manifest>.bak)")

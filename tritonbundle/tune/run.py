@@ -53,7 +53,11 @@ class TuneOptions:
     window_s: float = 3.0
     load_procs: int = 1
     start_rate: float = 4.0
+    rate_factor: float = 2.0
+    refine: int = 2
     max_rate: float = 100_000.0
+    #: Failed requests a level may have and still meet the SLO.
+    max_failure_ratio: float = 0.01
     work: Path | None = None
     #: Where the manifest with the winner written in goes (None: only ``winner.yaml`` in ``out``).
     tuned_manifest: Path | None = None
@@ -210,7 +214,8 @@ def _measure(label: str, config: Config, options: TuneOptions, base: BuildOption
         pool.step(start_rate, warmup_s=max(1.0, options.window_s / 2), window_s=0.5, grace_s=1.0, seed=index)
         sweep = search_rate(
             lambda rate: _level(rate, options, pool, server, meter, gpu, index),
-            slo=Slo(p99_ms=options.slo_ms, max_failure_ratio=0.01), start=start_rate, factor=2.0, refine=2,
+            slo=Slo(p99_ms=options.slo_ms, max_failure_ratio=options.max_failure_ratio), start=start_rate,
+            factor=options.rate_factor, refine=options.refine,
             max_rate=options.max_rate, can_continue=lambda: clock.left() > options.window_s * 2 + 5,
         )
     except (TritonBundleError, LoadError) as e:
