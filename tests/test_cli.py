@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 
@@ -40,3 +41,126 @@ def test_unreachable_server_is_a_one_line_error(capsys: pytest.CaptureFixture[st
     assert code == 1
     assert f"127.0.0.1:{port}" in err or "cannot reach" in err or "not ready" in err
     assert "Traceback" not in err
+
+
+def _parsers() -> dict[str, argparse.ArgumentParser]:
+    """Every command's parser, by its command line (``bench gpu`` included)."""
+    from tritonbundle.cli import parser
+
+    out: dict[str, argparse.ArgumentParser] = {}
+
+    def walk(p: argparse.ArgumentParser, prefix: str) -> None:
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, child in action.choices.items():
+                    out[f"{prefix} {name}".strip()] = child
+                    walk(child, f"{prefix} {name}")
+
+    walk(parser(), "")
+    return out
+
+
+#: One flag per concept (tritonbundle/cli/args.py): the argument's destination -> its one visible spelling.
+CONCEPTS = {"slo_p99_ms": "--slo-p99-ms", "slo_p95_ms": "--slo-p95-ms", "max_failure_ratio": "--max-failure-ratio",
+            "start_rate": "--start-rate", "rate_factor": "--rate-factor", "window_s": "--window-s",
+            "traffic_shape": "--traffic-shape", "traffic": "--traffic", "url": "--url", "api_key_env": "--api-key-env"}
+OLD_SPELLINGS = {"--slo-ms", "--ladder-start", "--ladder-factor", "--duration-s", "--synthetic"}
+
+
+def test_every_command_spells_a_concept_the_same_way_and_shows_its_defaults() -> None:
+    parsers = _parsers()
+    assert {"loadtest", "tune", "bench gpu", "traffic", "infer", "health", "models", "serve", "init"} <= set(parsers)
+    budgets = {}
+    for command, p in parsers.items():
+        text = p.format_help()
+        for action in p._actions:
+            visible = action.help != argparse.SUPPRESS
+            if visible and action.dest in CONCEPTS and action.option_strings:
+                assert action.option_strings == [CONCEPTS[action.dest]], (command, action.option_strings)
+            if not visible:
+                continue
+            assert not OLD_SPELLINGS & set(action.option_strings), (command, action.option_strings)
+            if action.dest == "max_failure_ratio":
+                budgets[command] = action.default
+            shown = action.option_strings and action.default not in (None, False, [], (), argparse.SUPPRESS)
+            if shown and action.help:
+                assert "(default: " in text, (command, action.dest)
+        if command == "loadtest":  # step/spike is the load's shape, not the traffic's
+            assert "--load-shape" in text and "--traffic-shape" in text
+    assert set(budgets.values()) == {0.01}, budgets  # one failure budget by default: loadtest, tune, bench gpu
+
+
+def test_earlier_spellings_still_work_as_hidden_aliases() -> None:
+    from tritonbundle.cli import parser
+
+    old = parser().parse_args(["loadtest", "--duration-s", "7", "--synthetic", "bimodal", "--shape", "spike",
+                               "--slo-ms", "30", "--search", "5"])
+    assert (old.window_s, old.traffic_shape, old.load_shape, old.slo_p99_ms, old.search) == (7.0, "bimodal", "spike",
+                                                                                             30.0, "5")
+    bench = parser().parse_args(["bench", "gpu", "--slo-ms", "40", "--ladder-start", "3", "--ladder-factor", "2"])
+    assert (bench.slo_p99_ms, bench.start_rate, bench.rate_factor) == (40.0, 3.0, 2.0)
+
+
+def test_health_against_a_closed_port_answers_at_once_naming_the_address(capsys: pytest.CaptureFixture[str]) -> None:
+    import time
+
+    from tritonbundle.server import free_port
+
+    port = free_port()
+    start = time.monotonic()
+    code = main(["health", "--url", f"127.0.0.1:{port}"])
+    took = time.monotonic() - start
+    err = capsys.readouterr().err
+    assert code == 1 and took < 1.0, took
+    assert f"127.0.0.1:{port}" in err and "tritonbundle serve" in err
+    start = time.monotonic()
+    assert main(["models", "--url", f"127.0.0.1:{port}"]) == 1
+    assert time.monotonic() - start < 3.0
+    err = capsys.readouterr().err
+    assert f"cannot reach a server at 127.0.0.1:{port}" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_models_works_against_a_fresh_serve_that_made_up_its_key(repository: object, tmp_path: object) -> None:
+    """`serve` without $TRITONBUNDLE_API_KEY locks the repository API with a random key and writes it where
+    the client commands look (readable by the user only): `models` then works with nothing set."""
+    import json
+    import os
+    import signal
+    import stat
+    import time
+    from pathlib import Path
+
+    from tritonbundle.server import free_port
+
+    tmp = Path(str(tmp_path))
+    env = {k: v for k, v in os.environ.items() if k != "TRITONBUNDLE_API_KEY"} | {"XDG_STATE_HOME": str(tmp / "state")}
+    http, grpc, metrics = free_port(), free_port(), free_port()
+    ready = tmp / "ready.json"
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "tritonbundle", "serve", "--repository", str(repository), "--http-port", str(http),
+         "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--log-file", str(tmp / "tritonserver.log"),
+         "--ready-file", str(ready), "--canary-interval-s", "0"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not ready.exists() and serve.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert ready.exists(), "serve did not become ready"
+        key = tmp / "state" / "tritonbundle" / "keys" / f"127.0.0.1_{http}.key"
+        assert stat.S_IMODE(key.stat().st_mode) == 0o600
+        for protocol, port in (("http", http), ("grpc", grpc)):
+            listed = subprocess.run([sys.executable, "-m", "tritonbundle", "models", "--json", "--protocol", protocol,
+                                     "--url", f"127.0.0.1:{port}"], env=env, capture_output=True, text=True, timeout=60)
+            assert listed.returncode == 0, listed.stderr
+            assert "minilm" in {m["name"] for m in json.loads(listed.stdout)}
+        other = {**env, "XDG_STATE_HOME": str(tmp / "elsewhere")}  # a user without the file: told what to do
+        refused = subprocess.run([sys.executable, "-m", "tritonbundle", "models", "--url", f"127.0.0.1:{http}"],
+                                 env=other, capture_output=True, text=True, timeout=60)
+        assert refused.returncode != 0 and "$TRITONBUNDLE_API_KEY" in refused.stderr and "api_key=" not in refused.stderr
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        out, _ = serve.communicate(timeout=60)
+    assert "random key, written (readable by you only)" in out
+    assert not key.exists(), "the key file goes with the server"

@@ -22,7 +22,10 @@ STAGES = (build, serve, client, demo, loadtest, tune, bench)
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="tritonbundle", description=__doc__.splitlines()[0] if __doc__ else None)
+    from tritonbundle.cli.args import Formatter
+
+    ap = argparse.ArgumentParser(prog="tritonbundle", description=__doc__.splitlines()[0] if __doc__ else None,
+                                 formatter_class=Formatter)
     ap.add_argument("--version", action="version", version=f"tritonbundle {__version__}")
     ap.add_argument("-v", "--verbose", action="store_true", help="log every external command and debug detail")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -36,6 +39,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup(verbose=args.verbose)
     try:
         return int(args.func(args))
+    except BrokenPipeError:  # `tritonbundle infer ... | head`: the reader has gone; so does the output
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a command stopped by a closed pipe
     except TritonBundleError as e:
         print(f"tritonbundle {args.command}: error: {e}", file=sys.stderr)
         return e.exit_code

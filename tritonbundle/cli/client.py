@@ -4,32 +4,57 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tritonbundle.cli import args as shared
 from tritonbundle.cli import defaults
-from tritonbundle.errors import ClientError, ConfigError, TritonBundleError
+from tritonbundle.errors import (
+    ClientError,
+    ConfigError,
+    ServerUnavailableError,
+    TritonBundleError,
+    UnauthorizedError,
+)
 
 if TYPE_CHECKING:
     from tritonbundle.clients.sync import _BaseClient
 
+url = shared.url
 
 
-def url(args: argparse.Namespace) -> str:
-    """``--url``, else ``$TRITON_URL``, else the protocol's default address."""
-    return str(args.url or os.environ.get(defaults.URL_ENV)
-               or (defaults.GRPC_URL if args.protocol == "grpc" else defaults.HTTP_URL))
+def client(args: argparse.Namespace, *, check_model: bool = True, fail_fast: bool = False) -> _BaseClient:
+    """A connected client for the command's server. ``fail_fast`` (health, models): one attempt, no wait
+    for readiness, so a server that is down is reported at once; inference keeps the retries."""
+    from tritonbundle.clients import RetryPolicy, connect
 
-
-def client(args: argparse.Namespace, *, check_model: bool = True) -> _BaseClient:
-    from tritonbundle.clients import connect
-
+    address = url(args)
+    options: dict[str, Any] = {}
+    if fail_fast:
+        options = {"retry": RetryPolicy(max_attempts=1), "connect_timeout_s": min(2.0, args.timeout_s), "wait": False}
     return connect(
-        url(args), protocol=args.protocol, model=args.model, timeout_s=args.timeout_s, check_model=check_model,
-        api_key=os.environ.get(args.api_key_env) or None,
+        address, protocol=args.protocol, model=getattr(args, "model", defaults.MODEL), timeout_s=args.timeout_s,
+        check_model=check_model, api_key=shared.read_key(args, address), **options,
     )
+
+
+def unreachable(args: argparse.Namespace, error: BaseException) -> TritonBundleError:
+    """The error a command reports when the server cannot be reached: its address and what to check."""
+    import re
+
+    causes = re.findall(r"\(([^()]+)\)", str(error))  # "... cannot reach the server ([Errno 111] Connection refused)"
+    reason = causes[-1] if causes else str(error)
+    return TritonBundleError(
+        f"cannot reach a server at {url(args)} over {args.protocol} ({reason}); is `tritonbundle serve` running "
+        f"there? Give its address with --url or ${defaults.URL_ENV}")
+
+
+def locked(args: argparse.Namespace) -> TritonBundleError:
+    address = url(args)
+    return TritonBundleError(
+        f"the server at {address} locks this API with a key: set ${args.api_key_env} to it, or pass --api-key-file "
+        f"(a local `tritonbundle serve` writes the key it made up to {shared.key_file(address)})")
 
 
 def cmd_infer(args: argparse.Namespace) -> int:
@@ -146,6 +171,13 @@ def _read_array(path: Path, name: str, info: Any) -> Any:
 
 def cmd_load(args: argparse.Namespace) -> int:
     """Load or unload a model on a server running with explicit model control."""
+    try:
+        return _load(args)
+    except UnauthorizedError as e:
+        raise locked(args) from e
+
+
+def _load(args: argparse.Namespace) -> int:
     with client(args, check_model=False) as c:
         for name in args.names:
             if args.command == "unload":
@@ -183,16 +215,20 @@ def _quarantine_refused(c: Any, repository: Path, name: str, error: ClientError)
 
 
 def cmd_health(args: argparse.Namespace) -> int:
-    with client(args, check_model=False) as c:
-        health: dict[str, object] = dict(c.health())
+    with client(args, check_model=False, fail_fast=True) as c:
+        health: dict[str, object] = {**c.health(), "url": url(args)}
+    if not health["live"]:
+        print(json.dumps(health))
+        print(f"tritonbundle health: no server answers at {url(args)} over {args.protocol}; is `tritonbundle serve` "
+              f"running there? (--url, ${defaults.URL_ENV})", file=sys.stderr)
+        return 1
     if args.canary:
         from tritonbundle.canary import Canary, served_models
 
         if args.protocol != "http":
             raise ConfigError("--canary sends its requests over HTTP: pass the HTTP address")
         models = served_models(args.repository) if args.repository else [args.model]
-        url = args.url or os.environ.get(defaults.URL_ENV) or defaults.HTTP_URL
-        problems = Canary(f"http://{url}", models, timeout_s=args.timeout_s).check()
+        problems = Canary(f"http://{url(args)}", models, timeout_s=args.timeout_s).check()
         health["answers"] = not any(p.fatal for p in problems)
         health["problems"] = [str(p) for p in problems]
     print(json.dumps(health))
@@ -200,8 +236,13 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    with client(args, check_model=False) as c:
-        models = c.models()
+    try:
+        with client(args, check_model=False, fail_fast=True) as c:
+            models = c.models()
+    except ServerUnavailableError as e:
+        raise unreachable(args, e) from e
+    except UnauthorizedError as e:
+        raise locked(args) from e
     if args.json:
         print(json.dumps(models, indent=2))
         return 0
@@ -212,20 +253,10 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
-def _connection(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", help=f"server address host:port (default ${defaults.URL_ENV}, else {defaults.HTTP_URL} "
-                   f"for http, {defaults.GRPC_URL} for grpc)")
-    p.add_argument("--protocol", choices=("http", "grpc"), default="http")
-    p.add_argument("--model", default=defaults.MODEL, help=f"model to call (default: the {defaults.MODEL} ensemble)")
-    p.add_argument("--timeout-s", type=float, default=defaults.TIMEOUT_S, help="deadline per call, in seconds")
-    p.add_argument("--api-key-env", default=defaults.API_KEY_ENV,
-                   help="environment variable holding the key for the restricted APIs (repository index, model control)")
-
-
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("infer", help="call a model as its task says: texts (arguments, or one per line on stdin) "
+    p = shared.parser(sub, "infer", help="call a model as its task says: texts (arguments, or one per line on stdin) "
                                      "to a text model, tensors to a tensor model; prints JSON")
-    _connection(p)
+    shared.server(p)
     p.add_argument("texts", nargs="*", help="texts for a text model (one per line on stdin when none)")
     p.add_argument("--compact", action="store_true", help="text-embedding: print only the embeddings")
     p.add_argument("--query", help="text-pair: the query each text is scored against")
@@ -243,8 +274,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     for verb, text in (("load", "load (or reload, picking up a new version) models; needs explicit model control "
                                 "and the API key"), ("unload", "unload models; needs explicit model control and the API key")):
-        p = sub.add_parser(verb, help=text)
-        _connection(p)
+        p = shared.parser(sub, verb, help=text)
+        shared.server(p)
         p.add_argument("names", nargs="+", metavar="MODEL")
         if verb == "load":
             p.add_argument("--repository", type=Path,
@@ -252,15 +283,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                                 "(to <repository>.quarantine/, with its error) and the model is loaded again")
         p.set_defaults(func=cmd_load)
 
-    p = sub.add_parser("health", help="server liveness and readiness (--canary: and that the models answer)")
-    _connection(p)
+    p = shared.parser(sub, "health", help="server liveness and readiness (--canary: and that the models answer)")
+    shared.server(p)
     p.add_argument("--canary", action="store_true",
                    help="also send the smallest real request to --model (or every model of --repository): "
                         "Triton 2.51 says ready while a model's Python stub is dead")
     p.add_argument("--repository", type=Path, help="with --canary: probe every model of this repository folder")
     p.set_defaults(func=cmd_health)
 
-    p = sub.add_parser("models", help="models in the repository: versions, states, batching")
-    _connection(p)
+    p = shared.parser(sub, "models", help="models in the repository: versions, states, batching")
+    shared.server(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_models)

@@ -35,6 +35,10 @@ TIMEOUT_S = 30.0
 HTTP_URL = f"127.0.0.1:{HTTP_PORT}"
 GRPC_URL = f"127.0.0.1:{GRPC_PORT}"
 
+#: Where `serve` writes the restricted-API key it made up (one file per address, readable only by the
+#: user), and the client commands look for it: $XDG_STATE_HOME/tritonbundle/keys, else this.
+KEY_DIR = Path("~/.local/state/tritonbundle/keys")
+
 # -- environment variables ------------------------------------------------------------------------------
 URL_ENV = "TRITON_URL"
 API_KEY_ENV = "TRITONBUNDLE_API_KEY"

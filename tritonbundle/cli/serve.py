@@ -8,16 +8,17 @@ import os
 import signal
 import threading
 from pathlib import Path
+from typing import Any
 
+from tritonbundle.cli import args as shared
 from tritonbundle.cli import defaults
 from tritonbundle.log import LOG, step
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from tritonbundle.canary import Canary, served_models
     from tritonbundle.errors import ServerError
     from tritonbundle.runtimes.tensorrt import serving
-    from tritonbundle.server import ServerOptions, TritonServer, supervise
+    from tritonbundle.server import ServerOptions, TritonServer
 
     if serving.plans(args.repository):  # TensorRT plans: refuse another TensorRT's, allow version-compatible ones
         notes: list[str] = []
@@ -33,9 +34,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         args.log_file = Path(tempfile.gettempdir()) / f"tritonbundle-serve-{os.getpid()}.log"
         LOG.info("server log: %s (--log-file to choose)", args.log_file)
     key = os.environ.get(args.api_key_env) if args.api_key_env else None
-    if not key:
-        LOG.info("$%s is not set: the model-repository, shared-memory, trace and logging APIs are locked with "
-                 "a random key (set the variable to use them)", args.api_key_env)
     server = TritonServer(
         ServerOptions(
             model_repository=args.repository, http_port=args.http_port, grpc_port=args.grpc_port,
@@ -56,6 +54,34 @@ def cmd_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _on_signal)
     step(f"starting {server.installation.description if server.installation else 'tritonserver'}")
     server.start(wait=False)
+    key_files: list[Path] = []
+    if not key and server.options.restricted_api_key:
+        # The key made up for this start, where the client commands on this machine look for it.
+        key_files = shared.write_keys(server.options.restricted_api_key, _local_addresses(server))
+        LOG.info("$%s is not set: the model-repository, shared-memory, trace and logging APIs are locked with a "
+                 "random key, written (readable by you only) to %s; `tritonbundle models` and `load` read it",
+                 args.api_key_env, key_files[0].parent)
+    try:
+        return _serve(args, server, stop)
+    finally:
+        for path in key_files:
+            path.unlink(missing_ok=True)
+
+
+def _local_addresses(server: Any) -> list[str]:
+    """host:port of HTTP and gRPC as this machine's clients may spell them."""
+    out = []
+    for address in (server.http_url, server.grpc_url):
+        host, _, port = address.rpartition(":")
+        out += [address] + [f"{alias}:{port}" for alias in ("127.0.0.1", "localhost") if alias != host]
+    return out
+
+
+def _serve(args: argparse.Namespace, server: Any, stop: threading.Event) -> int:
+    from tritonbundle.canary import Canary, served_models
+    from tritonbundle.errors import ServerError
+    from tritonbundle.server import supervise
+
     try:
         server.wait_ready(timeout_s=args.ready_timeout_s)
     except ServerError as e:
@@ -79,7 +105,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("serve", help="run tritonserver on a model repository until Ctrl-C/SIGTERM")
+    p = shared.parser(sub, "serve", help="run tritonserver on a model repository until Ctrl-C/SIGTERM")
     p.add_argument("--repository", type=Path, default=defaults.REPOSITORY)
     p.add_argument("--address", default=defaults.ADDRESS, help="address to bind (0.0.0.0 exposes the server)")
     p.add_argument("--http-port", type=int, default=defaults.HTTP_PORT, help="0 picks a free port")

@@ -45,6 +45,7 @@ class _BaseClient(core.ClientBase):
         super().__init__(url, **options)
         self._lock = threading.Lock()
         self._closed = False
+        self._connected = False
 
     # -- transport hooks (per protocol) ---------------------------------------------------------
     def _open(self) -> None:
@@ -71,10 +72,16 @@ class _BaseClient(core.ClientBase):
         raise NotImplementedError
 
     # -- lifecycle --------------------------------------------------------------------------------
-    def connect(self) -> _BaseClient:
+    def connect(self, *, wait: bool = True) -> _BaseClient:
         """Open connections, wait (up to ``connect_timeout_s``) for a live, ready server, and check
-        the model; raise :class:`MetadataMismatchError` when it is not what this client expects."""
+        the model; raise :class:`MetadataMismatchError` when it is not what this client expects. With
+        ``wait=False`` only open them (health checks: a server that is down is the answer, not an error)."""
+        if self._connected:  # `with connect(...) as c:` enters a client connect() already opened
+            return self
         self._open()
+        self._connected = True
+        if not wait:
+            return self
         deadline = time.monotonic() + self.connect_timeout_s
 
         def probe() -> bool:
@@ -396,14 +403,15 @@ class GrpcClient(_BaseClient):
         return self._outputs(result, outputs, model)
 
 
-def connect(url: str, *, protocol: str = "http", **options: Any) -> _BaseClient:
-    """A connected client for ``protocol`` ("http" or "grpc"); use it as a context manager."""
+def connect(url: str, *, protocol: str = "http", wait: bool = True, **options: Any) -> _BaseClient:
+    """A connected client for ``protocol`` ("http" or "grpc"); use it as a context manager. ``wait``:
+    see :meth:`_BaseClient.connect`."""
     if protocol not in core.PROTOCOLS:
         raise ValueError(f"protocol must be one of {core.PROTOCOLS}, not {protocol!r}")
     cls = HttpClient if protocol == "http" else GrpcClient
     client = cls(url, **options)
     try:
-        return client.connect()
+        return client.connect(wait=wait)
     except BaseException:
         client.close()
         raise
