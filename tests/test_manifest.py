@@ -44,7 +44,7 @@ def test_shipped_manifest_is_valid() -> None:
 def test_unknown_key_is_named_with_the_allowed_keys(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as e:
         _load(_minimal(precison="fp16"), tmp_path)
-    assert "models[0]: unknown key 'precison'" in str(e.value)
+    assert "models[0]: unknown key 'precison' (did you mean 'precision'?)" in str(e.value)
     assert "precision" in str(e.value)
 
 

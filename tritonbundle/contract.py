@@ -50,6 +50,8 @@ def task_of(parameters: Mapping[str, str], inputs: Mapping[str, str]) -> str:
     if inputs.get(TEXT_INPUT) == "BYTES":
         return "text-pair" if inputs.get(QUERY_INPUT) == "BYTES" else "text-embedding"
     return "tensor"
+
+
 #: Header that unlocks the restricted APIs (model control, repository, shared memory, trace, logging).
 RESTRICTED_HEADER = "tritonbundle-key"
 #: Triton's gRPC server reads a restricted-protocol key from this prefix + the header name.

@@ -27,6 +27,7 @@ graph's own inputs and outputs, the default), ``text-embedding``, ``text-classif
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -41,11 +42,9 @@ from tritonbundle.modelconfig import normalize_dtype
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 TARGETS = ("cpu", "gpu")
 TASKS = contract.TASKS
-#: The batch dimension and the token axis of text; any other identifier names a dynamic axis too.
-BATCH, SEQUENCE = "batch", "sequence"
+BATCH, SEQUENCE = "batch", "sequence"  # the batch dimension, the token axis; any other identifier is an axis too
 AXIS_NAME = "^[A-Za-z_][A-Za-z0-9_]*$"
-#: Buckets of a named axis other than ``sequence`` when ``axes`` does not say.
-DEFAULT_AXIS_BUCKETS = 2
+DEFAULT_AXIS_BUCKETS = 2  # of a named axis other than sequence when `axes` does not say
 
 
 def knob(default: Any, schema: dict[str, Any], doc: str = "") -> Any:
@@ -337,7 +336,9 @@ def _describe(error: Any) -> str:
     if error.validator == "additionalProperties":
         allowed = sorted(schema.get("properties", {}))
         extra = sorted(set(error.instance) - set(allowed)) if isinstance(error.instance, dict) else []
-        return f"{where}: unknown key {', '.join(map(repr, extra))}; allowed keys: {', '.join(allowed)}"
+        close = [m for key in extra for m in difflib.get_close_matches(key, allowed, n=1)]
+        hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+        return f"{where}: unknown key {', '.join(map(repr, extra))}{hint}; allowed keys: {', '.join(allowed)}"
     if error.validator == "enum":
         return f"{where}: {error.instance!r} is not allowed; allowed values: {', '.join(map(str, schema['enum']))}"
     if error.validator == "oneOf" and "source" in where:
@@ -345,8 +346,6 @@ def _describe(error: Any) -> str:
     if error.validator == "anyOf" and "shape" in where:
         return (f"{where}: {error.instance!r} is not a dimension; use a positive integer, 'batch' (first only), "
                 "'sequence' (the token axis of text) or a name for another dynamic axis (height, width, ...)")
-    if error.validator == "required":
-        return f"{where}: {error.message}"
     return f"{where}: {error.message}"
 
 

@@ -23,7 +23,7 @@ from tritonbundle.contract import ContractError, Parameters
 from tritonbundle.errors import BuildError, ConfigError
 from tritonbundle.log import LOG
 from tritonbundle.manifest import ModelSpec
-from tritonbundle.modelconfig import read_config, write_config
+from tritonbundle.modelconfig import read_config, restamp, write_config
 from tritonbundle.plan import ModelPlan
 from tritonbundle.runtimes.base import BuildContext
 
@@ -57,11 +57,12 @@ def _stage_model(
     return names
 
 
-def _check_staged(staging: Path, names: dict[str, type[Parameters] | None]) -> None:
+def _check_staged(staging: Path, names: dict[str, type[Parameters] | None], source: str) -> None:
     """Every config parses as Triton's ModelConfig, names its folder, and carries exactly the
     parameter record its served model (or the clients) will read: a renamed or missing parameter
     fails here, at build time, not at the first request."""
     for name, record in names.items():
+        restamp(staging / name / "config.pbtxt", source)
         config = read_config(staging / name / "config.pbtxt")  # raises ConfigError naming the file
         if config.name != name:
             raise ConfigError(f"{staging / name}: config names the model {config.name!r}")
@@ -76,7 +77,7 @@ def _check_staged(staging: Path, names: dict[str, type[Parameters] | None]) -> N
 @contextlib.contextmanager
 def _staged(
     models: Sequence[tuple[ModelSpec, ModelPlan, ModelArtifacts]], repository: Path, *, work_root: Path, version: int,
-    force: bool, check_only: bool,
+    force: bool, check_only: bool, source: str,
 ) -> Iterator[tuple[Path, dict[str, type[Parameters] | None]]]:
     """Every model written and checked in a staging folder next to ``repository`` (removed after)."""
     staging = repository.parent / f".{repository.name}.staging-{os.getpid()}"
@@ -90,7 +91,7 @@ def _staged(
                 spec, plan, artifacts, staging, work_root / spec.name, version=version, force=force,
                 previous=previous if previous.is_dir() else None, check_only=check_only,
             )
-        _check_staged(staging, names)
+        _check_staged(staging, names, source)
         yield staging, names
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -103,11 +104,14 @@ def write_repository(
     work_root: Path,
     version: int = 1,
     force: bool = False,
+    source: str = "the models manifest",
 ) -> list[str]:
-    """Stage every model, check it, then swap the model folders into ``repository``."""
+    """Stage every model, check it, then swap the model folders into ``repository``; each config names
+    ``source``, the manifest it came from."""
     repository = Path(repository)
     repository.mkdir(parents=True, exist_ok=True)
-    with _staged(models, repository, work_root=work_root, version=version, force=force, check_only=False) as (staging, names):
+    with _staged(models, repository, work_root=work_root, version=version, force=force, check_only=False,
+                 source=source) as (staging, names):
         trash = repository.parent / f".{repository.name}.old-{os.getpid()}"
         trash.mkdir(exist_ok=True)
         for name in names:
@@ -126,6 +130,7 @@ def _files(folder: Path) -> dict[str, Path]:
 
 def differences(
     models: Sequence[tuple[ModelSpec, ModelPlan, ModelArtifacts]], repository: Path, *, work_root: Path, version: int = 1,
+    source: str = "the models manifest",
 ) -> list[str]:
     """What ``write_repository`` would change in ``repository`` (empty: nothing): the whole repository is
     written to a staging folder the way a build writes it, engines reused from ``repository`` or
@@ -133,7 +138,8 @@ def differences(
     repository = Path(repository)
     if not repository.is_dir():
         return [f"{repository} does not exist"]
-    with _staged(models, repository, work_root=work_root, version=version, force=False, check_only=True) as (staging, names):
+    with _staged(models, repository, work_root=work_root, version=version, force=False, check_only=True,
+                 source=source) as (staging, names):
         problems = []
         for name in sorted(names):
             want, have = _files(staging / name), _files(repository / name) if (repository / name).is_dir() else {}

@@ -46,6 +46,14 @@ class BuildOptions:
     reexport: bool = False
 
 
+def manifest_source(path: Path) -> str:
+    """The manifest as a config's header names it: relative to the working directory when inside it."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def load_manifest(options: BuildOptions) -> Manifest:
     """The manifest with the command line's overrides, every model checked by its runtime."""
     m = manifest_mod.load(options.manifest, runtimes=runtimes.names(), recipes=tuple(recipes.RECIPES))
@@ -171,7 +179,8 @@ def build(options: BuildOptions) -> list[str]:
     artifacts = {spec.name: at_precision(spec, plans[spec.name], artifacts[spec.name], options) for spec in m.models}
     step(f"write {options.repository}")
     entries = [(spec, plans[spec.name], artifacts[spec.name]) for spec in m.models]
-    return write_repository(entries, options.repository, work_root=options.artifacts, force=options.force)
+    return write_repository(entries, options.repository, work_root=options.artifacts, force=options.force,
+                            source=manifest_source(options.manifest))
 
 
 def check_repository(options: BuildOptions) -> list[str]:
@@ -186,7 +195,8 @@ def check_repository(options: BuildOptions) -> list[str]:
     try:
         entries = [(spec, plans[spec.name], at_precision(spec, plans[spec.name], existing_artifacts(spec, options), options))
                    for spec in m.models]
-        return differences(entries, options.repository, work_root=options.artifacts)
+        return differences(entries, options.repository, work_root=options.artifacts,
+                           source=manifest_source(options.manifest))
     except BuildError as e:  # an engine that needs a rebuild, an export that is missing
         return [str(e)]
     except ConfigError as e:

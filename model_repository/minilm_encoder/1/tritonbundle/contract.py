@@ -34,9 +34,24 @@ QUERY_INPUT = "QUERY"
 #: probability; a text-pair ensemble's relevance score per pair (FP32).
 LABEL_OUTPUT = "label"
 SCORE_OUTPUT = "score"
-#: The tasks: what the user-facing model takes and returns (tritonbundle.tasks).
-TASKS = ("tensor", "text-embedding", "text-classification", "text-pair")
+#: The tasks: what the user-facing model takes and returns (tritonbundle.tasks), and the client method
+#: that calls each.
+TASK_METHODS = {"tensor": "infer", "text-embedding": "embed", "text-classification": "classify", "text-pair": "rerank"}
+TASKS = tuple(TASK_METHODS)
 TEXT_TASKS = TASKS[1:]
+
+
+def task_of(parameters: Mapping[str, str], inputs: Mapping[str, str]) -> str:
+    """A served model's task: what its config says (``TaskParameters``, or an encoder's record), else a
+    guess from its inputs (name -> protocol data type) for a model the build did not write: BYTES
+    ``QUERY`` and ``TEXT``: text-pair; BYTES ``TEXT``: text-embedding; else tensor."""
+    if parameters.get("task"):
+        return str(parameters["task"])
+    if inputs.get(TEXT_INPUT) == "BYTES":
+        return "text-pair" if inputs.get(QUERY_INPUT) == "BYTES" else "text-embedding"
+    return "tensor"
+
+
 #: Header that unlocks the restricted APIs (model control, repository, shared memory, trace, logging).
 RESTRICTED_HEADER = "tritonbundle-key"
 #: Triton's gRPC server reads a restricted-protocol key from this prefix + the header name.
@@ -261,7 +276,7 @@ class PostprocessParameters(Parameters):
     (``tasks/postprocess_model.py``)."""
 
     task: str
-    #: The encoder output it reads (FP32 [batch, n]).
+    #: The name under which it returns the encoder's logits (FP32 [batch, n]) it reads.
     logits: str
     #: Class index (as a string) -> label; empty: the index itself is the label.
     labels: dict[str, str]
