@@ -367,7 +367,10 @@ def supervise(
     while True:
         reason = _watch(server, stop_event, canary, canary_interval_s, canary_misses)
         if reason is None:
-            return server.stop() or 0
+            asked = time.monotonic()
+            stopped = server.stop() or 0
+            LOG.info("tritonserver stopped in %.1f s (exit code %d)", time.monotonic() - asked, stopped)
+            return stopped
         # A server whose models cannot answer would drain for its whole exit timeout, waiting on
         # requests a dead stub never finishes: a short grace, then SIGKILL.
         grace = min(2.0, server.options.exit_timeout_s + 1.0)

@@ -3,10 +3,13 @@ the real server is measured in test_tune_cpu.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from tritonbundle.tune.search import Point, coordinate_descent, reason
 from tritonbundle.tune.space import Knob, Space, key
+
+ROOT = Path(__file__).resolve().parents[2]
 
 SPACE = Space((Knob("instances", (1, 2, 3, 4)), Knob("max_queue_delay_us", (0, 500, 1000, 2500, 5000))))
 
@@ -63,3 +66,33 @@ def test_the_reason_names_the_winner_the_defaults_and_each_move() -> None:
     assert "instances=3" in text and "50.0 req/s" in text and "+100%" in text
     assert "max_queue_delay_us 5000 -> 2500" in text
     assert reason(result, result.best).count("manifest's own setting") == 1
+
+
+def test_a_verdict_after_one_measured_point_says_nothing_was_compared() -> None:
+    from tritonbundle.tune.search import Result
+
+    only = Point("start", {"instances": 1}, 12.5)
+    text = reason(Result([only], only, [], "time budget"), only)
+    assert "nothing was compared: only 1 configuration was measured" in text and "noise margin" not in text
+    other = Point("round 1: instances 2", {"instances": 2}, 12.6)
+    text = reason(Result([only, other], only, [], "converged"), only)
+    assert "none of the 1 other configuration(s) measured beat it" in text
+    failing = Point("the manifest's defaults", {"instances": 4}, None)
+    assert "met the SLO at no rate tried" in reason(Result([only, failing], only, [], "converged"), failing)
+
+
+def test_the_tuned_manifest_keeps_the_files_comments_and_layout(tmp_path: Path) -> None:
+    import yaml
+
+    from tritonbundle.tune.report import tuned_manifest
+
+    manifest = ROOT / "build" / "models.yaml"
+    out = tuned_manifest(manifest, "minilm", {"instances": 3, "batch_buckets": (1, 16), "max_queue_delay_us": 500},
+                         tmp_path / "models.tuned.yaml")
+    text = out.read_text()
+    for line in manifest.read_text().splitlines():
+        if line.strip().startswith("#"):
+            assert line in text, line  # every comment of the original is still there
+    entry = yaml.safe_load(text)["models"][0]
+    assert (entry["instances"], entry["batch_buckets"], entry["max_queue_delay_us"]) == (3, [1, 16], 500)
+    assert "max_queue_delay_us: 2000 # dynamic batcher" in text  # the defaults block is untouched

@@ -97,13 +97,24 @@ def plot(result: dict[str, Any], path: Path) -> Path | None:
         return None
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5), dpi=100)
     best: list[tuple[float, float, str]] = []
+    slo = float(result.get("slo_p99_ms") or 0)
+    finite = [_ms(s["p99_ms"]) for p in points for s in p["detail"]["sweep"]["steps"]]
+    # A level with no answered p99 (every request failed or timed out) is drawn at the top, not dropped.
+    top = max([v for v in finite if v == v] + [slo]) * 2
     for i, p in enumerate(points):
         steps = sorted(p["detail"]["sweep"]["steps"], key=lambda s: s["offered_rps"])
-        left.plot([s["offered_rps"] for s in steps], [_ms(s["p99_ms"]) for s in steps], marker="o", markersize=3,
-                  label=f"{i}: {p['label']}")
+        ys = [_ms(s["p99_ms"]) for s in steps]
+        ys = [y if y == y else top for y in ys]
+        line = left.plot([s["offered_rps"] for s in steps], ys, linewidth=1, label=f"{i}: {p['label']}")[0]
+        passed = [s.get("passed") for s in steps]
+        left.scatter([s["offered_rps"] for s, ok in zip(steps, passed) if ok],
+                     [y for y, ok in zip(ys, passed) if ok], color=line.get_color(), marker="o", s=14)
+        left.scatter([s["offered_rps"] for s, ok in zip(steps, passed) if not ok],
+                     [y for y, ok in zip(ys, passed) if not ok], color=line.get_color(), marker="x", s=30)
         if p.get("rate") and p["detail"].get("p99_ms") is not None:
             best.append((float(p["rate"]), float(p["detail"]["p99_ms"]), str(i)))
-    slo = float(result.get("slo_p99_ms") or 0)
+    left.scatter([], [], color="grey", marker="o", s=14, label="level passed")
+    left.scatter([], [], color="grey", marker="x", s=30, label="level FAILED (SLO, failures or client-bound)")
     left.axhline(slo, color="grey", linestyle=":", label="SLO")
     left.set_xscale("log")
     left.set_yscale("log")
@@ -134,15 +145,52 @@ def _ms(value: Any) -> float:
 
 def tuned_manifest(manifest: Path, model: str, config: Config, destination: Path) -> Path:
     """``manifest`` with ``config`` written into ``model``'s entry, saved as ``destination`` (its
-    folder should be the manifest's: the paths inside stay relative to it). Writing over the
-    manifest itself keeps the previous one as ``<manifest>.bak``; YAML comments are not kept."""
-    data = yaml.safe_load(manifest.read_text())
-    entry = next((m for m in data.get("models", []) if m.get("name") == model), None)
-    if entry is None:
+    folder should be the manifest's: the paths inside stay relative to it). The file's own text and
+    comments are kept: each tuned key's line in the entry is rewritten, or added under ``name:``
+    (:func:`set_keys`). Writing over the manifest itself keeps the previous one as ``<manifest>.bak``."""
+    text = manifest.read_text()
+    values = _yaml_config(config)
+    data = yaml.safe_load(text)
+    if not any(m.get("name") == model for m in data.get("models", [])):
         raise ConfigError(f"{manifest}: no model named {model!r} to write the tuned settings into")
-    entry.update(_yaml_config(config))
+    edited = set_keys(text, model, values)
     if destination.resolve() == manifest.resolve():
         shutil.copyfile(manifest, manifest.with_name(manifest.name + ".bak"))
-    header = f"# {manifest.name} with the settings `tritonbundle tune` picked for {model}\n"
-    destination.write_text(header + yaml.safe_dump(data, sort_keys=False))
+        destination.write_text(edited)
+    else:
+        destination.write_text(f"# {manifest.name} with the settings `tritonbundle tune` picked for {model}\n" + edited)
     return destination
+
+
+def set_keys(text: str, model: str, values: dict[str, Any]) -> str:
+    """The manifest ``text`` with ``values`` set in ``model``'s entry, line by line (comments stay). Falls
+    back to a rewritten YAML (comments lost, said in a comment) when the entry is not laid out one key a
+    line; the result always reads back with exactly these values."""
+    import re
+
+    lines = text.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines)
+                  if re.match(rf"^(\s*)-\s+name:\s*['\"]?{re.escape(model)}['\"]?\s*(#.*)?$", line)), None)
+    if start is not None:
+        indent = len(lines[start]) - len(lines[start].lstrip()) + 2  # the keys under "- "
+        end = next((i for i in range(start + 1, len(lines))
+                    if lines[i].strip() and not lines[i].lstrip().startswith("#")
+                    and len(lines[i]) - len(lines[i].lstrip()) < indent), len(lines))
+        for key_name, value in values.items():
+            rendered = f"{' ' * indent}{key_name}: {yaml.safe_dump(value, default_flow_style=True).strip()}"
+            rendered = rendered.removesuffix("\n...").rstrip()
+            at = next((i for i in range(start + 1, end) if re.match(rf"^\s{{{indent}}}{re.escape(key_name)}:", lines[i])), None)
+            if at is not None:
+                comment = re.search(r"\s+#.*$", lines[at].rstrip("\n"))
+                lines[at] = rendered + (comment.group(0) if comment else "") + "  # tuned\n"
+            else:
+                lines.insert(start + 1, rendered + "  # tuned\n")
+                end += 1
+        edited = "".join(lines)
+        entry = next(m for m in yaml.safe_load(edited)["models"] if m.get("name") == model)
+        if all(entry.get(k) == v for k, v in values.items()):
+            return edited
+    data = yaml.safe_load(text)
+    next(m for m in data["models"] if m.get("name") == model).update(values)
+    return "# (rewritten by tritonbundle tune: the entry's layout was not one key a line, so comments were lost)\n" \
+        + yaml.safe_dump(data, sort_keys=False)

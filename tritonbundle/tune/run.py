@@ -26,7 +26,7 @@ from tritonbundle.errors import ConfigError, TritonBundleError
 from tritonbundle.log import LOG, step
 from tritonbundle.manifest import ModelSpec
 from tritonbundle.measure import triton_metrics
-from tritonbundle.measure.latency import Slo, StepResult
+from tritonbundle.measure.latency import Slo, StepResult, judge
 from tritonbundle.measure.loadgen import LoadError, LoadPool
 from tritonbundle.measure.probes import CpuMeter, GpuSampler
 from tritonbundle.measure.search import search_rate
@@ -243,13 +243,14 @@ def _level(rate: float, options: TuneOptions, pool: LoadPool, server: TritonServ
     warmup, grace = max(0.5, options.window_s / 4), min(2.0, max(1.0, 4 * options.slo_ms / 1000))
     t0 = time.monotonic()
     result = pool.step(rate, warmup_s=warmup, window_s=options.window_s, grace_s=grace, seed=index * 1000 + int(rate))
+    judge(result, Slo(p99_ms=options.slo_ms, max_failure_ratio=options.max_failure_ratio))
     after = (triton_metrics.scrape(server.metrics_url), meter.read(), time.monotonic())
     result.extra["triton"] = {v.model: v.to_json() for v in triton_metrics.view(before[0], after[0])}
     result.extra["cpu_cores"] = CpuMeter.delta(before[1], after[1], after[2] - before[2])
     if gpu is not None:
         result.extra.update(gpu.window(t0 + warmup, t0 + warmup + options.window_s))
-    LOG.info("      %8.1f req/s offered: %8.1f answered/s, p99 %7.1f ms, failed %d", rate, result.achieved_rps,
-             result.p99_ms, result.failed)
+    LOG.info("      %8.1f req/s offered: %8.1f answered/s, p99 %7.1f ms, failed %d: %s", rate, result.achieved_rps,
+             result.p99_ms, result.failed, "PASS" if result.passed else f"FAIL ({result.reason})")
     return result
 
 

@@ -83,13 +83,21 @@ def reason(result: Result, baseline: Point | None) -> str:
         return "no configuration met the SLO at any rate tried"
     lines = [f"the winner ({describe(best.config)}) sustains {best.score:,.1f} req/s within the SLO"]
     if baseline is best:
-        lines.append("it is the manifest's own setting: no point measured beat it")
-    elif baseline is not None:
-        gain = (best.score / baseline.score - 1) * 100 if baseline.score else float("inf")
+        lines.append("it is the manifest's own setting")
+    elif baseline is not None and baseline.score:
+        gain = (best.score / baseline.score - 1) * 100
         lines.append(f"the manifest's settings sustain {baseline.score:,.1f} req/s: the winner is "
                      f"{'+' if gain >= 0 else ''}{gain:.0f}% on the same measurement")
+    elif baseline is not None:
+        lines.append("the manifest's settings met the SLO at no rate tried")
     for knob, old, new, before, after in result.moves:
         lines.append(f"{knob} {old} -> {new}: {before:,.1f} -> {after:,.1f} req/s")
+    tried = [p for p in result.points if p.label != "start"]
     if not result.moves:
-        lines.append("no single change to the start improved it by more than the noise margin")
+        if tried:
+            lines.append(f"none of the {len(tried)} other configuration(s) measured beat it by more than the noise "
+                         "margin (3 %)")
+        else:
+            lines.append(f"nothing was compared: only {len(result.points)} configuration was measured before the "
+                         f"search stopped ({result.stopped}); give it a larger --budget-s")
     return "; ".join(lines)
