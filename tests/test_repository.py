@@ -90,7 +90,7 @@ def test_failure_after_staging_swaps_nothing_in(repository: Path, tmp_path: Path
     options = BuildOptions(manifest=ROOT / "build" / "models.yaml", artifacts=ROOT / "build" / "artifacts", repository=repo)
     entries = [(spec, plan, existing_artifacts(spec, options)) for spec, plan in plan_all(options)]
 
-    def failing_check(staging: Path, names: object) -> None:
+    def failing_check(staging: Path, names: object, source: str) -> None:
         # Every model is staged by now; the check that runs before the swap fails.
         assert (staging / "minilm_encoder" / "config.pbtxt").exists()
         raise RuntimeError("staged repository check failed")

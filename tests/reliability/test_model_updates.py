@@ -101,7 +101,7 @@ def test_cli_load_needs_the_key(explicit_server: tuple[Any, Path]) -> None:
     base = [sys.executable, "-m", "tritonbundle", "load", "--url", server.http_url, "minilm_tokenizer"]
     env = {k: v for k, v in os.environ.items() if k != "TRITONBUNDLE_API_KEY"}
     refused = subprocess.run(base, capture_output=True, text=True, timeout=120, env=env)
-    assert refused.returncode == 1 and "restricted API" in refused.stderr
+    assert refused.returncode == 1 and "locks this API with a key: set $TRITONBUNDLE_API_KEY" in refused.stderr
     allowed = subprocess.run(base, capture_output=True, text=True, timeout=120, env={**env, "TRITONBUNDLE_API_KEY": API_KEY})
     assert allowed.returncode == 0, allowed.stderr
     assert "loaded minilm_tokenizer" in allowed.stdout
