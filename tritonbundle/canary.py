@@ -11,6 +11,12 @@ neither. This module sends each model one request built
 from its own configuration (``/v2/models/<name>/config``: one row of BYTES ``"ok"`` or of ones, each
 variable dimension 1) and reports the models that did not answer.
 
+A timeout is "busy", not down, unless the server is hung: Triton 2.51's crash handler can deadlock
+(server #7368 under gRPC cancellations) and leave a process whose ``/v2/health/ready`` answers 200 while
+no inference ever completes, and a stopped process (SIGSTOP) answers nothing at all. So on a timeout the
+canary asks Triton's metrics (``--metrics-url``): no answer from them either, or requests pending with
+no success counted since before the probe, is **hung** (fatal); successes counted meanwhile is busy.
+
 Standard library only, and no tritonbundle imports: the images and the Helm chart run this file as a
 script for their health checks (``python3 canary.py --repository /models/model_repository``).
 """
@@ -76,22 +82,53 @@ class Problem:
 
 @dataclass
 class Canary:
-    """Probes ``models`` on the server at ``url`` (``http://host:port``)."""
+    """Probes ``models`` on the server at ``url`` (``http://host:port``); with ``metrics_url`` (Triton's
+    ``http://host:port/metrics``) a timeout is told apart from a hang (module docstring)."""
 
     url: str
     models: Sequence[str]
     timeout_s: float = 5.0
+    metrics_url: str | None = None
     _requests: dict[str, dict[str, Any]] = field(default_factory=dict, init=False, repr=False)
 
     def check(self) -> list[Problem]:
         """One problem per model that did not answer (empty: every model answered)."""
-        problems = []
+        problems: list[Problem] = []
+        before = self._progress()
         for model in self.models:
             try:
                 self._infer(model)
             except (OSError, ValueError) as e:
-                problems.append(Problem(model, _describe(e), _fatal(e)))
+                problem = Problem(model, _describe(e), _fatal(e))
+                if not problem.fatal and _timed_out(e) and self.metrics_url:
+                    problem = self._hung(model, problem, before)
+                problems.append(problem)
+                if HUNG in problem.message:  # the whole server: the other models are not asked
+                    problems += [Problem(m, f"not probed: {HUNG}", True) for m in self.models[len(problems):]]
+                    break
         return problems
+
+    def _progress(self) -> tuple[float, float] | None:
+        """(inferences answered so far, requests pending now) from Triton's metrics; None: no answer."""
+        if not self.metrics_url:
+            return None
+        try:
+            req = urllib.request.Request(self.metrics_url)
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as r:  # noqa: S310 - the server's own address
+                text = r.read().decode("utf-8", "replace")
+        except OSError:
+            return None
+        return metric_sum(text, "nv_inference_request_success"), metric_sum(text, "nv_inference_pending_request_count")
+
+    def _hung(self, model: str, busy: Problem, before: tuple[float, float] | None) -> Problem:
+        after = self._progress()
+        if after is None:
+            return Problem(model, f"{busy.message}, and the metrics endpoint did not answer either: {HUNG} (stopped, "
+                                  "or deadlocked)", fatal=True)
+        if before is not None and after[0] <= before[0] and after[1] > 0:
+            return Problem(model, f"{busy.message}; no inference answered since the probe began while "
+                                  f"{after[1]:.0f} request(s) are pending: {HUNG}", fatal=True)
+        return busy
 
     def _infer(self, model: str) -> None:
         try:  # 2.51 says ready with a dead stub; NGC 26.04+ says not ready (then requests get a 4xx)
@@ -111,6 +148,27 @@ class Canary:
                                      headers={"Content-Type": "application/json"} if data else {})
         with urllib.request.urlopen(req, timeout=self.timeout_s) as r:  # noqa: S310 - the server's own address
             return bytes(r.read())
+
+
+HUNG = "the server is hung"
+
+
+def metric_sum(text: str, name: str) -> float:
+    """The sum of a Prometheus metric's samples (every label set) in an exposition ``text``."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name):len(name) + 1] in ("{", " "):
+            try:
+                total += float(line.rsplit(" ", 1)[1])
+            except (IndexError, ValueError):
+                continue
+    return total
+
+
+def _timed_out(e: BaseException) -> bool:
+    if isinstance(e, urllib.error.URLError) and not isinstance(e, urllib.error.HTTPError):
+        return isinstance(e.reason, TimeoutError)
+    return isinstance(e, TimeoutError)
 
 
 class NotReadyError(ValueError):
@@ -145,12 +203,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--repository", type=Path, help="probe every model of this repository folder")
     ap.add_argument("--model", action="append", default=[], help="probe this model (repeatable)")
     ap.add_argument("--timeout-s", type=float, default=4.0, help="per request")
+    ap.add_argument("--metrics-url", help="Triton's metrics (http://127.0.0.1:8002/metrics): tells a hung server from "
+                                          "a busy one when a request times out")
     args = ap.parse_args(argv)
     models = list(args.model) + (served_models(args.repository) if args.repository else [])
     if not models:
         ap.error("name the models: --repository DIR or --model NAME")
     started = time.monotonic()
-    problems = Canary(args.url, models, timeout_s=args.timeout_s).check()
+    problems = Canary(args.url, models, timeout_s=args.timeout_s, metrics_url=args.metrics_url).check()
     for problem in problems:
         print(f"canary: {problem}{'' if problem.fatal else ' (busy or refused: not counted as down)'}", file=sys.stderr)
     print(f"canary: {len(models) - len(problems)} of {len(models)} models answered in "

@@ -17,6 +17,7 @@ import shlex
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
@@ -87,10 +88,12 @@ def run(
 # -- process groups -----------------------------------------------------------------------------------
 def start_group(
     argv: Sequence[str | os.PathLike[str]], *, log: Path | IO[bytes] | None = None, env: Mapping[str, str] | None = None,
-    inherit_env: bool = True,
+    inherit_env: bool = True, die_with_parent: bool = False,
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` as the leader of a new session (its own process group), output to ``log``;
-    its environment is this one plus ``env`` (``inherit_env=False``: ``env`` alone).
+    its environment is this one plus ``env`` (``inherit_env=False``: ``env`` alone). With
+    ``die_with_parent`` (Linux) the kernel SIGKILLs it when this process dies, even by SIGKILL, which no
+    handler here can see (``prctl(PR_SET_PDEATHSIG)``): no orphaned server keeps the ports.
     Not logged here: the command may carry a secret (tritonserver's API key); callers log it redacted."""
     out: Any = subprocess.DEVNULL
     if isinstance(log, Path):
@@ -102,10 +105,18 @@ def start_group(
     try:
         return subprocess.Popen(  # noqa: S603
             [str(a) for a in argv], stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=child_env,
+            preexec_fn=_die_with_parent if die_with_parent and sys.platform == "linux" else None,
         )
     finally:
         if isinstance(log, Path):
             out.close()
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL me when my parent dies (PR_SET_PDEATHSIG = 1)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
 
 
 def stop_group(proc: subprocess.Popen[Any], *, grace_s: float = 10.0) -> int | None:

@@ -263,7 +263,7 @@ class TritonServer:
         # never through the environment, which every Python stub inherits and may log.
         env = {k: v for k, v in {**os.environ, **self.installation.env}.items()
                if not (o.restricted_api_key and v == o.restricted_api_key)}
-        self.process = proc.start_group(self.command(), log=o.log_path, env=env, inherit_env=False)
+        self.process = proc.start_group(self.command(), log=o.log_path, env=env, inherit_env=False, die_with_parent=True)
         if wait:
             self.wait_ready(timeout_s=ready_timeout_s)
         return self
@@ -284,6 +284,10 @@ class TritonServer:
         with open(path, "rb") as f:
             f.seek(self._log_offset)
             return f.read().decode(errors="replace")
+
+    def start_log(self) -> str | None:
+        """What tritonserver logged since its last start (None: no log)."""
+        return self._start_log()
 
     def came_up(self) -> bool:
         """Whether the last start reached serving (its log says the endpoints started), even if it
@@ -346,21 +350,24 @@ class TritonServer:
 def supervise(
     server: TritonServer, *, restart: bool, max_restarts: int = 10, backoff_s: float = 1.0,
     stop_event: threading.Event | None = None, ready_timeout_s: float = 120.0, already_started: bool = False,
-    canary: Canary | None = None, canary_interval_s: float = 5.0, canary_misses: int = 2, healthy_reset_s: float = 60.0,
+    canary: Canary | None = None, canary_interval_s: float = 5.0, canary_misses: int = 2,
 ) -> int:
     """Run the server until ``stop_event`` is set. It is down when its process exits, or when the
     ``canary`` finds a model that cannot answer ``canary_misses`` times in a row (every
     ``canary_interval_s``): a dead Python stub, which Triton 2.51 still reports READY.
 
     Without ``restart`` a down server ends the run with a non-zero code and the reason logged (so
-    compose or Kubernetes restart the container). With it, the server is restarted after a backoff
-    that doubles per crash (1 s, 2 s, ... at most 30 s) and resets once it has stayed up
-    ``healthy_reset_s``. Only a start that never came up (no READY, and no "Started" line in its log:
-    a poison request can crash a server before the readiness poll sees it) counts towards
-    ``max_restarts``; that many in a row end the run with :class:`ServerError`.
+    compose or Kubernetes restart the container). With it, a server that was up and went down (a
+    crash, most often caused by a request, or a hang the canary found) is restarted at once: a backoff
+    there would let a few poison requests a minute keep it down. Only starts that fail back off (1 s,
+    2 s, ... at most 30 s), and only a start that never came up (no READY, and no "Started" line in its
+    log: a poison request can crash a server before the readiness poll sees it) counts towards
+    ``max_restarts``; that many in a row end the run with :class:`ServerError`. A start that fails on one
+    model version moves that version out of the repository when the model has another
+    (:func:`quarantine_failed_version`) and starts again.
     """
     stop_event = stop_event or threading.Event()
-    failed_starts = crashes = 0
+    failed_starts = 0
     if not already_started:
         server.start(ready_timeout_s=ready_timeout_s)
     up_since = time.monotonic()
@@ -378,26 +385,30 @@ def supervise(
             LOG.error("%s: stopping (run with --restart to restart it here)", reason)
             code = server.stop(timeout_s=grace)
             return code if code else 1
-        crashes = 1 if time.monotonic() - up_since >= healthy_reset_s else crashes + 1
-        delay = min(30.0, backoff_s * 2 ** (crashes - 1))
-        LOG.warning("%s: restarting tritonserver in %.1f s", reason, delay)
+        LOG.warning("%s after %.0f s up: restarting tritonserver now", reason, time.monotonic() - up_since)
         server.stop(timeout_s=grace)
-        if stop_event.wait(delay):
-            return 0
-        try:
-            server.start(ready_timeout_s=ready_timeout_s)
-            failed_starts = 0
-            up_since = time.monotonic()
-            LOG.info("tritonserver is ready again")
-        except ServerError as e:
-            if server.came_up():
-                LOG.warning("tritonserver came up and went down before it was seen ready: %s", str(e).splitlines()[0])
-                continue
-            failed_starts += 1
-            LOG.warning("restart %d of at most %d failed: %s", failed_starts, max_restarts, str(e).splitlines()[0])
-            if failed_starts >= max_restarts:
-                raise ServerError(f"tritonserver failed to start {failed_starts} times in a row; giving up\n"
-                                  f"{server.log_tail()}") from e
+        while True:
+            try:
+                server.start(ready_timeout_s=ready_timeout_s)
+                failed_starts = 0
+                up_since = time.monotonic()
+                LOG.info("tritonserver is ready again")
+                break
+            except ServerError as e:
+                if server.came_up():  # up, then down again at once (a request): a crash, restarted at once
+                    LOG.warning("tritonserver came up and went down before it was seen ready: %s",
+                                str(e).splitlines()[0])
+                    up_since = time.monotonic()
+                    break
+                if quarantine_failed_version(server) is not None:
+                    continue
+                failed_starts += 1
+                LOG.warning("restart %d of at most %d failed: %s", failed_starts, max_restarts, str(e).splitlines()[0])
+                if failed_starts >= max_restarts:
+                    raise ServerError(f"tritonserver failed to start {failed_starts} times in a row; giving up\n"
+                                      f"{server.log_tail()}") from e
+                if stop_event.wait(min(30.0, backoff_s * 2 ** (failed_starts - 1))):
+                    return 0
 
 
 def _watch(server: TritonServer, stop_event: threading.Event, canary: Canary | None, interval_s: float,
@@ -422,3 +433,42 @@ def _watch(server: TritonServer, stop_event: threading.Event, canary: Canary | N
         if misses >= misses_allowed:
             return f"models do not answer ({text})"
     return None
+
+
+def quarantine(repository: Path, model: str, version: str, reason: str) -> Path:
+    """Move a version Triton refused out of the served repository, next to it, with its error:
+    ``<repository>.quarantine/<model>/<version>-<UTC time>/`` and ``error.txt``. Left in place, the
+    broken version would be the latest one again at the next start, and that start would fail
+    ("failed to load all models")."""
+    import datetime
+
+    source = Path(repository) / model / version
+    if not source.is_dir():
+        raise ServerError(f"{source} is not a version folder of model {model!r}")
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    target = Path(repository).parent / f"{Path(repository).name}.quarantine" / model / f"{version}-{stamp}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(source), str(target))
+    (target / "error.txt").write_text(reason.rstrip() + "\n")
+    return target
+
+
+def quarantine_failed_version(server: TritonServer) -> Path | None:
+    """After a start that failed on a model version (Triton: "failed to load '<model>' version <n>"), move
+    that version out of the repository when the model has another one to serve (the one that was serving
+    before it), so the next start loads; None when there is nothing to move. A version that never went
+    through ``tritonbundle load --repository`` would otherwise fail every restart."""
+    import re
+
+    match = re.search(r"failed to load '([^']+)' version (\d+): (.*)", server.start_log() or "")
+    repository = Path(server.options.model_repository)
+    if match is None:
+        return None
+    model, version, why = match.groups()
+    others = [p for p in (repository / model).glob("[0-9]*") if p.is_dir() and p.name != version]
+    if not (repository / model / version).is_dir() or not others:
+        return None
+    moved = quarantine(repository, model, version, f"tritonserver refused it at start: {why}")
+    LOG.warning("moved %s/%s out of the repository (Triton refused it: %s): %s; the model serves version %s",
+                model, version, why[:200], moved, max(p.name for p in others))
+    return moved

@@ -1,8 +1,11 @@
-"""A model that cannot answer while Triton says READY: the shape-overflow request that aborts the
-encoder's Python stub (Triton 2.51 computes the byte size of an INT64 ``[1, 2^61]`` input as 0), and a
-SIGKILLed stub (the OOM killer). The supervisor's canary finds both within seconds and restarts the
-server; ``tritonbundle health --canary`` reports them; without ``--restart`` ``serve`` exits non-zero
-with the reason, so a container runtime restarts it."""
+"""A model that cannot answer while Triton says READY: a SIGKILLed Python stub (the OOM killer). The
+supervisor's canary finds it within seconds and restarts the server; ``tritonbundle health --canary``
+reports it; without ``--restart`` ``serve`` exits non-zero with the reason, so a container runtime
+restarts it. The shape-overflow request that used to abort the encoder's stub (Triton 2.51 computes the
+byte size of an INT64 ``[1, 2^61]`` input as 0) kills the stub in the same way: 2.51's stub throws
+("array is too big") while it maps the request's tensors, before the model's ``execute`` runs, so no
+check in the model can refuse it; the canary restarts the server, the edge keeps such bodies from
+unauthenticated callers only as far as its limits go."""
 
 from __future__ import annotations
 
@@ -47,6 +50,12 @@ def shape_overflow(http: str) -> int | None:
     spec = {"datatype": "INT64", "shape": [1, 2**61], "parameters": {"binary_data_size": 0}}
     body = {"inputs": [{"name": "input_ids", **spec}, {"name": "attention_mask", **spec}]}
     return post(f"http://{http}/v2/models/minilm_encoder/infer", body, binary_header=True)
+
+
+def kill_stub(http: str, model: str = "minilm_encoder") -> None:
+    """SIGKILL the model's Python stub, as the OOM killer would."""
+    for pid in stub_pids(model, http):
+        os.kill(pid, signal.SIGKILL)
 
 
 def stub_pids(model: str, http: str) -> list[int]:
@@ -100,20 +109,15 @@ stop = stop_serve
 def test_supervisor_brings_back_a_server_whose_encoder_stub_died(repository: Path, tmp_path: Path) -> None:
     process, http = serve(repository, tmp_path, "--restart")
     try:
-        t0 = time.monotonic()
-        assert shape_overflow(http) == 500, "Triton 2.51 aborts the encoder's stub on this request"
-        overflow = outage(http, t0)
-
         (stub,) = stub_pids("minilm_encoder", http)
         t1 = time.monotonic()
         os.kill(stub, signal.SIGKILL)
         killed = outage(http, t1)
-        figures = {"shape_overflow": overflow, "sigkilled_stub": killed, "canary_interval_s": 2.0}
+        figures = {"sigkilled_stub": killed, "canary_interval_s": 2.0}
         REPORT.mkdir(parents=True, exist_ok=True)
         (REPORT / "canary.json").write_text(json.dumps(figures, indent=2))
         print(f"\noutage windows: {figures}")
-        for window in (overflow, killed):
-            assert window["answers_again_after_s"] < 45, figures
+        assert killed["answers_again_after_s"] < 45, figures
         log = (tmp_path / "serve.log").read_text()
         assert "models do not answer" in log and "is not healthy" in log and "ready again" in log
     finally:
@@ -123,7 +127,7 @@ def test_supervisor_brings_back_a_server_whose_encoder_stub_died(repository: Pat
 def test_without_restart_serve_exits_non_zero_and_says_why(repository: Path, tmp_path: Path) -> None:
     process, http = serve(repository, tmp_path)
     try:
-        assert shape_overflow(http) == 500
+        kill_stub(http)
         code = process.wait(timeout=60)
     finally:
         if process.poll() is None:
@@ -143,6 +147,8 @@ def test_health_canary_sees_a_dead_stub_that_readiness_misses(
     try:
         assert main(["health", "--url", server.http_url, "--canary", "--repository", str(repository)]) == 0
         capsys.readouterr()
+        # The stub itself dies while it maps the request's tensors, before the model's execute() can look at
+        # the shape (2.51's stub: "ValueError: array is too big" thrown through pybind11).
         assert shape_overflow(server.http_url) == 500
         assert main(["health", "--url", server.http_url]) == 0, "Triton 2.51: READY with a dead stub"
         assert main(["health", "--url", server.http_url, "--canary", "--repository", str(repository)]) == 1

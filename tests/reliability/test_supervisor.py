@@ -52,11 +52,14 @@ class FakeServer:
     def log_tail(self) -> str:
         return "(log)"
 
+    def start_log(self) -> str:
+        return "E1201 model_lifecycle.cc:654] failed to load 'm' version 2: bad" if self.last == "never" else ""
+
 
 def run(script: list[str], **kw: Any) -> tuple[FakeServer, Any]:
     server = FakeServer(script)
     try:
-        outcome: Any = supervise(server, restart=True, backoff_s=0.001, already_started=True, **kw)  # type: ignore[arg-type]
+        outcome: Any = supervise(server, restart=True, already_started=True, **{"backoff_s": 0.001, **kw})  # type: ignore[arg-type]
     except (ServerError, KeyboardInterrupt) as e:
         outcome = e
     return server, outcome
@@ -159,3 +162,27 @@ def test_a_failed_start_names_its_cause(tmp_path: Path) -> None:
     first_line = str(failed.value).splitlines()[0]
     assert "before becoming ready" in first_line and "broken" in first_line, first_line
     assert "Protobuf parsing failed" in first_line or "failed to load" in first_line, first_line
+
+
+def test_a_crash_of_a_server_that_was_up_is_restarted_at_once() -> None:
+    """A backoff there let six small poison requests a minute keep a bare `serve` down; only failed
+    starts back off."""
+    import time
+
+    start = time.monotonic()
+    server, outcome = run(["up"] * 6, max_restarts=3, backoff_s=5.0)
+    assert isinstance(outcome, KeyboardInterrupt) and server.starts == 7
+    assert time.monotonic() - start < 3.0, "a crash after a good start waited for a backoff"
+
+
+def test_a_start_that_fails_on_a_new_version_quarantines_it_and_serves_the_old_one(tmp_path: Path) -> None:
+    from tritonbundle.server import quarantine_failed_version
+
+    for version in ("1", "2"):
+        (tmp_path / "m" / version).mkdir(parents=True)
+    server = FakeServer(["never"], options=ServerOptions(tmp_path, unrestricted=True))
+    server.last = "never"
+    moved = quarantine_failed_version(server)  # type: ignore[arg-type]
+    assert moved is not None and not (tmp_path / "m" / "2").exists() and (tmp_path / "m" / "1").exists()
+    assert "refused it at start: bad" in (moved / "error.txt").read_text()
+    assert quarantine_failed_version(server) is None, "the last version of a model is never moved away"  # type: ignore[arg-type]

@@ -199,7 +199,7 @@ def _quarantine_refused(c: Any, repository: Path, name: str, error: ClientError)
     that was serving), so that neither this server nor its next start tries the broken one again."""
     import re
 
-    from tritonbundle.build.repository import quarantine
+    from tritonbundle.server import quarantine
 
     # Only what this load refused, as Triton names it ("version 11 is at UNAVAILABLE state: <why>"):
     # the index also lists retired versions (unloaded) and versions refused before, as UNAVAILABLE.
@@ -228,7 +228,7 @@ def cmd_health(args: argparse.Namespace) -> int:
         if args.protocol != "http":
             raise ConfigError("--canary sends its requests over HTTP: pass the HTTP address")
         models = served_models(args.repository) if args.repository else [args.model]
-        problems = Canary(f"http://{url(args)}", models, timeout_s=args.timeout_s).check()
+        problems = Canary(f"http://{url(args)}", models, timeout_s=args.timeout_s, metrics_url=args.metrics_url).check()
         health["answers"] = not any(p.fatal for p in problems)
         health["problems"] = [str(p) for p in problems]
     print(json.dumps(health))
@@ -289,6 +289,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="also send the smallest real request to --model (or every model of --repository): "
                         "Triton 2.51 says ready while a model's Python stub is dead")
     p.add_argument("--repository", type=Path, help="with --canary: probe every model of this repository folder")
+    p.add_argument("--metrics-url", help="with --canary: Triton's metrics (http://127.0.0.1:8002/metrics), which tell a "
+                                         "hung server (no inference completes, requests pending) from a busy one")
     p.set_defaults(func=cmd_health)
 
     p = shared.parser(sub, "models", help="models in the repository: versions, states, batching")

@@ -80,16 +80,20 @@ def _local_addresses(server: Any) -> list[str]:
 def _serve(args: argparse.Namespace, server: Any, stop: threading.Event) -> int:
     from tritonbundle.canary import Canary, served_models
     from tritonbundle.errors import ServerError
-    from tritonbundle.server import supervise
+    from tritonbundle.server import quarantine_failed_version, supervise
 
     try:
         server.wait_ready(timeout_s=args.ready_timeout_s)
     except ServerError as e:
         # A server that came up (its log says it started serving) and crashed before the readiness poll
-        # saw it was killed by a request, not by its configuration: with --restart that is a crash.
-        if not (args.restart and server.came_up()):
+        # saw it was killed by a request, not by its configuration: with --restart that is a crash. One
+        # that failed on a model version whose model has another is started again without it.
+        if args.restart and server.came_up():
+            LOG.warning("tritonserver came up and went down before it was seen ready: %s", str(e).splitlines()[0])
+        elif args.restart and quarantine_failed_version(server) is not None:
+            server.start(ready_timeout_s=args.ready_timeout_s)
+        else:
             raise
-        LOG.warning("tritonserver came up and went down before it was seen ready: %s", str(e).splitlines()[0])
     else:
         LOG.info("ready: HTTP %s  gRPC %s  metrics %s%s", server.http_url, server.grpc_url, server.metrics_url,
                  f"  (log: {args.log_file})" if args.log_file else "")
@@ -98,7 +102,8 @@ def _serve(args: argparse.Namespace, server: Any, stop: threading.Event) -> int:
                                                    "metrics": server.metrics_url}))
     canary = None
     if args.canary_interval_s > 0:
-        canary = Canary(f"http://{server.http_url}", served_models(args.repository), timeout_s=args.canary_timeout_s)
+        canary = Canary(f"http://{server.http_url}", served_models(args.repository), timeout_s=args.canary_timeout_s,
+                        metrics_url=server.metrics_url)
     return supervise(server, restart=args.restart, max_restarts=args.max_restarts, stop_event=stop,
                      ready_timeout_s=args.ready_timeout_s, already_started=True, canary=canary,
                      canary_interval_s=args.canary_interval_s)

@@ -1,0 +1,155 @@
+"""A hung server: ``/v2/health/ready`` answers (or nothing does) while no inference ever completes. Triton
+2.51's crash handler can deadlock under gRPC cancellations and leave exactly that (server #7368); the
+canary, ``health --canary``, the compose healthcheck and the chart's probes used to count the timeout as
+"busy" and nothing restarted it. The canary now asks Triton's metrics: requests pending and no success
+counted since the probe began, or no answer from the metrics either, is hung (fatal)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.reliability.test_canary import REPORT, answers, serve, stop
+from tritonbundle.canary import Canary, metric_sum
+
+
+class StandIn(BaseHTTPRequestHandler):
+    """Ready, configured, never answers an inference; its metrics as the test sets them."""
+
+    successes = [7.0]
+    pending = 1.0
+    metrics_hang = False
+    release = threading.Event()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _send(self, body: bytes, code: int = 200) -> None:
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        if self.path == "/metrics":
+            if self.metrics_hang:
+                self.release.wait(10)
+                return
+            body = (f'nv_inference_request_success{{model="m",version="1"}} {self.successes[0]}\n'
+                    f'nv_inference_pending_request_count{{model="m",version="1"}} {self.pending}\n')
+            self._send(body.encode())
+        elif self.path.endswith("/config"):
+            self._send(json.dumps({"name": "m", "max_batch_size": 0,
+                                   "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [1]}]}).encode())
+        else:
+            self._send(b"")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self.release.wait(10)  # never within the canary's timeout
+
+
+@pytest.fixture
+def stand_in() -> Iterator[tuple[str, type[StandIn]]]:
+    StandIn.successes, StandIn.pending, StandIn.metrics_hang = [7.0], 1.0, False
+    StandIn.release = threading.Event()
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), StandIn)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}", StandIn
+    StandIn.release.set()
+    httpd.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_ready_but_never_answering_with_requests_pending_is_hung(stand_in: tuple[str, type[StandIn]]) -> None:
+    url, handler = stand_in
+    (problem,) = Canary(url, ["m"], timeout_s=0.5, metrics_url=f"{url}/metrics").check()
+    assert problem.fatal and "the server is hung" in problem.message and "1 request(s) are pending" in problem.message
+    # Without the metrics, a timeout is only busy (the old rule: nothing restarted such a server).
+    (problem,) = Canary(url, ["m"], timeout_s=0.5).check()
+    assert not problem.fatal
+
+
+@pytest.mark.timeout(60)
+def test_a_timeout_while_inferences_complete_is_busy_not_hung(stand_in: tuple[str, type[StandIn]]) -> None:
+    url, handler = stand_in
+    canary = Canary(url, ["m"], timeout_s=0.5, metrics_url=f"{url}/metrics")
+    real = canary._progress
+
+    def progressing() -> tuple[float, float] | None:
+        handler.successes[0] += 5  # other requests complete meanwhile
+        return real()
+
+    canary._progress = progressing  # type: ignore[method-assign]
+    (problem,) = canary.check()
+    assert not problem.fatal
+
+
+@pytest.mark.timeout(60)
+def test_no_answer_from_the_metrics_either_is_hung(stand_in: tuple[str, type[StandIn]]) -> None:
+    url, handler = stand_in
+    handler.metrics_hang = True
+    (problem,) = Canary(url, ["m"], timeout_s=0.5, metrics_url=f"{url}/metrics").check()
+    assert problem.fatal and "metrics endpoint did not answer either" in problem.message
+
+
+def test_metric_sums_read_every_label_set() -> None:
+    text = ('# HELP nv_inference_request_success x\nnv_inference_request_success{model="a"} 3\n'
+            'nv_inference_request_success{model="b"} 4.5\nnv_inference_request_success_total 99\n')
+    assert metric_sum(text, "nv_inference_request_success") == 7.5
+
+
+def _tritonserver_pid(http: str) -> int:
+    port = http.rsplit(":", 1)[1]
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if argv and argv[0].endswith(b"tritonserver") and f"--http-port={port}".encode() in argv:
+                return int(entry.name)
+    raise AssertionError(f"no tritonserver serving {http}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_stopped_tritonserver_is_found_hung_and_restarted(repository: Path, tmp_path: Path) -> None:
+    """SIGSTOP: every request times out, the metrics too. serve's canary (every second, 2 s per request,
+    two misses in a row) finds it hung and restarts it."""
+    process, http = serve(repository, tmp_path, "--restart", "--canary-interval-s", "1", "--canary-timeout-s", "2")
+    try:
+        pid = _tritonserver_pid(http)
+        t0 = time.monotonic()
+        os.kill(pid, signal.SIGSTOP)
+        assert not answers(http)
+        deadline = t0 + 90
+        while not answers(http):
+            assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.log").read_text()[-3000:]
+            time.sleep(0.2)
+        back = round(time.monotonic() - t0, 2)
+        assert _tritonserver_pid(http) != pid
+    finally:
+        with_pid: Any = locals().get("pid")
+        if with_pid:
+            try:
+                os.kill(with_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        stop(process)
+    log = (tmp_path / "serve.log").read_text()
+    assert "the server is hung" in log and "ready again" in log
+    REPORT.mkdir(parents=True, exist_ok=True)
+    (REPORT / "hang.json").write_text(json.dumps({"sigstopped_tritonserver_answers_again_after_s": back,
+                                                  "canary_interval_s": 1, "canary_timeout_s": 2}, indent=2))
+    print(f"\nSIGSTOPped tritonserver: answering again after {back} s")
+    assert back < 45
