@@ -107,6 +107,37 @@ def token_ids_problem(name: str, ids: np.ndarray[Any, Any], vocab_size: int) -> 
     return f"input {name} holds {bad} at {where}: token ids must lie in [0, {vocab_size}) (the model's vocabulary)"
 
 
+#: The most elements one input of a request may hold (2^28: 2 GiB of INT64), far above any request the
+#: bundle serves; a shape past it is refused before its data is read.
+MAX_INPUT_ELEMENTS = 1 << 28
+
+
+def shape_problem(name: str, shape: Sequence[int], dims: Sequence[int], *, max_batch: int, max_dynamic: int = 0) -> str:
+    """Why a request's input ``shape`` cannot be what the config says (``dims``: without the batch dimension
+    when ``max_batch`` > 0; -1 dynamic), read from the tensor's header before its data ('' when it can).
+    A shape whose byte count overflows (Triton 2.51 accepts ``[1, 2**61]`` with a ``binary_data_size`` of
+    0) would otherwise kill the Python stub that maps it."""
+    expected = len(dims) + (1 if max_batch > 0 else 0)
+    if len(shape) != expected:
+        return f"input {name} must have rank {expected}, got shape {list(shape)}"
+    if any(int(d) < 0 for d in shape):
+        return f"input {name} has shape {list(shape)}: a dimension is negative"
+    if max_batch > 0 and int(shape[0]) > max_batch:
+        return f"input {name} has batch {shape[0]}: the model takes at most {max_batch}"
+    rest = list(shape[1:]) if max_batch > 0 else list(shape)
+    for axis, (size, dim) in enumerate(zip(rest, dims)):
+        if dim > 0 and int(size) != dim:
+            return f"input {name} has shape {list(shape)}: dimension {axis + (1 if max_batch > 0 else 0)} must be {dim}"
+        if dim < 0 and max_dynamic and int(size) > max_dynamic:
+            return f"input {name} has shape {list(shape)}: longer than the largest supported length {max_dynamic}"
+    count = 1
+    for size in shape:
+        count *= int(size)
+    if count > MAX_INPUT_ELEMENTS:
+        return f"input {name} has shape {list(shape)}: {count} elements, more than one request may carry"
+    return ""
+
+
 # -- parameter records ---------------------------------------------------------------------------------
 class ContractError(ValueError):
     """A config's parameters do not match the record its model reads."""

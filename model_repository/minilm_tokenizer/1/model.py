@@ -31,7 +31,7 @@ if (_HERE / "tritonbundle").is_dir() and sys.path[:1] != [str(_HERE)]:
     sys.path.insert(0, str(_HERE))  # the package modules the build copied next to this file
 
 
-from tritonbundle.contract import QUERY_INPUT, TEXT_INPUT, TokenizerParameters  # noqa: E402
+from tritonbundle.contract import QUERY_INPUT, TEXT_INPUT, TokenizerParameters, shape_problem  # noqa: E402
 from tritonbundle.runtimes.text import Row, TextError, load_tokenizer, pairs, read_texts, tokenize  # noqa: E402
 
 try:
@@ -58,6 +58,7 @@ class TritonPythonModel:
         self.tokenizer = load_tokenizer(str(version_dir / params.tokenizer_file), self.max_length, params.threads)
         self.pad_id = params.pad_id
         self.pairs = params.pairs
+        self.max_batch = int(config.get("max_batch_size", 0)) or (1 << 30)
         self.outputs = [o["name"] for o in config["output"]]
         gc.freeze()  # what initialize() loaded lives as long as the process: keep full collections off it
 
@@ -65,6 +66,9 @@ class TritonPythonModel:
         tensor = pb_utils.get_input_tensor_by_name(request, name)
         if tensor is None:
             raise TextError(f"input {name} is missing")
+        problem = shape_problem(name, tensor.shape(), (1,), max_batch=self.max_batch)
+        if problem:  # from the tensor's header: its data is never read
+            raise TextError(problem)
         return read_texts(tensor.as_numpy(), name, self.max_text_bytes, self.max_length)
 
     def _texts(self, request: Any) -> list[Row]:

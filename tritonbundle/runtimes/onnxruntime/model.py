@@ -33,7 +33,7 @@ if (_HERE / "tritonbundle").is_dir() and sys.path[:1] != [str(_HERE)]:
 import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
-from tritonbundle.contract import OnnxRuntimeParameters, token_ids_problem  # noqa: E402
+from tritonbundle.contract import OnnxRuntimeParameters, shape_problem, token_ids_problem  # noqa: E402
 
 try:
     import triton_python_backend_utils as pb_utils
@@ -86,7 +86,8 @@ class TritonPythonModel:
         self.session = ort.InferenceSession(
             str(version_dir / params.onnx_file), options, providers=["CPUExecutionProvider"]
         )
-        self.batched = int(config.get("max_batch_size", 0)) > 0
+        self.max_batch = int(config.get("max_batch_size", 0))
+        self.batched = self.max_batch > 0
         self.max_seq = params.max_sequence_length
         self.pad_values = params.pad_values
         self.inputs = [(i["name"], _NP[i["data_type"]], [int(d) for d in i["dims"]]) for i in config["input"]]
@@ -106,6 +107,9 @@ class TritonPythonModel:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             if tensor is None:
                 raise RequestError(f"input {name} is missing")
+            problem = shape_problem(name, tensor.shape(), dims, max_batch=self.max_batch, max_dynamic=self.max_seq)
+            if problem:  # from the tensor's header: its data is never read
+                raise RequestError(problem)
             array = tensor.as_numpy()
             expected_rank = len(dims) + (1 if self.batched else 0)
             if array.ndim != expected_rank:

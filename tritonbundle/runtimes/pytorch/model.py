@@ -32,7 +32,13 @@ if (_HERE / "tritonbundle").is_dir() and sys.path[:1] != [str(_HERE)]:
 import numpy as np  # noqa: E402
 import numpy.typing as npt  # noqa: E402
 
-from tritonbundle.contract import TEXT_INPUT, PyTorchParameters, TextPyTorchParameters, token_ids_problem  # noqa: E402
+from tritonbundle.contract import (  # noqa: E402
+    TEXT_INPUT,
+    PyTorchParameters,
+    TextPyTorchParameters,
+    shape_problem,
+    token_ids_problem,
+)
 from tritonbundle.runtimes.pytorch.engine import Engine  # noqa: E402
 from tritonbundle.runtimes.pytorch.launch import used_lengths  # noqa: E402
 from tritonbundle.runtimes.pytorch.stats import new_stats, writer_for  # noqa: E402
@@ -69,6 +75,7 @@ class TritonPythonModel:
         gpu = args.get("model_instance_kind", "CPU") == "GPU"
         device = f"cuda:{args.get('model_instance_device_id', '0')}" if gpu else "cpu"
         self.max_seq = params.max_sequence_length
+        self.max_batch = int(config.get("max_batch_size", 0)) or (1 << 30)
         self.name = args.get("model_name", config.get("name", "encoder"))
         self.output_name = config["output"][0]["name"]
         if self.tokenizer is None and len(self.input_names) != 2:
@@ -100,6 +107,9 @@ class TritonPythonModel:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             if tensor is None:
                 raise RequestError(f"input {name} is missing")
+            problem = shape_problem(name, tensor.shape(), (-1,), max_batch=self.max_batch, max_dynamic=self.max_seq)
+            if problem:  # from the tensor's header: its data is never read
+                raise RequestError(problem)
             array = tensor.as_numpy()
             if array.ndim != 2:
                 raise RequestError(f"input {name} must have shape [batch, sequence], got {list(array.shape)}")
@@ -124,7 +134,11 @@ class TritonPythonModel:
         return ids, mask
 
     def _read_texts(self, request: Any) -> list[str]:
-        array = pb_utils.get_input_tensor_by_name(request, TEXT_INPUT).as_numpy()
+        tensor = pb_utils.get_input_tensor_by_name(request, TEXT_INPUT)
+        problem = shape_problem(TEXT_INPUT, tensor.shape(), (1,), max_batch=self.max_batch)
+        if problem:
+            raise TextError(problem)
+        array = tensor.as_numpy()
         return read_texts(array, TEXT_INPUT, self.max_text_bytes, self.max_length)
 
     def _gather(self, good: list[tuple[int, Any]]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], list[int]]:

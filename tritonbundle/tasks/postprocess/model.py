@@ -25,7 +25,7 @@ if (_HERE / "tritonbundle").is_dir() and sys.path[:1] != [str(_HERE)]:
 
 import numpy as np  # noqa: E402
 
-from tritonbundle.contract import LABEL_OUTPUT, SCORE_OUTPUT, PostprocessParameters  # noqa: E402
+from tritonbundle.contract import LABEL_OUTPUT, SCORE_OUTPUT, PostprocessParameters, shape_problem  # noqa: E402
 
 try:
     import triton_python_backend_utils as pb_utils
@@ -62,24 +62,38 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         params = PostprocessParameters.from_config(config)
         self.input = config["input"][0]["name"]
+        self.dims = [int(d) for d in config["input"][0]["dims"]]
+        self.max_batch = int(config.get("max_batch_size", 0)) or (1 << 30)
         self.task = params.task
         self.logits = params.logits
         self.labels = params.labels
         gc.freeze()
 
     def execute(self, requests: list[Any]) -> list[Any]:
-        arrays = [pb_utils.get_input_tensor_by_name(r, self.input).as_numpy() for r in requests]
+        responses: list[Any] = [None] * len(requests)
+        good, arrays = [], []
+        for index, request in enumerate(requests):
+            tensor = pb_utils.get_input_tensor_by_name(request, self.input)
+            problem = "input missing" if tensor is None else shape_problem(self.input, tensor.shape(), self.dims,
+                                                                            max_batch=self.max_batch)
+            if problem:  # from the tensor's header: its data is never read
+                responses[index] = pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(problem))
+                continue
+            good.append(index)
+            arrays.append(tensor.as_numpy())
+        if not arrays:
+            return responses
         rows = [a.shape[0] for a in arrays]
         logits = np.concatenate(arrays, axis=0)
         if self.task == "text-classification":
             names, scores = classify(logits, self.labels)
         else:
             names, scores = None, relevance(logits)
-        responses, start = [], 0
-        for array, n in zip(arrays, rows):
+        start = 0
+        for index, array, n in zip(good, arrays, rows):
             tensors = [pb_utils.Tensor(self.logits, array), pb_utils.Tensor(SCORE_OUTPUT, scores[start : start + n])]
             if names is not None:
                 tensors.append(pb_utils.Tensor(LABEL_OUTPUT, names[start : start + n]))
-            responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
+            responses[index] = pb_utils.InferenceResponse(output_tensors=tensors)
             start += n
         return responses
