@@ -148,21 +148,3 @@ def differences(
             problems += [f"{name}/{rel} differs from what this build writes" for rel in sorted(set(want) & set(have))
                          if want[rel].read_bytes() != have[rel].read_bytes()]
         return problems
-
-
-def quarantine(repository: Path, model: str, version: str, reason: str) -> Path:
-    """Move a version Triton refused out of the served repository, next to it, with its error:
-    ``<repository>.quarantine/<model>/<version>-<UTC time>/`` and ``error.txt``. Left in place, the
-    broken version would be the latest one again at the next start, and that start would fail
-    ("failed to load all models")."""
-    import datetime
-
-    source = Path(repository) / model / version
-    if not source.is_dir():
-        raise BuildError(f"{source} is not a version folder of model {model!r}")
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    target = Path(repository).parent / f"{Path(repository).name}.quarantine" / model / f"{version}-{stamp}"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.move(str(source), str(target))
-    (target / "error.txt").write_text(reason.rstrip() + "\n")
-    return target
