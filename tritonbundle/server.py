@@ -324,6 +324,24 @@ class TritonServer:
             return line.split("] ", 1)[1] if "] " in line else line
         return f"no error line in {self.options.log_path} (its tail follows)"
 
+    def crash_line(self) -> str:
+        """The log's first sign of a crash since the last start (an ASSERTION FAILED, a "Signal (11)
+        received", an uncaught exception), else ''."""
+        for line in (self._start_log() or "").splitlines():
+            if any(mark in line for mark in ("ASSERTION FAILED", "Signal (", "terminate called", "Segmentation fault")):
+                return line.strip()
+        return ""
+
+    def down_reason(self) -> str:
+        """Why the server is down ('' when it is not): it exited (the log's crash line), or its metrics
+        endpoint no longer answers (stopped or deadlocked). For measurements between load levels."""
+        process = self.process
+        if process is not None and process.poll() is not None:
+            return f"tritonserver exited with code {process.returncode}: {self.crash_line() or self.cause()}"
+        if not proc.http_ok(self.metrics_url, timeout_s=5.0):
+            return f"tritonserver's metrics endpoint does not answer: hung ({self.crash_line() or 'no crash line'})"
+        return ""
+
     def log_tail(self, lines: int = 25) -> str:
         path = self.options.log_path
         if path is None or not Path(path).exists():

@@ -77,7 +77,7 @@ def run_bundle(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> d
             def drain(max_s: float) -> float:
                 return wait_idle(lambda: triton_metrics.pending_requests(server.metrics_url), max_s, 0.0)
 
-            result = sweep(ctx, pool, deadline, "bundle", observe, finish, drain)
+            result = sweep(ctx, pool, deadline, "bundle", observe, finish, drain, server.down_reason)
     finally:
         server.stop(timeout_s=20)
         os.environ.pop(STATS_DIR_ENV, None)

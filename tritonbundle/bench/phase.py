@@ -57,10 +57,17 @@ Observe = Callable[[], dict[str, Any]]
 Finish = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]
 
 
+class SystemDown(RuntimeError):
+    """The system under test died or hung during a level: the phase fails, naming why."""
+
+
 def sweep(ctx: Context, pool: LoadPool, phase_deadline: float, system: str, observe: Observe | None,
-          finish: Finish | None, drain: Callable[[float], float] | None = None) -> Sweep:
+          finish: Finish | None, drain: Callable[[float], float] | None = None,
+          down: Callable[[], str] | None = None) -> Sweep:
     """Rate search on one system, with server-side observations around each level. Before each level
-    ``drain(max_s)`` waits until the system has no backlog left from the previous one."""
+    ``drain(max_s)`` waits until the system has no backlog left from the previous one. After each,
+    ``down()`` says why the system is down ('' when it is not): a server that died or hung fails the
+    phase (:class:`SystemDown`) instead of reporting every later level as "0 answered"."""
     o = ctx.options
     warmup, window, grace = step_timing(o, phase_deadline - time.monotonic(), expected_steps(o, system))
     LOG.info("    %s: levels of %.1f s (+%.1f s warm-up), p99 SLO %g ms", system, window, warmup, o.slo_ms)
@@ -79,6 +86,10 @@ def sweep(ctx: Context, pool: LoadPool, phase_deadline: float, system: str, obse
         if observe and finish:
             result.extra.update(finish(before, observe()))
         result.extra["drain_s"] = round(drained, 2)
+        why = down() if down else ""
+        if why:
+            raise SystemDown(f"{system} went down during the level at {rate:.1f} req/s ({result.completed} of "
+                             f"{result.sent} answered): {why}")
         LOG.info("    %s @ %8.1f req/s offered: %8.1f answered/s, p50 %7.1f ms, p99 %7.1f ms, failed %d%s",
                  system, rate, result.achieved_rps, result.p50_ms, result.p99_ms, result.failed,
                  f", GPU {result.extra['gpu_util_mean']:.0f}%" if result.extra.get("gpu_util_mean") is not None else "")

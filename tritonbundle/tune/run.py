@@ -244,6 +244,9 @@ def _level(rate: float, options: TuneOptions, pool: LoadPool, server: TritonServ
     t0 = time.monotonic()
     result = pool.step(rate, warmup_s=warmup, window_s=options.window_s, grace_s=grace, seed=index * 1000 + int(rate))
     judge(result, Slo(p99_ms=options.slo_ms, max_failure_ratio=options.max_failure_ratio))
+    why = server.down_reason()
+    if why:  # the levels after a crash would all read "0 answered": the point failed, and says why
+        raise TritonBundleError(f"the server went down at {rate:.1f} req/s: {why}")
     after = (triton_metrics.scrape(server.metrics_url), meter.read(), time.monotonic())
     result.extra["triton"] = {v.model: v.to_json() for v in triton_metrics.view(before[0], after[0])}
     result.extra["cpu_cores"] = CpuMeter.delta(before[1], after[1], after[2] - before[2])
