@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,9 +27,25 @@ from tritonbundle.contract import pad_length
 #: (token ids, attention mask) of one request, and its token type ids when they were asked for.
 Tokens = tuple[npt.NDArray[np.int64], ...]
 Row = str | tuple[str, str]
-#: BERT's WordPiece turns a word longer than 100 characters into one [UNK]: 100 characters per token
-#: of max_length keep every token a text can contribute, unless it is mostly runs of whitespace.
+#: BERT's WordPiece turns a word longer than 100 characters into one [UNK], and whitespace makes no token
+#: at all: a prefix holding 100 non-whitespace characters per token of max_length (and one token more,
+#: for a word the cut splits) tokenizes to at least max_length tokens, the ones the whole text gives.
+#: (Byte-level BPE makes tokens of whitespace too: only more tokens.)
 CHARS_PER_TOKEN = 100
+_NON_SPACE = re.compile(r"\S")
+
+
+def cut(text: str, max_length: int) -> str:
+    """``text`` up to its ``CHARS_PER_TOKEN * (max_length + 1)``-th non-whitespace character: what
+    truncation to ``max_length`` tokens keeps of it, without tokenizing the rest. A cut by characters alone
+    dropped words of texts with long whitespace runs (and left one of 51,200 leading spaces empty)."""
+    keep = CHARS_PER_TOKEN * (max_length + 1)
+    if len(text) <= keep:
+        return text
+    for count, match in enumerate(_NON_SPACE.finditer(text), start=1):
+        if count == keep:
+            return text[: match.end()]
+    return text
 
 
 class TextError(ValueError):
@@ -65,7 +82,7 @@ def load_tokenizer(path: str, max_length: int, threads: int = 1) -> Any:
 
 def read_texts(array: np.ndarray[Any, Any], name: str, max_text_bytes: int, max_length: int) -> list[str]:
     """The texts of one request's ``[batch, 1]`` BYTES input, each checked (size before decoding, UTF-8,
-    something left to tokenize) and cut to ``CHARS_PER_TOKEN * max_length`` characters; a
+    something left to tokenize) and cut to what ``max_length`` tokens can hold (:func:`cut`); a
     :class:`TextError` names the first that fails and its position."""
     if array.ndim == 0:
         raise TextError(f"{name} must have a batch dimension, got a scalar")
@@ -85,7 +102,7 @@ def read_texts(array: np.ndarray[Any, Any], name: str, max_text_bytes: int, max_
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
             raise TextError(f"{name}[{i}] is not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
-        text = text[: CHARS_PER_TOKEN * max_length]
+        text = cut(text, max_length)
         if not has_content(text):
             raise TextError(f"{name}[{i}] is empty: send at least one character that is not whitespace or a "
                             "control character")

@@ -7,7 +7,7 @@ Settings: :class:`tritonbundle.contract.TokenizerParameters` in the config's ``p
   max_length         longer texts are truncated to this many tokens (documented behaviour)
   max_text_bytes     longer texts are refused (INVALID_ARG) before tokenizing: a guard against
                      multi-megabyte bodies, far beyond what truncation to max_length keeps anyway.
-                     Texts within it are cut to batch.CHARS_PER_TOKEN x max_length characters before
+                     Texts within it are cut (runtimes.text.cut) to what max_length tokens can hold before
                      tokenizing (a megabyte took about a second of a core to tokenize, only to be
                      truncated to max_length tokens)
   padding_targets    each request is padded to the smallest target that holds its longest text
