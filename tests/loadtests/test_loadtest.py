@@ -100,6 +100,7 @@ def test_users_fire_request_events_into_locust_stats(server: Any, fresh_locust_e
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["gates"]["passed"] and env.process_exit_code == 0
     assert set(summary["by_protocol"]) == {"http", "grpc"}
+    assert sum(row["requests"] for row in summary["timeline"]) == 8
 
 
 def _sentinel(**_: Any) -> None:
@@ -118,7 +119,7 @@ def test_bounded_run_records_both_protocols_and_writes_the_report(server: Any, t
     from tritonbundle.loadtests import runner
 
     settings = LoadSettings(http_url=server.http_url, grpc_url=server.grpc_url, metrics_url=server.metrics_url,
-                            users=4, duration_s=20, report_dir=str(tmp_path / "report"), input="both",
+                            users=4, duration_s=12, report_dir=str(tmp_path / "report"), input="both",
                             traffic=str(Path(__file__).resolve().parents[2] / "build" / "traffic" / "chat.jsonl"),
                             slo=Slo(max_failure_ratio=0.0))
     result = runner.run(settings)
@@ -130,11 +131,41 @@ def test_bounded_run_records_both_protocols_and_writes_the_report(server: Any, t
         for p in ("p50_ms", "p90_ms", "p95_ms", "p99_ms"):
             assert summary["by_protocol"][protocol][p] > 0
     names = {p.name for p in result.report_dir.iterdir()}
-    assert {"locust_stats.csv", "locust_stats_history.csv", "report.html", "summary.json",
+    assert {"locust_stats.csv", "locust_stats_history.csv", "report.html", "summary.json", "timeline.csv",
             "throughput.png", "latency.png", "server.png"} <= names
     encoder = next(v for v in summary["server"] if v["model"] == "minilm_encoder")
     assert encoder["requests"] == summary["total"]["requests"]
     assert encoder["avg_batch_size"] >= 1.0 and encoder["compute_ms_per_request"] > 0
+
+    # The charts' data: 1 s rows from the first request to the last answer, every request in one row.
+    window, rows = summary["window"], summary["timeline"]
+    assert window["sending_s"] == pytest.approx(12, abs=0.2) == summary["duration_s"]
+    assert [r["t"] for r in rows] == [float(i) for i in range(len(rows))] and len(rows) >= 12
+    assert rows[-1]["t"] + rows[-1]["dt"] == pytest.approx(window["wall_s"])
+    assert sum(r["requests"] for r in rows) == summary["total"]["requests"]
+    assert all(r["users"] == 4 for r in rows[1:12])
+    assert all(r["p99_ms"] > 0 if r["requests"] else r["p99_ms"] is None for r in rows)  # none failed: finite
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_open_model_achieves_the_offered_rate_over_the_sending_window(server: Any, tmp_path: Path) -> None:
+    from tritonbundle.loadtests import runner
+
+    settings = LoadSettings(http_url=server.http_url, grpc_url=None, mode="open", rate=6.0, users=2, duration_s=10,
+                            report_dir=str(tmp_path), slo=Slo(max_failure_ratio=0.0))
+    summary = runner.run(settings).summary
+    window, rate = summary["window"], summary["rate"]
+    figures = {"window": window, "rate": rate, "failures": summary["total"]["failures"]}
+    print(f"\nopen model: {figures}")
+    assert summary["total"]["failures"] == 0, summary["errors"]
+    # Rates are over the sending window (10 s), not over the wall time that includes the drain.
+    assert window["sending_s"] == pytest.approx(10, abs=0.2) == rate["offered_over_s"] == rate["achieved_over_s"]
+    assert window["wall_s"] == pytest.approx(window["sending_s"] + window["drain_s"])
+    assert rate["offered_rps"] == pytest.approx(6.0, rel=0.4)  # ~60 Poisson arrivals
+    assert rate["achieved_rps"] == pytest.approx(rate["offered_rps"], rel=0.05), figures
+    assert summary["total"]["throughput_rps"] == rate["achieved_rps"] and summary["duration_s"] == window["sending_s"]
+    assert sum(r["sent"] for r in summary["timeline"]) == summary["total"]["requests"]
 
 
 @pytest.mark.slow

@@ -9,6 +9,13 @@ with Locust's web UI: ``locust -f loadtests/locustfile.py`` (settings from ``$TR
 * Closed model (``mode=closed``): ``users`` each send back-to-back: fixed concurrency.
 * Open model (``mode=open``): each user is a Poisson source of ``rate / users`` requests per second
   that does not wait for answers, so queueing shows up as latency instead of as a lower send rate.
+  Arrivals follow a schedule (each one a random gap after the previous one's due time, not after it
+  was sent) and stop when the sending window closes; requests in flight then drain.
+
+The sending window opens when the first user starts scheduling requests (after connecting) and
+closes ``duration_s`` later in a headless run, or when Locust stops the users earlier
+(``test_stopping``: a load shape's end, Ctrl-C, the web UI's stop button, Locust's ``-t``, which the
+runner sets as a backstop past the window); the summary's rates are over that window.
 
 Every call fires ``events.request`` with the protocol as request type and the input kind as name,
 so Locust's statistics, CSV and HTML reports cover both protocols. The first failure of the run is
@@ -31,7 +38,8 @@ from locust.env import Environment
 
 from tritonbundle.clients import RetryPolicy, connect
 from tritonbundle.errors import ClientError
-from tritonbundle.loadtests.report import Recorder, evaluate_gates, finite, summarize
+from tritonbundle.loadtests.recorder import Recorder
+from tritonbundle.loadtests.report import evaluate_gates, finite, summarize
 from tritonbundle.loadtests.settings import LoadSettings, shape_users
 from tritonbundle.measure import triton_metrics as metrics
 from tritonbundle.payloads import Requests, for_model
@@ -102,6 +110,9 @@ class TritonUser(User):
     def one_request(self) -> None:
         """Draw a request, send it, and report it to Locust."""
         call = next(self.sources).next()
+        sent_at = time.time()
+        RECORDER.begin(sent_at)
+        RECORDER.n_sent += 1
         start = time.perf_counter()
         error: Exception | None = None
         size = 0
@@ -111,7 +122,7 @@ class TritonUser(User):
             error = e
             _report_first_failure(self.protocol, call.kind, e)
         elapsed_ms = (time.perf_counter() - start) * 1000
-        RECORDER.add(self.protocol, call.kind, elapsed_ms, error is None)
+        RECORDER.add(self.protocol, call.kind, elapsed_ms, error is None, sent_at=sent_at)
         self.environment.events.request.fire(
             request_type=self.protocol, name=call.kind, response_time=elapsed_ms,
             response_length=size, exception=error, context={"tokens": call.tokens, "batch": call.rows},
@@ -138,17 +149,40 @@ class ClosedModel(TritonUser):
 
 
 class OpenModel(TritonUser):
-    """A Poisson source: sleeps exponential gaps and sends without waiting for answers."""
+    """A Poisson source: requests at scheduled arrival times, sent without waiting for answers.
+
+    The gap to the next arrival is Locust's wait time, so Locust stops the user at once when the
+    run ends (a sleep inside the task would be waited for, and send one more request after the end).
+    """
 
     abstract = True
     in_flight = 0
+    #: When the next request is due (unix s); None until the user starts its schedule.
+    due: float | None = None
+
+    def wait_time(self) -> float:
+        return 0.0 if self.due is None else max(0.0, self.due - time.time())
+
+    def _gap(self) -> float:
+        runner = self.environment.runner
+        sources = max(1, runner.user_count if runner else 1)
+        return float(self.rng.exponential(sources / self.settings.rate))
 
     @task
     def request(self) -> None:
-        rate = self.settings.rate / max(1, self.environment.runner.user_count if self.environment.runner else 1)
-        gevent.sleep(self.rng.exponential(1.0 / rate))
+        now = time.time()
+        if self.due is None:  # the schedule starts when the user is ready: first arrival one gap later
+            RECORDER.begin(now)
+            self.due = now + self._gap()
+            return
+        if RECORDER.stopped is not None:  # the sending window is closed: nothing more is sent
+            self.due = now + 1.0
+            return
+        RECORDER.lag_ms.append((now - self.due) * 1000)
+        self.due += self._gap()
         if self.in_flight >= self.settings.max_in_flight:
-            RECORDER.add(self.protocol, "client saturated", 0.0, False)
+            RECORDER.n_sent += 1
+            RECORDER.add(self.protocol, "client saturated", 0.0, False, sent_at=now)
             self.environment.events.request.fire(
                 request_type=self.protocol, name="client saturated", response_time=0, response_length=0,
                 exception=RuntimeError(f"{self.in_flight} requests already in flight"), context={},
@@ -197,7 +231,7 @@ if SETTINGS.shape != "constant":
             return None if users is None else (users, SETTINGS.spawn_rate)
 
 
-# -- server-side metrics and gates ---------------------------------------------------------------
+# -- users over time, server-side metrics and gates ---------------------------------------------
 _scrapes: list[tuple[float, metrics.Sample]] = []
 
 
@@ -210,13 +244,49 @@ def _scrape_forever(url: str) -> None:
         gevent.sleep(1.0)
 
 
-def _start_scraper(environment: Environment, **_: Any) -> None:
+def _tick_forever(environment: Environment) -> None:
+    """Every second, note the user count."""
+    while True:
+        gevent.sleep(1.0)
+        users = environment.runner.user_count if environment.runner else None
+        if users is not None and RECORDER.stopped is None:
+            RECORDER.users.append((time.time(), users))
+
+
+def _close_window(environment: Environment, opened: float) -> None:
+    """Stop the run ``duration_s`` after the first request was scheduled (or after the test started,
+    when no user got ready)."""
+    while True:
+        deadline = (RECORDER.started or opened) + SETTINGS.duration_s
+        now = time.time()
+        if now >= deadline:
+            break
+        gevent.sleep(deadline - now if RECORDER.started is not None else min(0.5, deadline - now))
+    RECORDER.end()
+    if environment.runner is not None:
+        environment.runner.quit()
+
+
+def _on_test_start(environment: Environment, **_: Any) -> None:
     if SETTINGS.metrics_url and not getattr(environment, "_tritonbundle_scraper", None):
         environment._tritonbundle_scraper = gevent.spawn(_scrape_forever, SETTINGS.metrics_url)  # type: ignore[attr-defined]
+    if not getattr(environment, "_tritonbundle_ticker", None):
+        environment._tritonbundle_ticker = gevent.spawn(_tick_forever, environment)  # type: ignore[attr-defined]
+        if getattr(environment.parsed_options, "headless", False):  # in the web UI, the user stops the run
+            environment._tritonbundle_closer = gevent.spawn(_close_window, environment, time.time())  # type: ignore[attr-defined]
+
+
+def _on_test_stopping(environment: Environment, **_: Any) -> None:
+    RECORDER.end()  # the sending window closes: the users send nothing more, requests in flight drain
 
 
 def _gate(environment: Environment, **_: Any) -> None:
     """Write the JSON summary and set the exit code from the SLO gates."""
+    RECORDER.end()
+    for name in ("_tritonbundle_ticker", "_tritonbundle_closer"):
+        greenlet = getattr(environment, name, None)
+        if greenlet is not None and greenlet is not gevent.getcurrent():
+            greenlet.kill()
     scraper = getattr(environment, "_tritonbundle_scraper", None)
     if scraper is not None:
         scraper.kill()
@@ -225,10 +295,9 @@ def _gate(environment: Environment, **_: Any) -> None:
         except OSError:
             pass
     stats = environment.stats
-    duration = max((stats.total.last_request_timestamp or stats.total.start_time) - stats.total.start_time, 1e-9)
     errors = [{"method": e.method, "name": e.name, "error": str(e.error), "occurrences": e.occurrences}
               for e in stats.errors.values()]
-    summary = summarize(RECORDER, SETTINGS, duration, errors)
+    summary = summarize(RECORDER, SETTINGS, errors)
     if len(_scrapes) >= 2:
         summary["server"] = [v.to_json() for v in metrics.view(_scrapes[0][1], _scrapes[-1][1])]
         summary["server_timeline"] = {
@@ -242,5 +311,6 @@ def _gate(environment: Environment, **_: Any) -> None:
     environment.process_exit_code = 0 if gates["passed"] else 1
 
 
-events.test_start.add_listener(_start_scraper)  # type: ignore[no-untyped-call]
+events.test_start.add_listener(_on_test_start)  # type: ignore[no-untyped-call]
+events.test_stopping.add_listener(_on_test_stopping)  # type: ignore[no-untyped-call]
 events.quitting.add_listener(_gate)  # type: ignore[no-untyped-call]

@@ -1,13 +1,17 @@
 """``tritonbundle loadtest``: run Locust headless, bounded in time and users, and write a report.
 
 Locust runs in its own process (it monkey-patches the standard library with gevent), with the
-settings in ``$TRITONBUNDLE_LOADTEST``. The report folder gets Locust's CSV and HTML, ``summary.json``
-(requests, failures, throughput, p50/p90/p95/p99 per protocol and request, Triton's server-side view,
-SLO gate results) and PNG plots. The exit code is the gate's: 0 when the SLO holds, 1 when not.
+settings in ``$TRITONBUNDLE_LOADTEST``; its ``loadtest:`` lines (the first failure) are echoed to
+the console. The report folder gets Locust's CSV and HTML,
+``summary.json`` (requests, failures, offered vs achieved rate over the sending window,
+p50/p90/p95/p99 per protocol and request, the per-second timeline, Triton's server-side view, SLO
+gate results), ``timeline.csv`` and PNG charts drawn from the summary. The exit code is the gate's:
+0 when the SLO holds, 1 when not.
 """
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import os
@@ -18,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tritonbundle.errors import ConfigError, TritonBundleError
-from tritonbundle.loadtests import report
+from tritonbundle.loadtests import charts, report
 from tritonbundle.loadtests.settings import ENV, LoadSettings
 from tritonbundle.log import LOG, step
 from tritonbundle.measure.latency import StepResult
@@ -26,6 +30,9 @@ from tritonbundle.measure.search import Sweep, search_rate
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 PREFIX = "locust"
+#: The locustfile closes the sending window ``duration_s`` after the first request was scheduled;
+#: Locust's own time limit is this much later, a backstop for users that take long to connect.
+STARTUP_GRACE_S = 30.0
 
 
 @dataclasses.dataclass
@@ -40,7 +47,7 @@ def locust_command(settings: LoadSettings) -> list[str]:
     report_dir = Path(settings.report_dir)
     return [
         sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless",
-        "-u", str(settings.users), "-r", str(settings.spawn_rate), "-t", f"{settings.duration_s:g}s",
+        "-u", str(settings.users), "-r", str(settings.spawn_rate), "-t", f"{settings.duration_s + STARTUP_GRACE_S:g}s",
         "--stop-timeout", f"{max(5, int(settings.timeout_s) + 1)}",
         "--csv", str(report_dir / PREFIX), "--csv-full-history", "--html", str(report_dir / "report.html"),
         "--only-summary", "--loglevel", "WARNING", "--exit-code-on-error", "0",
@@ -56,7 +63,7 @@ def run(settings: LoadSettings) -> RunResult:
     env = {**os.environ, ENV: settings.to_env()}
     env.pop("LOCUST_SKIP_MONKEY_PATCH", None)  # Locust needs gevent's patches in its own process
     argv = locust_command(settings)
-    budget = settings.duration_s + settings.timeout_s + 60
+    budget = settings.duration_s + STARTUP_GRACE_S + settings.timeout_s + 60
     LOG.debug("$ %s", " ".join(argv))
     returncode, output = _run_locust(argv, env, budget, report_dir / "locust.log")
     summary_path = report_dir / "summary.json"
@@ -64,8 +71,22 @@ def run(settings: LoadSettings) -> RunResult:
         tail = "\n".join(output.strip().splitlines()[-15:])
         raise TritonBundleError(f"locust exited with code {returncode} and wrote no summary:\n{tail}")
     summary = json.loads(summary_path.read_text())
-    files = report.plot(report_dir, summary, PREFIX)
+    files = [*charts.write_pngs(report_dir, summary), write_timeline_csv(report_dir / "timeline.csv", summary)]
     return RunResult(returncode, summary, report_dir, files)
+
+
+TIMELINE_COLUMNS = ("t", "dt", "sent", "requests", "failures", "offered_rps", "achieved_rps", "p50_ms", "p99_ms",
+                    "users")
+
+
+def write_timeline_csv(path: Path, summary: dict[str, Any]) -> Path:
+    """summary.json's per-second timeline as CSV (an empty p99 in a row with requests: failures, infinite)."""
+    with path.open("w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(TIMELINE_COLUMNS)
+        for row in summary.get("timeline") or []:
+            out.writerow(["" if row.get(c) is None else row[c] for c in TIMELINE_COLUMNS])
+    return path
 
 
 #: Lines of the Locust process that are for the user, not only for locust.log.
@@ -102,7 +123,8 @@ def _run_locust(argv: list[str], env: dict[str, str], budget_s: float, log: Path
 
 
 def describe(summary: dict[str, Any]) -> str:
-    lines = [f"{'protocol':<10}{'requests':>9}{'failures':>9}{'req/s':>9}{'p50 ms':>9}{'p90 ms':>9}{'p95 ms':>9}{'p99 ms':>9}"]
+    lines = [f"target: {', '.join(summary['hosts'].values())}"] if summary.get("hosts") else []
+    lines += [f"{'protocol':<10}{'requests':>9}{'failures':>9}{'req/s':>9}{'p50 ms':>9}{'p90 ms':>9}{'p95 ms':>9}{'p99 ms':>9}"]
 
     def fmt(x: float | None) -> str:
         return "-" if x is None else f"{x:.0f}"
@@ -112,6 +134,11 @@ def describe(summary: dict[str, Any]) -> str:
             f"{name:<10}{row['requests']:>9}{row['failures']:>9}{row['throughput_rps']:>9.1f}"
             f"{fmt(row['p50_ms']):>9}{fmt(row['p90_ms']):>9}{fmt(row['p95_ms']):>9}{fmt(row['p99_ms']):>9}"
         )
+    window, rate = summary.get("window"), summary.get("rate")
+    if window and rate:
+        target = f" (target {rate['target_rps']:g})" if rate.get("target_rps") else ""
+        lines.append(f"rate: offered {rate['offered_rps']:.1f} req/s{target}, achieved {rate['achieved_rps']:.1f} "
+                     f"req/s over the {window['sending_s']:.1f} s sending window; then {window['drain_s']:.1f} s of drain")
     for view in summary.get("server", []):
         lines.append(
             f"server {view['model']}: {view['requests']:.0f} requests in {view['executions']:.0f} executions "
@@ -146,7 +173,7 @@ def sweep(settings: LoadSettings, levels: Sequence[float]) -> tuple[int, list[di
         {"levels": [{"level": r["level"], "total": r["total"], "gates": r["gates"]} for r in results],
          "best": None if best is None else {"level": best["level"], "throughput_rps": best["total"]["throughput_rps"]}},
         indent=2))
-    report.plot_sweep(base / "sweep.png", results, settings.slo.p99_ms, "requests/s" if settings.mode == "open" else "users")
+    charts.plot_sweep(base / "sweep.png", results, settings.slo.p99_ms, "requests/s" if settings.mode == "open" else "users")
     return (0 if best is not None else 1), results, best
 
 

@@ -1,0 +1,107 @@
+"""The load-test report from recorded requests, no server: rates over the sending window, the
+per-second timeline and the charts."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tritonbundle.loadtests import charts, timeline
+from tritonbundle.loadtests.recorder import Recorder
+from tritonbundle.loadtests.report import evaluate_gates, finite, summarize
+from tritonbundle.loadtests.settings import LoadSettings
+from tritonbundle.measure.latency import Slo, percentile
+
+T0 = 1_800_000_000.0
+
+
+def _open_run() -> tuple[Recorder, LoadSettings]:
+    """A 10 s open-model run at 3 requests/s: 30 answered in 58-60 ms, then 3 more sent in the last
+    second that the server answers 7 s after the stop (the drain)."""
+    recorder = Recorder()
+    recorder.begin(T0)
+    for i in range(30):
+        recorder.add("http", "text", 60.0 - i % 3, True, sent_at=T0 + i / 3)
+    for i in range(3):
+        recorder.add("http", "text", (7.0 - i * 0.2) * 1000 + 500, True, sent_at=T0 + 9.5 + i * 0.1)
+    recorder.end(T0 + 10.0)
+    return recorder, LoadSettings(mode="open", rate=3.0, grpc_url=None, duration_s=10, slo=Slo(p99_ms=10_000))
+
+
+def test_rates_are_over_the_sending_window_not_the_wall_time_with_the_drain() -> None:
+    recorder, settings = _open_run()
+    summary = summarize(recorder, settings)
+    assert summary["duration_s"] == pytest.approx(10.0)
+    assert summary["window"]["drain_s"] == pytest.approx(7.0, abs=0.01)
+    assert summary["window"]["wall_s"] == pytest.approx(17.0, abs=0.01)
+    rate = summary["rate"]
+    assert rate["target_rps"] == 3.0 and rate["offered_over_s"] == rate["achieved_over_s"] == pytest.approx(10.0)
+    assert rate["offered_rps"] == pytest.approx(3.3)  # 33 sent in the 10 s window
+    # 30 answered within the window shifted by the median latency (59 ms); 3 answered late in the drain.
+    assert summary["window"]["answer_delay_s"] == pytest.approx(0.059) and rate["achieved_rps"] == pytest.approx(3.0)
+    assert summary["total"]["throughput_rps"] == rate["achieved_rps"]  # what step_from and describe read
+    assert summary["total"]["requests"] == 33 and summary["hosts"] == {"http": "http://127.0.0.1:8000"}
+
+
+def test_a_server_that_falls_behind_is_credited_with_its_own_rate_not_the_backlog() -> None:
+    recorder = Recorder()
+    recorder.begin(T0)
+    for i in range(100):  # 10/s offered for 10 s; the server answers one every 0.2 s, in order
+        recorder.add("grpc", "text", (i / 10 + 0.1) * 1000, True, sent_at=T0 + i / 10)
+    recorder.end(T0 + 10.0)
+    summary = summarize(recorder, LoadSettings(mode="open", rate=10.0, http_url=None))
+    assert summary["rate"]["offered_rps"] == pytest.approx(10.0)
+    assert summary["rate"]["achieved_rps"] == pytest.approx(5.0, abs=0.2)  # not 100 answers / 10 s
+    assert summary["window"]["drain_s"] == pytest.approx(9.9, abs=0.01)
+
+
+def test_timeline_spans_the_run_in_one_second_rows_with_exact_percentiles() -> None:
+    recorder, settings = _open_run()
+    rows = summarize(recorder, settings)["timeline"]
+    assert [r["t"] for r in rows] == [float(i) for i in range(17)]
+    assert all(r["dt"] == 1.0 for r in rows[:-1]) and rows[-1]["t"] + rows[-1]["dt"] == pytest.approx(17.0, abs=0.01)
+    assert sum(r["sent"] for r in rows) == sum(r["requests"] for r in rows) == 33
+    assert [r["sent"] for r in rows[:10]] == [3, 3, 3, 3, 3, 3, 3, 3, 3, 6]
+    assert rows[1]["p99_ms"] == pytest.approx(percentile([58.0, 59.0, 60.0], 99))  # exact, not bucketed
+    assert rows[12]["requests"] == 0 and rows[12]["p99_ms"] is None and rows[12]["offered_rps"] == 0
+
+
+def test_a_window_with_over_1_percent_failures_has_an_infinite_p99() -> None:
+    recorder = Recorder()
+    recorder.begin(T0)
+    for i in range(10):
+        recorder.add("grpc", "text", 20.0, i != 3, sent_at=T0 + 0.05 * i)
+    recorder.end(T0 + 1.0)
+    row = timeline.of(recorder)[0]
+    assert row["requests"] == 10 and row["failures"] == 1 and row["achieved_rps"] == 9.0
+    assert row["p50_ms"] == 20.0 and math.isinf(row["p99_ms"])
+    assert finite(row)["p99_ms"] is None  # JSON: None in a row with requests means infinite
+
+
+def test_a_stop_a_few_ms_past_a_whole_second_joins_the_last_row() -> None:
+    recorder = Recorder()
+    recorder.begin(T0)
+    recorder.add("http", "text", 10.0, True, sent_at=T0 + 2.5)
+    recorder.end(T0 + 3.004)
+    rows = timeline.of(recorder)
+    assert [r["t"] for r in rows] == [0.0, 1.0, 2.0] and rows[-1]["dt"] == pytest.approx(1.004)
+
+
+def _summary() -> dict[str, Any]:
+    recorder, settings = _open_run()
+    summary = summarize(recorder, settings, [{"method": "http", "name": "text", "error": "<boom> & bust",
+                                              "occurrences": 2}])
+    summary["gates"] = evaluate_gates(summary, settings.slo)
+    return dict(json.loads(json.dumps(finite(summary))))  # as the runner reads it back
+
+
+def test_charts_are_written_from_the_summary(tmp_path: Path) -> None:
+    summary = _summary()
+    summary["timeline"][12]["failures"], summary["timeline"][12]["requests"] = 1, 1  # an infinite p99 window
+    written = charts.write_pngs(tmp_path, summary)
+    assert [p.name for p in written] == ["latency.png", "throughput.png"]
+    assert all(p.stat().st_size > 10_000 for p in written)
