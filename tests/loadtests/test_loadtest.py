@@ -4,6 +4,7 @@ each test), and bounded headless runs against the real CPU server."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -115,7 +116,8 @@ def test_global_hooks_were_restored_after_the_previous_test() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_bounded_run_records_both_protocols_and_writes_the_report(server: Any, tmp_path: Path) -> None:
+def test_bounded_run_records_both_protocols_and_writes_the_report(server: Any, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     from tritonbundle.loadtests import runner
 
     settings = LoadSettings(http_url=server.http_url, grpc_url=server.grpc_url, metrics_url=server.metrics_url,
@@ -145,6 +147,11 @@ def test_bounded_run_records_both_protocols_and_writes_the_report(server: Any, t
     assert sum(r["requests"] for r in rows) == summary["total"]["requests"]
     assert all(r["users"] == 4 for r in rows[1:12])
     assert all(r["p99_ms"] > 0 if r["requests"] else r["p99_ms"] is None for r in rows)  # none failed: finite
+
+    # Progress while it ran: time, sent, failed, rate and the last window's p99, on the console.
+    progress = [line for line in capsys.readouterr().err.splitlines() if re.match(r"loadtest: +\d+ s +sent", line)]
+    assert len(progress) >= 4, progress
+    assert re.search(r"sent \d+ +failed 0 +[\d.]+ req/s answered, [\d.]+ sent +p99 \d+ ms \(last 2 s\)", progress[-1])
 
 
 @pytest.mark.slow

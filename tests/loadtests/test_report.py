@@ -1,10 +1,11 @@
 """The load-test report from recorded requests, no server: rates over the sending window, the
-per-second timeline and the charts."""
+per-second timeline, progress lines and the charts."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,15 @@ def test_a_stop_a_few_ms_past_a_whole_second_joins_the_last_row() -> None:
     recorder.end(T0 + 3.004)
     rows = timeline.of(recorder)
     assert [r["t"] for r in rows] == [0.0, 1.0, 2.0] and rows[-1]["dt"] == pytest.approx(1.004)
+
+
+def test_progress_line_says_time_sent_failed_rate_and_the_last_windows_p99() -> None:
+    line = timeline.progress_line(10.2, 120, 1, 2.0, 25, [40.0] * 23 + [math.inf], users=8)
+    assert line.startswith("loadtest:")  # the runner echoes these to the console
+    assert re.search(r"10 s\s+sent 120\s+failed 1\s+11\.5 req/s answered, 12\.5 sent\s+p99 inf \(failures\) "
+                     r"\(last 2 s\)\s+users 8", line), line
+    assert "p99 40 ms" in timeline.progress_line(4, 10, 0, 2.0, 10, [40.0] * 10)
+    assert timeline.progress_every_s(10) == 2.0 and timeline.progress_every_s(60) == 5.0
 
 
 def _summary() -> dict[str, Any]:

@@ -15,7 +15,8 @@ with Locust's web UI: ``locust -f loadtests/locustfile.py`` (settings from ``$TR
 The sending window opens when the first user starts scheduling requests (after connecting) and
 closes ``duration_s`` later in a headless run, or when Locust stops the users earlier
 (``test_stopping``: a load shape's end, Ctrl-C, the web UI's stop button, Locust's ``-t``, which the
-runner sets as a backstop past the window); the summary's rates are over that window.
+runner sets as a backstop past the window); the summary's rates are over that window. Every few
+seconds a ``loadtest:`` progress line is printed (the runner echoes those to the console).
 
 Every call fires ``events.request`` with the protocol as request type and the input kind as name,
 so Locust's statistics, CSV and HTML reports cover both protocols. The first failure of the run is
@@ -38,6 +39,7 @@ from locust.env import Environment
 
 from tritonbundle.clients import RetryPolicy, connect
 from tritonbundle.errors import ClientError
+from tritonbundle.loadtests import timeline
 from tritonbundle.loadtests.recorder import Recorder
 from tritonbundle.loadtests.report import evaluate_gates, finite, summarize
 from tritonbundle.loadtests.settings import LoadSettings, shape_users
@@ -231,7 +233,7 @@ if SETTINGS.shape != "constant":
             return None if users is None else (users, SETTINGS.spawn_rate)
 
 
-# -- users over time, server-side metrics and gates ---------------------------------------------
+# -- progress, server-side metrics and gates -----------------------------------------------------
 _scrapes: list[tuple[float, metrics.Sample]] = []
 
 
@@ -245,12 +247,23 @@ def _scrape_forever(url: str) -> None:
 
 
 def _tick_forever(environment: Environment) -> None:
-    """Every second, note the user count."""
+    """Every second, note the user count; every few seconds, print a progress line."""
+    every = timeline.progress_every_s(SETTINGS.duration_s)
+    last = time.time()
+    sent_before = 0
     while True:
         gevent.sleep(1.0)
+        now = time.time()
         users = environment.runner.user_count if environment.runner else None
         if users is not None and RECORDER.stopped is None:
-            RECORDER.users.append((time.time(), users))
+            RECORDER.users.append((now, users))
+        if RECORDER.started is None or now - last < every - 0.05:
+            continue
+        line = timeline.progress_line(
+            now - RECORDER.started, RECORDER.n_sent, RECORDER.n_failed, now - last, RECORDER.n_sent - sent_before,
+            RECORDER.take_recent(), users, draining=RECORDER.stopped is not None)
+        print(line, flush=True)
+        last, sent_before = now, RECORDER.n_sent
 
 
 def _close_window(environment: Environment, opened: float) -> None:

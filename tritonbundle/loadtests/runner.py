@@ -1,8 +1,8 @@
 """``tritonbundle loadtest``: run Locust headless, bounded in time and users, and write a report.
 
 Locust runs in its own process (it monkey-patches the standard library with gevent), with the
-settings in ``$TRITONBUNDLE_LOADTEST``; its ``loadtest:`` lines (the first failure) are echoed to
-the console. The report folder gets Locust's CSV and HTML,
+settings in ``$TRITONBUNDLE_LOADTEST``; its ``loadtest:`` lines (progress every few seconds, the
+first failure) are echoed to the console. The report folder gets Locust's CSV and HTML,
 ``summary.json`` (requests, failures, offered vs achieved rate over the sending window,
 p50/p90/p95/p99 per protocol and request, the per-second timeline, Triton's server-side view, SLO
 gate results), ``timeline.csv`` and PNG charts drawn from the summary. The exit code is the gate's:
@@ -95,7 +95,7 @@ CONSOLE_PREFIX = "loadtest:"
 
 def _run_locust(argv: list[str], env: dict[str, str], budget_s: float, log: Path) -> tuple[int, str]:
     """Run Locust, keeping its whole output in ``log`` and echoing the lines meant for the console (the
-    first failure) as they come."""
+    progress lines, the first failure) as they come."""
     import threading
 
     lines: list[str] = []

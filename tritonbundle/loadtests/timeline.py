@@ -1,5 +1,5 @@
-"""The run over time, from the recorder: per-second rows for summary.json and the charts (pure: no
-Locust, no I/O).
+"""The run over time, from the recorder: per-second rows for summary.json and the charts, and the
+progress lines printed while the test runs (pure: no Locust, no I/O).
 
 A row covers ``[t, t + dt)`` seconds after the sending window opened (``dt`` is 1 s but for the last
 row, which ends at the last answer and may be up to 1.5 s wide). A request counts as sent in
@@ -69,3 +69,19 @@ def of(recorder: Recorder, window: Window | None = None) -> list[dict[str, Any]]
     """The recorder's rows (every protocol and request name together)."""
     return rows(recorder.requests(), window or recorder.window(), recorder.users)
 
+
+def progress_every_s(duration_s: float) -> float:
+    """How often a run prints a progress line: every 2 s up to 20 s runs, 5 s up to 5 min, then 10 s."""
+    return 2.0 if duration_s <= 20 else 5.0 if duration_s <= 300 else 10.0
+
+
+def progress_line(elapsed_s: float, sent: int, failed: int, window_s: float, window_sent: int,
+                  window_latencies_ms: Sequence[float], users: int | None = None, draining: bool = False) -> str:
+    """``loadtest: 10 s  sent 120  failed 0  12.0 req/s answered, 12.5 sent  p99 231 ms (last 2 s)``."""
+    answered = sum(1 for x in window_latencies_ms if math.isfinite(x))
+    p99 = percentile(np.asarray(window_latencies_ms, dtype=np.float64), 99) if window_latencies_ms else math.nan
+    shown = "-" if math.isnan(p99) else "inf (failures)" if math.isinf(p99) else f"{p99:.0f} ms"
+    state = "  sending stopped" if draining else f"  users {users}" if users is not None else ""
+    return (f"loadtest: {elapsed_s:4.0f} s  sent {sent}  failed {failed}  "
+            f"{answered / window_s:.1f} req/s answered, {window_sent / window_s:.1f} sent  "
+            f"p99 {shown} (last {window_s:.0f} s){state}")
