@@ -147,6 +147,8 @@ def test_bounded_run_records_both_protocols_and_writes_the_report(server: Any, t
     assert sum(r["requests"] for r in rows) == summary["total"]["requests"]
     assert all(r["users"] == 4 for r in rows[1:12])
     assert all(r["p99_ms"] > 0 if r["requests"] else r["p99_ms"] is None for r in rows)  # none failed: finite
+    page = (result.report_dir / "report.html").read_text()
+    assert f"http://{server.http_url} (HTTP), grpc://{server.grpc_url} (gRPC)" in page
 
     # Progress while it ran: time, sent, failed, rate and the last window's p99, on the console.
     progress = [line for line in capsys.readouterr().err.splitlines() if re.match(r"loadtest: +\d+ s +sent", line)]

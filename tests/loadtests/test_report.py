@@ -1,5 +1,5 @@
 """The load-test report from recorded requests, no server: rates over the sending window, the
-per-second timeline, progress lines and the charts."""
+per-second timeline, progress lines, the charts and the self-contained HTML page."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tritonbundle.loadtests import charts, timeline
+from tritonbundle.loadtests import charts, htmlreport, timeline
 from tritonbundle.loadtests.recorder import Recorder
 from tritonbundle.loadtests.report import evaluate_gates, finite, summarize
 from tritonbundle.loadtests.settings import LoadSettings
@@ -107,6 +107,19 @@ def _summary() -> dict[str, Any]:
                                               "occurrences": 2}])
     summary["gates"] = evaluate_gates(summary, settings.slo)
     return dict(json.loads(json.dumps(finite(summary))))  # as the runner reads it back
+
+
+def test_html_report_names_the_host_and_draws_the_summary_offline() -> None:
+    summary = _summary()
+    page = htmlreport.render(summary)
+    assert "Target host</dt><dd>http://127.0.0.1:8000 (HTTP)" in page
+    assert "3.30 requests/s sent vs 3.00 answered/s, both over the 10.0 s sending window (target 3/s)" in page
+    assert page.count("<svg") == 1 and "&lt;boom&gt; &amp; bust" in page
+    # Self-contained: nothing is fetched (no scripts, styles, images or fonts from elsewhere; the SVG's
+    # own references are to fragments of the page: url(#id), href="#id").
+    assert not re.search(r"""(src|href)\s*=\s*["'](?!#)|@import|url\((?!#)|<link|<iframe""", page, re.IGNORECASE)
+    embedded = re.search(r'<script type="application/json" id="summary">(.*?)</script>', page, re.DOTALL)
+    assert embedded and json.loads(embedded.group(1).replace("<\\/", "</")) == summary
 
 
 def test_charts_are_written_from_the_summary(tmp_path: Path) -> None:

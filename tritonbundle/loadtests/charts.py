@@ -1,5 +1,5 @@
 """The load test's charts, drawn from summary.json (its per-second ``timeline`` and Triton's
-``server_timeline``): PNG files in the report folder, and inline SVG.
+``server_timeline``): PNG files in the report folder and inline SVG for report.html.
 
 * latency.png: p50 and p99 per 1 s window over the whole run (a window where more than 1 % of the
   requests failed has an infinite p99, marked at the top), above requests/s offered vs achieved;

@@ -19,7 +19,7 @@ runner sets as a backstop past the window); the summary's rates are over that wi
 seconds a ``loadtest:`` progress line is printed (the runner echoes those to the console).
 
 Every call fires ``events.request`` with the protocol as request type and the input kind as name,
-so Locust's statistics, CSV and HTML reports cover both protocols. The first failure of the run is
+so Locust's statistics and CSV files cover both protocols. The first failure of the run is
 printed on stderr as it happens (its reason would otherwise be only in the report's errors table).
 """
 

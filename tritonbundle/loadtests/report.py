@@ -1,6 +1,7 @@
 """Load-test results: the JSON summary, SLO gates and sweep selection (no Locust import).
 
-The charts are in :mod:`tritonbundle.loadtests.charts`; they draw what :func:`summarize` wrote.
+The charts are in :mod:`tritonbundle.loadtests.charts`, the HTML report in
+:mod:`tritonbundle.loadtests.htmlreport`; both draw what :func:`summarize` wrote.
 """
 
 from __future__ import annotations

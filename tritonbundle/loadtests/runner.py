@@ -2,11 +2,11 @@
 
 Locust runs in its own process (it monkey-patches the standard library with gevent), with the
 settings in ``$TRITONBUNDLE_LOADTEST``; its ``loadtest:`` lines (progress every few seconds, the
-first failure) are echoed to the console. The report folder gets Locust's CSV and HTML,
-``summary.json`` (requests, failures, offered vs achieved rate over the sending window,
-p50/p90/p95/p99 per protocol and request, the per-second timeline, Triton's server-side view, SLO
-gate results), ``timeline.csv`` and PNG charts drawn from the summary. The exit code is the gate's:
-0 when the SLO holds, 1 when not.
+first failure) are echoed to the console. The report folder gets Locust's CSV files, ``summary.json``
+(requests, failures, offered vs achieved rate over the sending window, p50/p90/p95/p99 per protocol
+and request, the per-second timeline, Triton's server-side view, SLO gate results), ``timeline.csv``,
+PNG charts and a self-contained ``report.html``, all drawn from the summary. The exit code is the
+gate's: 0 when the SLO holds, 1 when not.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tritonbundle.errors import ConfigError, TritonBundleError
-from tritonbundle.loadtests import charts, report
+from tritonbundle.loadtests import charts, htmlreport, report
 from tritonbundle.loadtests.settings import ENV, LoadSettings
 from tritonbundle.log import LOG, step
 from tritonbundle.measure.latency import StepResult
@@ -49,7 +49,7 @@ def locust_command(settings: LoadSettings) -> list[str]:
         sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless",
         "-u", str(settings.users), "-r", str(settings.spawn_rate), "-t", f"{settings.duration_s + STARTUP_GRACE_S:g}s",
         "--stop-timeout", f"{max(5, int(settings.timeout_s) + 1)}",
-        "--csv", str(report_dir / PREFIX), "--csv-full-history", "--html", str(report_dir / "report.html"),
+        "--csv", str(report_dir / PREFIX), "--csv-full-history",
         "--only-summary", "--loglevel", "WARNING", "--exit-code-on-error", "0",
         *settings.user_classes(),
     ]
@@ -71,7 +71,8 @@ def run(settings: LoadSettings) -> RunResult:
         tail = "\n".join(output.strip().splitlines()[-15:])
         raise TritonBundleError(f"locust exited with code {returncode} and wrote no summary:\n{tail}")
     summary = json.loads(summary_path.read_text())
-    files = [*charts.write_pngs(report_dir, summary), write_timeline_csv(report_dir / "timeline.csv", summary)]
+    files = [*charts.write_pngs(report_dir, summary), write_timeline_csv(report_dir / "timeline.csv", summary),
+             htmlreport.write(report_dir / "report.html", summary)]
     return RunResult(returncode, summary, report_dir, files)
 
 
