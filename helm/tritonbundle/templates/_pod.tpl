@@ -373,8 +373,10 @@ spec:
         {{- toYaml . | nindent 8 }}
         {{- end }}
     {{- if $v.edge.enabled }}
-    {{- /* The edge (files/edge-nginx.conf): nginx in front of Triton's HTTP and gRPC ports. The command replaces
-    the image's entry point scripts (they would edit /etc/nginx, read-only here). */}}
+    {{- /* The edge (files/edge-nginx.conf): nginx in front of Triton's HTTP and gRPC ports, bounding requests and
+    connections (edge.limits). Its stream layer listens on 8080/8081 and relays to its HTTP layer on 127.0.0.1:18080
+    and :18081 in the pod (edge-configmap.yaml refuses Triton ports there). The command replaces the image's entry
+    point scripts (they would edit /etc/nginx, read-only here). */}}
     - name: edge
       image: {{ include "tritonbundle.edgeImage" . }}
       imagePullPolicy: {{ $v.edge.image.pullPolicy }}
