@@ -7,9 +7,15 @@ straight to the Triton container, bypassing the edge: it crashes the server, whi
 The Helm chart's rendering of the same rules runs in the edge image as a sidecar would: in Triton's network
 namespace, proxying to 127.0.0.1.
 
+Overload and slow senders (docker/edge/measure.py overload / halfsent): the load runs in a container made by
+the test that shares the edge container's network namespace, so that each 127.0.0.x source address is a
+client of its own to the edge (through Docker's port publishing every client on the host is one address, the
+bridge's gateway), while the test reads Triton's metrics on their published loopback port.
+
 Figures (docker/README.md, "The edge"): Triton 2.51 in compose with a 256 MB stack crashes on request data
 nested 993,750 deep (a 1,987,572-byte body) and on 3,367,187 bytes of "[", nearly twice and three times the
-edge's default body limit of 1 MiB.
+edge's default body limit of 1 MiB. The edge's capacity for the bundle's repository is 62 inference requests
+at Triton (docker/edge/limits.py: the encoder's queue of 64, less 2 for the health checks' canaries).
 """
 
 from __future__ import annotations
@@ -17,11 +23,15 @@ from __future__ import annotations
 import gzip
 import http.client
 import json
+import re
 import secrets
 import subprocess
+import threading
 import time
+import urllib.request
 import zlib
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +44,13 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(900)]
 
 #: The edge's default body limit (TRITONBUNDLE_EDGE_MAX_BODY=1m).
 LIMIT = 1 << 20
+#: The edge's limits for the CPU stack's repository, derived at start (docker/edge/limits.py): inference requests
+#: at Triton per protocol, per client address, in all; TCP connections per client address.
+CAPACITY, CLIENT_REQUESTS, REQUESTS, CLIENT_CONNECTIONS = 62, 31, 124, 256
+#: The encoder's queue (max_queue_size): Triton's own bound, which the edge keeps it below.
+ENCODER_QUEUE = 64
+#: Refusals by the edge are answered within this (median and p99), also at 10 times its capacity.
+REFUSAL_MS = 50
 INFER = "/v2/models/minilm/infer"
 #: The nesting of a real request's data that crashes Triton 2.51 above the edge's limit (1,987,572-byte
 #: body at the compose stack's 256 MB stack), gzip-compressed: 4 MB of "[" in under 4 KB.
@@ -158,12 +175,19 @@ def test_large_legitimate_batches_pass_as_json_and_as_the_bundles_binary_tensors
 
 
 @pytest.mark.usefixtures("unharmed")
-def test_oversized_headers_are_refused_with_431(stack: Stack) -> None:
-    status, _, answer = post("127.0.0.1", stack.http_port, text_request(["hi"]), headers={"X-Padding": "a" * (20 << 10)})
-    assert status == 431
-    assert error_of(answer).startswith("request headers too large for the tritonbundle edge")
-    # Many headers of 15 KB each: 64 KB in all is the limit.
-    padding = {f"X-Padding-{i}": "a" * (15 << 10) for i in range(5)}
+def test_a_15_kb_header_gets_431_naming_the_limit_not_a_503_retry(stack: Stack) -> None:
+    """Triton 2.51's HTTP server drops the connection on a header line over 8,191 bytes, which the edge used to
+    pass on and answer as "Triton cannot be reached: retry" (503). It refuses such a line itself now."""
+    for size in (15 << 10, 20 << 10):
+        status, _, answer = post("127.0.0.1", stack.http_port, text_request(["hi"]), headers={"X-Padding": "a" * size})
+        assert status == 431, answer[:300]
+        assert error_of(answer) == ("request headers too large for the tritonbundle edge (nginx in front of Triton): "
+                                    "at most 8k per header line (Triton drops the connection on a longer one) and 64k in all")
+    # Just under the line limit ("X-Padding: " + value + CRLF in 8 KB) Triton takes it and embeds.
+    status, _, answer = post("127.0.0.1", stack.http_port, text_request(["hi"]), headers={"X-Padding": "a" * 8000})
+    assert status == 200, answer[:300]
+    # Many lines of 7 KB each: 64 KB in all is the limit.
+    padding = {f"X-Padding-{i}": "a" * (7 << 10) for i in range(10)}
     status, _, answer = post("127.0.0.1", stack.http_port, text_request(["hi"]), headers=padding)
     assert status == 431, answer[:300]
 
@@ -210,6 +234,209 @@ def test_grpc_passes_and_refuses_compressed_and_oversized_messages(stack: Stack)
     with pytest.raises(InferenceServerException, match="expecting header"):
         client.get_model_repository_index()
     client.close()
+
+
+# -- overload, fairness and slow senders ------------------------------------------------------------
+class TritonMetrics:
+    """Triton's metrics during a run, read every 0.1 s on the stack's published metrics port: the peak of the
+    requests pending in its queues (all models together), and how far each counter moved."""
+
+    SERIES = re.compile(r'^(nv_inference_(?:pending_request_count|request_success|request_failure))\{([^}]*)\} (\S+)$', re.M)
+
+    def __init__(self, stack: Stack) -> None:
+        self.url = f"http://127.0.0.1:{stack.metrics_port}/metrics"
+        self.peak_pending = 0.0
+        self._stop = threading.Event()
+        self._before = self.read()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def read(self) -> dict[tuple[str, str, str], float]:
+        with urllib.request.urlopen(self.url, timeout=5) as answer:
+            text = answer.read().decode()
+        out = {}
+        for name, labels, value in self.SERIES.findall(text):
+            found = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+            out[(name.removeprefix("nv_inference_"), found.get("model", ""), found.get("reason", ""))] = float(value)
+        return out
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.1):
+            try:
+                now = self.read()
+            except OSError:
+                continue
+            pending = sum(v for (name, _, _), v in now.items() if name == "pending_request_count")
+            self.peak_pending = max(self.peak_pending, pending)
+
+    def __enter__(self) -> TritonMetrics:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        after = self.read()
+        self.moved = {key: after[key] - self._before.get(key, 0.0) for key in after}
+
+    def count(self, name: str, model: str) -> float:
+        return sum(v for (n, m, _), v in self.moved.items() if n == name and m == model)
+
+
+def measure(stack: Stack, *args: str, timeout_s: float = 45) -> dict:
+    """docker/edge/measure.py in the CPU image, in the edge container's network namespace (so 127.0.0.x
+    source addresses are distinct clients), with this checkout's docker/edge mounted read-only."""
+    result = run(["docker", "run", "--rm", "--network", f"container:{stack.container('edge')}",
+                  "-v", f"{ROOT / 'docker' / 'edge'}:/edge:ro", "--entrypoint", "python3", "tritonbundle-cpu:0.1.0",
+                  "/edge/measure.py", *args, "--url", "127.0.0.1:8080"], timeout_s=timeout_s)
+    return json.loads(result.stdout)
+
+
+def assert_refused_at_once(caller: dict, who: str) -> dict:
+    refused = caller.get("refused_by_the_edge")
+    assert refused and refused["count"] >= 20, f"{who}: too few refusals to time: {caller}"
+    assert refused["median_ms"] < REFUSAL_MS and refused["p99_ms"] < REFUSAL_MS, f"{who}: {refused}"
+    return refused
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.usefixtures("unharmed")
+def test_at_ten_times_capacity_the_edge_refuses_the_excess_at_once_and_triton_holds_no_more_than_it_queues(
+    stack: Stack,
+) -> None:
+    """640 greedy callers from 10 addresses (10 x the capacity of 62), each sending again 0.5 s after a refusal,
+    for 12 s, and a prober timing single requests from its own address and process. The prober's refusals take
+    under 50 ms (median and p99; the greedy callers' own timings include their event loop's backlog). Triton
+    never has more requests pending than its encoder's queue holds, refuses none itself (before: "Exceeds
+    maximum queue size" after the tokenizer had worked on them), and tokenizes each request once."""
+    with TritonMetrics(stack) as metrics:
+        found = measure(stack, "overload", "--sources", "127.0.0.10*10", "--concurrency", str(CAPACITY),
+                        "--pause-s", "0.5", "--duration-s", "12", "--probe-source", "127.0.0.3", "--probe-rate", "25")
+    greedy, probe = found["greedy"], found["probe"]
+    refused = assert_refused_at_once(probe, "the prober")
+    kinds = set(greedy["kinds"]) | set(probe["kinds"])
+    assert "503 edge: Triton full" in kinds, kinds
+    assert not [k for k in kinds if "Exceeds maximum queue size" in k], kinds
+    assert greedy["refused_by_the_edge"]["count"] > 0.8 * greedy["requests"], greedy
+    assert greedy["retry_after"] == {"1": sum(v["count"] for k, v in greedy["kinds"].items() if k.startswith("503 edge"))}
+    answered = metrics.count("request_success", "minilm")
+    tokenized = metrics.count("request_success", "minilm_tokenizer")
+    assert answered >= greedy["ok"] + probe["ok"] > 0
+    assert metrics.peak_pending <= ENCODER_QUEUE, metrics.peak_pending
+    # The canaries (every 2-3 s) call the tokenizer directly too.
+    assert tokenized <= answered + 20, (tokenized, answered)
+    print(f"\n[edge at 10x] prober refusals {refused}; greedy {greedy['requests']} requests, {greedy['ok']} served, "
+          f"{greedy['refused_by_the_edge']}; Triton: {answered:.0f} answered, {tokenized:.0f} tokenized, "
+          f"peak pending {metrics.peak_pending:.0f}, failures {metrics.count('request_failure', 'minilm'):.0f}")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.usefixtures("unharmed")
+def test_a_polite_caller_keeps_its_success_while_a_greedy_one_is_refused(stack: Stack) -> None:
+    """One greedy address with 640 callers (10 x the capacity; over its 256 connections they are closed at accept,
+    over its 31 requests in flight they get 503) and a polite address sending 4 requests a second, one at a time,
+    for 12 s: every polite request is served (it may wait), the greedy one's excess is refused at once."""
+    with TritonMetrics(stack) as metrics:
+        found = measure(stack, "overload", "--sources", "127.0.0.20", "--concurrency", str(10 * CAPACITY),
+                        "--pause-s", "1", "--duration-s", "12", "--polite-source", "127.0.0.2", "--polite-rate", "4",
+                        "--probe-source", "127.0.0.20", "--probe-rate", "25", "--probe-callers", "8")
+    greedy, polite, probe = found["greedy"], found["polite"], found["probe"]
+    assert polite["requests"] >= 20 and polite["ok_fraction"] >= 0.99, polite
+    assert {"503 edge: requests per client or in all", "connection closed by the edge"} <= set(greedy["kinds"]), greedy
+    assert greedy["refused_by_the_edge"]["count"] > greedy["ok"], greedy
+    refused = assert_refused_at_once(probe, "the prober on the greedy address")
+    assert metrics.peak_pending <= CLIENT_REQUESTS + 2 + 2, metrics.peak_pending  # greedy's share, polite, canaries
+    print(f"\n[edge greedy vs polite] polite {polite['ok']}/{polite['requests']} served, median "
+          f"{polite['kinds']['ok']['median_ms']} ms; greedy {greedy['ok']} served, {greedy['refused_by_the_edge']}; "
+          f"prober refusals {refused}; Triton peak pending {metrics.peak_pending:.0f}")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.usefixtures("unharmed")
+def test_many_half_sent_requests_from_one_client_do_not_stop_another(stack: Stack) -> None:
+    """8,200 connections from one address that send a request line and a header but never end the headers (what
+    took the edge down: 2 workers x 4096 connections). The edge keeps 256 of them (its limit per client address)
+    and closes the rest at accept; meanwhile another client embeds every time, and after the 10 s header
+    timeout none of the 256 is left."""
+    found = measure(stack, "halfsent", "--sources", "127.0.0.30", "--connections", "8200", "--other-source", "127.0.0.4",
+                    "--other-requests", "20", "--hold-s", "11.5")
+    assert found["opened"] + sum(found["open_failed"].values()) == 8200
+    assert found["still_open_after_0_5_s"] == CLIENT_CONNECTIONS, found
+    assert found["still_open_after_11.5_s"] == 0, found
+    other = found["other"]
+    assert other["ok"] == 20, other
+    assert other["kinds"]["ok"]["p99_ms"] < 5000, other
+    print(f"\n[edge half-sent] {found['opened']} opened in {found['seconds_to_open']} s, "
+          f"{found['still_open_after_0_5_s']} kept, {found['still_open_after_11.5_s']} left after 11.5 s; "
+          f"the other client: {other['ok']}/20 served, {other['kinds']['ok']}")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.usefixtures("unharmed")
+def test_requests_over_the_per_client_limit_get_503_retry_after_or_unavailable_naming_it(stack: Stack) -> None:
+    """Over HTTP and gRPC from this test (one address to the edge): 2 x 31 requests at once; those over the
+    client's 31 in flight are refused at once, HTTP with 503 + Retry-After and a JSON error, gRPC with
+    UNAVAILABLE (which the clients retry, like Triton's own full queue), both naming the limits."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    calls = 2 * CLIENT_REQUESTS
+    text = "A man is playing a guitar on the stage of a small club. " * 8
+    named = (f"too many requests in flight at the tritonbundle edge (nginx in front of Triton): at most "
+             f"{CLIENT_REQUESTS} inference requests per client address and {REQUESTS} in all")
+    together = threading.Barrier(calls, timeout=30)
+
+    def http_call(_: int) -> tuple[int, dict[str, str], bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", stack.http_port, timeout=30)
+        try:
+            conn.connect()
+            together.wait()  # every connection open: the requests go out together
+            conn.request("POST", INFER, body=text_request([text]), headers={"Content-Type": "application/json"})
+            answer = conn.getresponse()
+            return answer.status, {k.lower(): v for k, v in answer.getheaders()}, answer.read()
+        finally:
+            conn.close()
+
+    with ThreadPoolExecutor(calls) as pool:
+        answers = list(pool.map(http_call, range(calls)))
+    refused = [a for a in answers if a[0] == 503]
+    assert 0 < len(refused) <= CLIENT_REQUESTS and len(refused) + sum(a[0] == 200 for a in answers) == calls, \
+        [(a[0], a[2][:100]) for a in answers if a[0] != 200]
+    for _, headers, answer in refused:
+        assert headers["retry-after"] == "1" and headers["content-type"] == "application/json"
+        assert error_of(answer).startswith(named), answer[:300]
+
+    tensor = grpcclient.InferInput("TEXT", [1, 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([[text.encode()]], dtype=object))
+    client = grpcclient.InferenceServerClient(stack.grpc_url)
+    assert client.is_server_ready()  # the channel is connected: the calls below go out together
+    outcomes: list[object] = []
+    done = threading.Semaphore(0)
+
+    def callback(result: object, error: InferenceServerException | None) -> None:
+        outcomes.append(error or result)
+        done.release()
+
+    for _ in range(calls):
+        client.async_infer("minilm", [tensor], callback, client_timeout=30)
+    for _ in range(calls):
+        assert done.acquire(timeout=40), "a gRPC call was not answered"
+    client.close()
+    errors = [o for o in outcomes if isinstance(o, InferenceServerException)]
+    assert 0 < len(errors) <= CLIENT_REQUESTS, [str(e) for e in errors[:3]]
+    for error in errors:
+        assert error.status() == "StatusCode.UNAVAILABLE" and error.message().startswith(named), error
+
+
+def test_the_limits_are_derived_from_the_model_repository_at_start(stack: Stack) -> None:
+    """The edge reads the repository Triton serves (mounted read-only) with limits.py when it starts."""
+    container = stack.container("edge")
+    derived = json.loads(run(["docker", "exec", container, "python3", "/etc/tritonbundle-edge/limits.py", "--json",
+                              "/models/model_repository"]).stdout)
+    assert (derived["capacity"], derived["client_requests"], derived["requests"]) == (CAPACITY, CLIENT_REQUESTS, REQUESTS)
+    assert derived["models"]["minilm"]["holds"] == ENCODER_QUEUE and derived["models"]["minilm"]["user_facing"]
+    assert (f"tritonbundle-edge: inference requests: {CAPACITY} at Triton per protocol (from /models/model_repository), "
+            f"{CLIENT_REQUESTS} per client address, {REQUESTS} in all; connections: {CLIENT_CONNECTIONS} per client "
+            "address, 4096 in all") in stack.logs("edge")
 
 
 def test_the_edge_runs_non_root_read_only_and_logs_to_stdout(stack: Stack) -> None:
