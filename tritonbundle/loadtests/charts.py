@@ -48,7 +48,7 @@ def _drain(ax: Any, summary: dict[str, Any], until: float = 0.0) -> None:
     window = summary.get("window") or {}
     if window.get("drain_s", 0) > 0:
         ax.axvspan(window["sending_s"], window["wall_s"], color=GREY, alpha=0.15, lw=0, label="drain (sending stopped)")
-    ax.set_xlim(0, max(window.get("wall_s", 0.0), until, 1.0))
+    ax.set_xlim(0, max(window.get("wall_s", 0.0), until, 1.0) * 1.01)
 
 
 def draw_latency(ax: Any, summary: dict[str, Any], slo_ms: float | None = None) -> None:

@@ -19,7 +19,7 @@ padding:0 1rem;color:#222;line-height:1.4}
 h1{margin-bottom:.2rem}h2{margin-top:2rem;border-bottom:1px solid #ddd;padding-bottom:.2rem}
 table{border-collapse:collapse;margin:.5rem 0;font-size:.92rem}
 th,td{padding:.25rem .7rem;border-bottom:1px solid #e5e5e5;text-align:right}
-th:first-child,td:first-child{text-align:left}th{background:#f5f5f5}
+th:first-child,td:first-child,table.text th,table.text td{text-align:left}th{background:#f5f5f5}
 dl{display:grid;grid-template-columns:max-content auto;gap:.2rem 1rem;margin:.8rem 0}dt{font-weight:600}dd{margin:0}
 .verdict{padding:.6rem 1rem;border-radius:6px;font-weight:600;margin:1rem 0}
 .pass{background:#e6f4ea;color:#1e6b33}.fail{background:#fdecea;color:#8a1c1c}
@@ -38,8 +38,8 @@ def _rate(value: Any) -> str:
     return "&ndash;" if value is None else f"{value:,.2f}"
 
 
-def _table(head: list[str], rows: list[list[str]]) -> str:
-    out = ["<table><tr>", *(f"<th>{h}</th>" for h in head), "</tr>"]
+def _table(head: list[str], rows: list[list[str]], css: str = "") -> str:
+    out = [f'<table class="{css}"><tr>' if css else "<table><tr>", *(f"<th>{h}</th>" for h in head), "</tr>"]
     for row in rows:
         out += ["<tr>", *(f"<td>{c}</td>" for c in row), "</tr>"]
     return "".join(out) + "</table>"
@@ -118,7 +118,7 @@ def _errors(summary: dict[str, Any]) -> str:
         return "<h2>Errors</h2><p>None.</p>"
     rows = [[f"{e['occurrences']:,}", escape(e["method"] or ""), escape(e["name"] or ""), escape(e["error"])]
             for e in errors]
-    return "<h2>Errors</h2>" + _table(["occurrences", "protocol", "request", "error"], rows)
+    return "<h2>Errors</h2>" + _table(["occurrences", "protocol", "request", "error"], rows, css="text")
 
 
 def _timeline(summary: dict[str, Any]) -> str:
