@@ -41,6 +41,9 @@ def test_backoff_is_bounded_jittered_and_capped() -> None:
         ("StatusCode.UNAVAILABLE", "failed to connect to all addresses", ServerUnavailableError),
         ("StatusCode.DEADLINE_EXCEEDED", "Deadline Exceeded", DeadlineExceededError),
         ("500", "model crashed", ClientError),
+        ("StatusCode.RESOURCE_EXHAUSTED", "too many requests in flight", ServerUnavailableError),
+        # Triton's own RESOURCE_EXHAUSTED for oversized metadata: no retry ever succeeds.
+        ("StatusCode.RESOURCE_EXHAUSTED", "received metadata size exceeds limit", InvalidInputError),
     ],
 )
 def test_server_errors_map_to_project_types(status: str, message: str, kind: type) -> None:

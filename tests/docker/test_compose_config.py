@@ -179,6 +179,8 @@ def assert_canary_probes_the_served_repository(triton: Config) -> None:
     assert 2 * 3 * float(option(test, "--timeout-s")) < duration_s(health["timeout"])
     assert float(option(test, "--timeout-s")) >= 2
     assert "/v2/health/ready" not in " ".join(test), "ready says nothing about a dead Python stub"
+    # A hung server (ready, yet nothing answers) is told from a busy one by Triton's metrics.
+    assert option(test, "--metrics-url") == "http://127.0.0.1:8002/metrics"
 
 
 def test_images_healthchecks_run_the_canary_on_the_repository_their_command_serves() -> None:
@@ -349,7 +351,9 @@ def test_edge_fronts_triton_hardened_and_healthy_only_when_triton_answers_throug
     assert edge["build"]["dockerfile"] == "docker/Dockerfile.edge"
     assert edge["depends_on"]["triton"] == {"condition": "service_healthy", "restart": True, "required": True}
     assert edge["environment"] == {"TRITONBUNDLE_EDGE_TRITON_HTTP": "triton:8000", "TRITONBUNDLE_EDGE_TRITON_GRPC": "triton:8001",
-                                   "TRITONBUNDLE_EDGE_MAX_BODY": EDGE_MAX_BODY}
+                                   "TRITONBUNDLE_EDGE_MAX_BODY": EDGE_MAX_BODY, "TRITONBUNDLE_EDGE_CAPACITY": "",
+                                   "TRITONBUNDLE_EDGE_CLIENT_REQUESTS": "", "TRITONBUNDLE_EDGE_REQUESTS": "",
+                                   "TRITONBUNDLE_EDGE_CLIENT_CONNECTIONS": "256", "TRITONBUNDLE_EDGE_CONNECTIONS": "4096"}
     assert "network_mode" not in edge, "the default network, where `triton` resolves"
     # Hardened like every container: read-only root, a tmpfs /tmp, no capabilities, no privilege gain.
     assert edge["read_only"] is True and edge["tmpfs"] == ["/tmp"] and edge["cap_drop"] == ["ALL"]
@@ -375,7 +379,7 @@ def test_edge_image_and_config_agree_with_compose() -> None:
     assert "http://127.0.0.1:8080/v2/health/ready" in dockerfile
     assert "!docker/edge/" in (ROOT / ".dockerignore").read_text().splitlines()
     nginx = (DOCKER_DIR / "edge" / "nginx.conf").read_text()
-    assert re.findall(r"^\s*listen (\d+)", nginx, re.M) == ["8080", "8081"]
+    assert re.findall(r"^\s*listen (\d+)[ ;]", nginx, re.M) == ["8080", "8081"]
     assert "include settings.conf;" in nginx and "proxy_request_buffering on;" in nginx
     entrypoint = (DOCKER_DIR / "edge" / "entrypoint.sh").read_text()
     for default in ('TRITONBUNDLE_EDGE_TRITON_HTTP:-triton:8000', 'TRITONBUNDLE_EDGE_TRITON_GRPC:-triton:8001',

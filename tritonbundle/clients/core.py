@@ -112,6 +112,8 @@ def classify(error: BaseException, *, model: str, protocol: str) -> ClientError:
         if code in ("504", "408", "DEADLINE_EXCEEDED") or "deadline exceeded" in reason.lower():
             return DeadlineExceededError(message, model=model, protocol=protocol, status=code)
         if code in ("429", "RESOURCE_EXHAUSTED"):
+            if "size" in reason.lower() and "exceed" in reason.lower():  # "metadata size exceeds ...": no retry fixes it
+                return InvalidInputError(message, model=model, protocol=protocol, status=code)
             return ServerUnavailableError(message, model=model, protocol=protocol, status=code)
         return ClientError(message, model=model, protocol=protocol, status=code or None)
     # A connection dropped mid-request (the server died or restarted) is safe to retry too: these
