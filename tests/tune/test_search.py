@@ -96,3 +96,12 @@ def test_the_tuned_manifest_keeps_the_files_comments_and_layout(tmp_path: Path) 
     entry = yaml.safe_load(text)["models"][0]
     assert (entry["instances"], entry["batch_buckets"], entry["max_queue_delay_us"]) == (3, [1, 16], 500)
     assert "max_queue_delay_us: 2000 # dynamic batcher" in text  # the defaults block is untouched
+
+
+def test_the_first_rate_comes_from_the_engines_launch_timings() -> None:
+    from tritonbundle.tune.run import capacity_estimate
+
+    launches = {"1x64": 1.0, "32x64": 8.0, "64x64": 40.0, "1x256": 2.0, "32x256": 20.0}
+    # 64 rows: 40 ms is over half of a 50 ms SLO; per length the best fitting batch: 4 and 1.6 rows/ms.
+    assert capacity_estimate(launches, 2, 50.0) == 2 * (4000 + 1600) / 2
+    assert capacity_estimate(None, 2, 50.0) is None

@@ -205,6 +205,11 @@ def _measure(label: str, config: Config, options: TuneOptions, base: BuildOption
         server.wait_ready(timeout_s=min(300.0, max(20.0, clock.left() - 10)))
         detail["startup_s"] = round(time.monotonic() - started, 1)
         detail["launch_ms_by_shape"] = _launch_ms(stats_dir)
+        estimate = capacity_estimate(detail["launch_ms_by_shape"], int(config.get("instances", spec.instances)),
+                                     options.slo_ms)
+        if estimate:  # the engine timed its launches: start the ladder near the knee, not at a few req/s
+            detail["capacity_estimate_rps"] = round(estimate, 1)
+            start_rate = max(start_rate, estimate / 8)
         pool.setup(kind="grpc", url=server.grpc_url, model=spec.name, traffic=str(traffic_path), seed=index,
                    timeout_s=max(1.0, 20 * options.slo_ms / 1000), ready_timeout_s=60)
         assert server.process is not None
@@ -261,6 +266,20 @@ def _drain(metrics_url: str, *, max_s: float) -> None:
     deadline = time.monotonic() + max_s
     while time.monotonic() < deadline and triton_metrics.pending_requests(metrics_url) > 0:
         time.sleep(0.05)
+
+
+def capacity_estimate(launch_ms: dict[str, float] | None, instances: int, slo_ms: float) -> float | None:
+    """Rows per second the encoder could run from its own launch timings ("<batch>x<length>" -> ms): per
+    padded length, the best rows/ms of a batch whose launch fits in half the SLO, averaged over lengths,
+    times the instances. An upper bound (no tokenizer, no queueing): the ladder starts at an eighth of it."""
+    if not launch_ms:
+        return None
+    best: dict[int, float] = {}
+    for shape, ms in launch_ms.items():
+        batch, length = _shape(shape)
+        if 0 < ms <= slo_ms / 2:
+            best[length] = max(best.get(length, 0.0), batch / ms * 1000.0)
+    return instances * sum(best.values()) / len(best) if best else None
 
 
 def _shape(text: str) -> tuple[int, int]:
