@@ -153,3 +153,26 @@ def test_a_stopped_tritonserver_is_found_hung_and_restarted(repository: Path, tm
                                                   "canary_interval_s": 1, "canary_timeout_s": 2}, indent=2))
     print(f"\nSIGSTOPped tritonserver: answering again after {back} s")
     assert back < 45
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_sigkilled_serve_takes_its_tritonserver_along(repository: Path, tmp_path: Path) -> None:
+    """No handler sees a SIGKILL: the kernel kills tritonserver with its parent (PR_SET_PDEATHSIG). Before,
+    the orphan kept serving and held the ports."""
+    process, http = serve(repository, tmp_path)
+    pid = _tritonserver_pid(http)
+    process.kill()
+    process.wait(timeout=30)
+    deadline = time.monotonic() + 20
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        try:
+            if (Path(f"/proc/{pid}") / "stat").read_text().split(") ", 1)[1].startswith("Z"):
+                break  # a zombie waiting for its (new) parent to reap it: dead
+        except OSError:
+            break
+        time.sleep(0.2)
+    alive = Path(f"/proc/{pid}").exists() and not (Path(f"/proc/{pid}") / "stat").read_text().split(") ", 1)[1].startswith("Z")
+    if alive:
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, "tritonserver outlived a SIGKILLed serve"
