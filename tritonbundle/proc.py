@@ -93,7 +93,8 @@ def start_group(
     """Start ``argv`` as the leader of a new session (its own process group), output to ``log``;
     its environment is this one plus ``env`` (``inherit_env=False``: ``env`` alone). With
     ``die_with_parent`` (Linux) the kernel SIGKILLs it when this process dies, even by SIGKILL, which no
-    handler here can see (``prctl(PR_SET_PDEATHSIG)``): no orphaned server keeps the ports.
+    handler here can see (``prctl(PR_SET_PDEATHSIG)``): no orphaned server keeps the ports. The
+    kernel's "parent" is the calling *thread*: ask for it only from a thread that lives as long as the child.
     Not logged here: the command may carry a secret (tritonserver's API key); callers log it redacted."""
     out: Any = subprocess.DEVNULL
     if isinstance(log, Path):

@@ -263,7 +263,11 @@ class TritonServer:
         # never through the environment, which every Python stub inherits and may log.
         env = {k: v for k, v in {**os.environ, **self.installation.env}.items()
                if not (o.restricted_api_key and v == o.restricted_api_key)}
-        self.process = proc.start_group(self.command(), log=o.log_path, env=env, inherit_env=False, die_with_parent=True)
+        # Dies with us (a SIGKILLed `serve` leaves no server holding the ports), but only when started
+        # from the main thread: the kernel's "parent" is the thread that forked (prctl(2),
+        # PR_SET_PDEATHSIG), so a server started from a short-lived thread would die with that thread.
+        self.process = proc.start_group(self.command(), log=o.log_path, env=env, inherit_env=False,
+                                        die_with_parent=threading.current_thread() is threading.main_thread())
         if wait:
             self.wait_ready(timeout_s=ready_timeout_s)
         return self
