@@ -227,7 +227,7 @@ def test_cli_infer_reads_arguments_or_stdin_and_prints_json(server: Any) -> None
 
 def test_cli_health_and_models(server: Any) -> None:
     out = _cli("health", "--url", server.grpc_url, "--protocol", "grpc")
-    assert out.returncode == 0 and json.loads(out.stdout) == {"live": True, "ready": True}
+    assert out.returncode == 0 and json.loads(out.stdout) == {"live": True, "ready": True, "url": server.grpc_url}
     out = _cli("models", "--url", server.http_url)
     assert out.returncode == 0, out.stderr
     assert "minilm_encoder" in out.stdout and "READY" in out.stdout and "dynamic (preferred [8, 32]" in out.stdout

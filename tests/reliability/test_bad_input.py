@@ -37,7 +37,7 @@ CASES = [
     Case("wrong rank", "minilm", {"TEXT": np.array([b"hi"], dtype=object)}, "unexpected shape for input 'TEXT'"),
     Case("sequence longer than the largest profile", "minilm_encoder",
          {"input_ids": np.ones((1, 600), np.int64), "attention_mask": np.ones((1, 600), np.int64)},
-         "longer than the largest supported sequence length 512"),
+         "longer than the largest supported length 512"),
     Case("batch larger than max_batch_size", "minilm", {"TEXT": _text(*[b"x"] * 33)}, "batch-size must be <= 32"),
     Case("empty batch", "minilm", {"TEXT": np.empty((0, 1), dtype=object)}, "TEXT is empty|got 0"),
     Case("empty text", "minilm", {"TEXT": _text(b"")}, "TEXT[0] is empty"),

@@ -101,6 +101,8 @@ def _grpc_url(tmp_path: Path) -> str:
     """serve's gRPC address, from its console ("ready: HTTP ...  gRPC 127.0.0.1:PORT ...")."""
     import re
 
-    match = re.search(r"gRPC (127\.0\.0\.1:\d+)", (tmp_path / "serve.log").read_text())
-    assert match, "serve did not print its gRPC address"
+    deadline = time.monotonic() + 20  # tritonserver answers a moment before serve prints its line
+    while not (match := re.search(r"gRPC (127\.0\.0\.1:\d+)", (tmp_path / "serve.log").read_text())):
+        assert time.monotonic() < deadline, "serve did not print its gRPC address"
+        time.sleep(0.2)
     return match.group(1)
