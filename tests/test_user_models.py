@@ -144,6 +144,24 @@ def test_tensor_models_answer_like_onnx_runtime(server: Any, project: Path, prot
                                    rtol=1e-5, atol=1e-5)
 
 
+def test_images_of_different_sizes_batched_together_are_never_padded(server: Any, project: Path) -> None:
+    """The image input is ragged (Triton's equal-shape batching stalls 2.51's batcher): requests of
+    different heights and widths arrive in one execute() and must run apart, each answer equal to
+    ONNX Runtime on that image alone (zero-padding an image would change its logits)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(1)
+    images = [rng.standard_normal((1 + i % 2, 3, h, w)).astype(np.float32)
+              for i, (h, w) in enumerate([(16, 16), (48, 48), (16, 40), (32, 24), (48, 16), (24, 24)] * 4)]
+    with connect(server.grpc_url, protocol="grpc", model="vision") as client, ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(lambda x: client.infer({"pixels": x})["logits"], images))
+    for image, got in zip(images, answers):
+        np.testing.assert_allclose(got, _onnx(project, "vision/model.onnx", {"pixels": image})["logits"],
+                                   rtol=1e-5, atol=1e-5)
+    config = (Path(server.options.model_repository) / "vision" / "config.pbtxt").read_text()
+    assert "allow_ragged_batch: true" in config
+
+
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_text_models_classify_and_rerank_like_onnx_runtime(server: Any, project: Path, protocol: str) -> None:
     texts = ["the film was a delight", "a dull and long evening", "it rained"]

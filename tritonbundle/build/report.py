@@ -23,21 +23,29 @@ def table(plan: ModelPlan) -> str:
              f"max batch {plan.max_batch_size}, {len(plan.profiles)} optimization profile(s)"]
     if plan.traffic:
         t = plan.traffic
-        lines.append(
-            f"traffic: {int(t['requests'])} requests, {int(t['rows'])} rows, mean {t['mean_tokens']:.1f} tokens, "
-            f"P50 {t['p50_tokens']:.0f}, P95 {t['p95_tokens']:.0f}, P99 {t['p99_tokens']:.0f}, max {t['max_tokens']:.0f}"
-        )
+        line = f"traffic: {int(t['requests'])} requests, {int(t['rows'])} rows"
+        if "mean_tokens" in t:
+            line += (f", mean {t['mean_tokens']:.1f} tokens, P50 {t['p50_tokens']:.0f}, P95 {t['p95_tokens']:.0f}, "
+                     f"P99 {t['p99_tokens']:.0f}, max {t['max_tokens']:.0f}")
+        line += "".join(f", {axis} mean {t[f'mean_{axis}']:.1f} max {t[f'max_{axis}']:.0f}" for axis in plan.axis_buckets
+                        if f"mean_{axis}" in t)
+        lines.append(line)
     if plan.sequence_buckets:
         lines.append("")
         lines.append(f"{'bucket':<8}{'min':>6}{'opt':>6}{'max':>6}{'share':>9}   padding target")
         for i, b in enumerate(plan.sequence_buckets):
             target = str(b.max) if plan.policy == "targets" else "batch's longest (ragged)"
             lines.append(f"{i:<8}{b.min:>6}{b.opt:>6}{b.max:>6}{b.share:>8.1%}   {target}")
+    for axis, buckets in plan.axis_buckets.items():
+        lines.append("")
+        lines.append(f"{axis + ' bucket':<16}{'min':>6}{'opt':>6}{'max':>6}")
+        lines += [f"{i:<16}{b.min:>6}{b.opt:>6}{b.max:>6}" for i, b in enumerate(buckets)]
+    axes = [*(["sequence"] if plan.sequence_buckets else []), *plan.axis_buckets]
     lines.append("")
-    lines.append(f"{'profile':<9}{'batch (min/opt/max)':<22}{'sequence (min/opt/max)':<24}")
+    lines.append(f"{'profile':<9}{'batch (min/opt/max)':<22}" + "".join(f"{a + ' (min/opt/max)':<24}" for a in axes))
     for p in plan.profiles:
-        seq = f"{p.sequence.min}/{p.sequence.opt}/{p.sequence.max}" if p.sequence else "-"
-        lines.append(f"{p.index:<9}{f'{p.batch.min}/{p.batch.opt}/{p.batch.max}':<22}{seq:<24}")
+        cells = [f"{x.min}/{x.opt}/{x.max}" if (x := p.axes.get(a)) else "-" for a in axes]
+        lines.append(f"{p.index:<9}{f'{p.batch.min}/{p.batch.opt}/{p.batch.max}':<22}" + "".join(f"{c:<24}" for c in cells))
     if plan.waste is not None:
         w = plan.waste
         lines.append("")

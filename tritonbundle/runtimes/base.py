@@ -135,7 +135,7 @@ def link_or_copy(src: Path, dst: Path) -> None:
 
 def tensor_specs(spec: ModelSpec, *, ragged: bool) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
     inputs = tuple(
-        TensorSpec(t.name, t.dtype, t.dims, allow_ragged_batch=ragged and bool(t.sequence_axes)) for t in spec.inputs
+        TensorSpec(t.name, t.dtype, t.dims, allow_ragged_batch=ragged and bool(t.axis_names)) for t in spec.inputs
     )
     outputs = tuple(TensorSpec(t.name, t.dtype, t.dims) for t in spec.outputs)
     return inputs, outputs
