@@ -17,10 +17,9 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"manifest", "payloads"}),
     frozenset({"plan", "recipes", "server", "clients"}),
     frozenset({"runtimes", "measure"}),
-    frozenset({"tasks"}),
+    frozenset({"tasks", "served"}),
     frozenset({"build", "loadtests"}),
-    frozenset({"bench", "demo"}),
-    frozenset({"tune"}),
+    frozenset({"bench", "demo", "tune"}),
     frozenset({"cli"}),
     frozenset({"__main__"}),
 )

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import math
 from pathlib import Path
+from typing import Any
 
 #: The weights of an ONNX model saved with external data, next to it (``model.onnx`` -> ``model.onnx.data``).
 ONNX_DATA_SUFFIX = ".data"
@@ -25,3 +28,26 @@ def sha256(path: Path) -> str:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 digest.update(chunk)
     return digest.hexdigest()
+
+
+def write_json(result: dict[str, Any], path: Path) -> Path:
+    """``result`` as JSON, written whole or not at all (inf as "inf", NaN as null)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(_clean(result), indent=2, default=str))
+    tmp.replace(path)
+    return path
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float):
+        if math.isnan(value):
+            return None
+        if math.isinf(value):
+            return "inf"
+        return value
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from tritonbundle.bench.options import BenchOptions, Clock
-from tritonbundle.bench.phase import Context, SystemDown, sweep
+from tritonbundle.bench.phase import Context, sweep
 from tritonbundle.measure.latency import step_result
+from tritonbundle.measure.levels import Probes, SystemDown
 from tritonbundle.server import ServerOptions, TritonServer
 from tritonbundle.traffic import synthetic
 
@@ -34,7 +35,7 @@ def test_a_system_that_goes_down_fails_the_phase_naming_the_crash(tmp_path: Path
     pool = Pool()
     downs = iter(["", "", "tritonserver exited with code -11: Signal (11) received."])
     with pytest.raises(SystemDown, match=r"bundle went down during the level at 40.0 req/s .*Signal \(11\) received"):
-        sweep(ctx, pool, time.monotonic() + 60, "bundle", None, None, None, lambda: next(downs))  # type: ignore[arg-type]
+        sweep(ctx, pool, time.monotonic() + 60, "bundle", Probes(down=lambda: next(downs)))  # type: ignore[arg-type]
     assert pool.rates == [10, 20, 40], "no level is measured after the server went down"
 
 

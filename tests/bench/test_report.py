@@ -12,7 +12,8 @@ import pytest
 
 from tritonbundle.bench import options as bench_options
 from tritonbundle.bench import report, workspace
-from tritonbundle.bench.run import ratios
+from tritonbundle.bench.repeats import combine, ratios
+from tritonbundle.files import write_json
 from tritonbundle.measure import latency as st
 from tritonbundle.measure.latency import Slo
 from tritonbundle.measure.search import Sweep
@@ -40,7 +41,7 @@ def _result() -> dict[str, Any]:
             "ceiling": {"status": "failed", "error": "RuntimeError: boom"},
         },
     }
-    entry["ratios"] = ratios(entry)
+    entry["ratios"] = ratios([entry["systems"]], entry["systems"]["bundle"])
     return {"options": {"slo_ms": 50, "device": "cuda"}, "environment": {"date": "2026-01-01", "gpu": {"name": "G"}},
             "models": {"minilm": entry}, "status": "done", "traffic": {"source": "s", "requests": 10}}
 
@@ -51,6 +52,26 @@ def test_ratios_and_targets() -> None:
     assert r["bundle_over_ceiling"] is None  # the ceiling failed: no ratio, not a crash
     assert r["targets"]["bundle_over_naive >= 8"] is False
     assert r["targets"]["computed_per_useful <= 1.15"] is False
+
+
+def test_repeated_rounds_report_the_median_and_its_spread() -> None:
+    def run(rps: float | None) -> dict[str, Any]:
+        return {"status": "ok", "best_rps": rps, "tag": rps} if rps else {"status": "failed", "error": "x"}
+
+    rounds = [{"bundle": run(7000.0), "peer": run(900.0)}, {"bundle": run(6000.0), "peer": run(500.0)},
+              {"bundle": run(8000.0), "peer": run(None)}]
+    bundle = combine([r["bundle"] for r in rounds])
+    assert bundle["best_rps"] == 7000.0 and bundle["tag"] == 7000.0  # the median round's own record
+    assert bundle["repeats"]["min"] == 6000.0 and bundle["repeats"]["max"] == 8000.0
+    assert bundle["repeats"]["spread_pct"] == pytest.approx(2000 / 7000 * 100)
+    peer = combine([r["peer"] for r in rounds])
+    assert peer["repeats"]["failed"] == 1 and peer["best_rps"] == 700.0  # median of the two that ran
+    r = ratios(rounds, bundle)
+    # Ratios pair the systems of one round: 7000/900 and 6000/500; round 3's peer failed.
+    assert r["bundle_over_peer"] == pytest.approx((7000 / 900 + 6000 / 500) / 2)
+    assert r["ranges"]["bundle_over_peer"] == pytest.approx([7000 / 900, 12.0])
+    assert r["targets"]["bundle_over_peer >= 10"] is False
+    assert combine([rounds[0]["bundle"]]) is rounds[0]["bundle"]  # one round: unchanged
 
 
 def test_report_files_and_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -74,9 +95,9 @@ def test_report_files_and_summary(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert out[-1].startswith("minilm: bundle/naive = 4.00") and "bundle/ceiling = -" in out[-1]
 
 
-def test_json_has_no_infinities() -> None:
+def test_json_has_no_infinities(tmp_path: Path) -> None:
     step = st.step_result(10, 1.0, [], failed=10)
-    text = json.dumps(report._clean(step.to_json()))
+    text = write_json(step.to_json(), tmp_path / "step.json").read_text()
     assert "Infinity" not in text and '"inf"' in text
 
 
@@ -98,8 +119,8 @@ def test_options_are_checked() -> None:
 
 def test_step_timing_scales_with_the_time_left() -> None:
     o = bench_options.BenchOptions(out=Path("x"))
-    assert bench_options.step_timing(o, 200, 8)[1] == 5.0  # plenty of time: 5 s windows
-    assert bench_options.step_timing(o, 20, 8)[1] == 1.0  # little: the shortest window
+    assert bench_options.step_timing(o, 200, 8).window_s == 5.0  # plenty of time: 5 s windows
+    assert bench_options.step_timing(o, 20, 8).window_s == 1.0  # little: the shortest window
     assert bench_options.client_timeout_s(o) == 1.0
 
 

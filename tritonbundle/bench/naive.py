@@ -16,9 +16,10 @@ from typing import Any
 from tritonbundle import proc
 from tritonbundle.bench.answers import check_answers, references
 from tritonbundle.bench.options import client_timeout_s, setup_timeout_s
-from tritonbundle.bench.phase import Context, sweep, wait_idle
+from tritonbundle.bench.phase import Context, sweep
 from tritonbundle.bench.workspace import Built, child_env
 from tritonbundle.errors import TritonBundleError
+from tritonbundle.measure.levels import Probes, wait_idle
 from tritonbundle.measure.loadgen import LoadPool
 from tritonbundle.measure.probes import CpuMeter
 from tritonbundle.recipes import Recipe
@@ -63,6 +64,23 @@ def health_s(url: str) -> float:
     return time.monotonic() - start
 
 
+def http_probes(ctx: Context, system: str, pid: int, pool: LoadPool, url: str) -> Probes:
+    """Around each level of an HTTP server: CPU of the server and the load generators; before it, wait
+    until /health answers within the SLO (the event loop is free again)."""
+    meter = CpuMeter({system: pid, **{f"load{i}": p for i, p in enumerate(pool.pids)}})
+
+    def observe() -> dict[str, Any]:
+        return {"cpu": meter.read(), "t": time.monotonic()}
+
+    def finish(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+        return {"cpu_cores": CpuMeter.delta(before["cpu"], after["cpu"], after["t"] - before["t"])}
+
+    def drain(max_s: float) -> float:
+        return wait_idle(lambda: health_s(f"http://{url}/health"), max_s, ctx.options.slo_ms / 1000.0)
+
+    return Probes(observe=observe, finish=finish, drain=drain)
+
+
 def run_naive(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> dict[str, Any]:
     o = ctx.options
     procs = max(1, min(2, o.load_procs or 2))
@@ -76,18 +94,7 @@ def run_naive(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> di
         with LoadPool(procs, ctx.logs, f"naive-{name}", uvloop=True) as pool:
             pool.setup(kind="http", url=url, model=name, traffic=str(ctx.traffic_path), seed=o.seed,
                        timeout_s=client_timeout_s(o), ready_timeout_s=setup_timeout_s(deadline))
-            meter = CpuMeter({"naive": pid, **{f"load{i}": p for i, p in enumerate(pool.pids)}})
-
-            def observe() -> dict[str, Any]:
-                return {"cpu": meter.read(), "t": time.monotonic()}
-
-            def finish(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-                return {"cpu_cores": CpuMeter.delta(before["cpu"], after["cpu"], after["t"] - before["t"])}
-
-            def drain(max_s: float) -> float:
-                return wait_idle(lambda: health_s(f"http://{url}/health"), max_s, o.slo_ms / 1000.0)
-
-            result = sweep(ctx, pool, deadline, "naive", observe, finish, drain)
+            result = sweep(ctx, pool, deadline, "naive", http_probes(ctx, "naive", pid, pool, url))
     return {"status": "ok", "sweep": result.to_json(), "best_rps": result.best_rps, "load_processes": procs,
             "correctness": correctness, "protocol": "http (aiohttp)", "precision": "fp32",
             "padding": "none (each request at its own length)", "computed_per_useful": 1.0}

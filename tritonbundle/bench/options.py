@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tritonbundle.errors import ConfigError
+from tritonbundle.measure.levels import Timing
 from tritonbundle.recipes import BENCH_MODELS
 
 SYSTEMS = ("naive", "peer", "bundle", "ceiling")
@@ -49,6 +50,8 @@ class BenchOptions:
     tuned: dict[str, Any] = field(default_factory=dict)
     #: Share of each model's time for each system (unused time rolls over).
     shares: dict[str, float] = field(default_factory=lambda: {"naive": 0.15, "peer": 0.25, "bundle": 0.45, "ceiling": 0.15})
+    #: Rounds: every system measured this many times, in turn (figures: the median, with the range).
+    repeat: int = 1
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.models if m not in BENCH_MODELS]
@@ -61,6 +64,8 @@ class BenchOptions:
             raise ConfigError(f"--device must be cuda or cpu, not {self.device!r}")
         if self.budget_s < 30:
             raise ConfigError("--budget-s must be at least 30 seconds")
+        if self.repeat < 1:
+            raise ConfigError("--repeat must be at least 1")
         missing = [s for s in self.systems if not self.shares.get(s, 0) > 0]
         if missing:
             raise ConfigError(f"--shares: give each system a share > 0 (missing: {', '.join(missing)})")
@@ -91,13 +96,11 @@ class Clock:
         return time.monotonic() - self.start
 
 
-def step_timing(options: BenchOptions, phase_left: float, expected_steps: int) -> tuple[float, float, float]:
-    """(warm-up, measured window, grace) seconds per load level, scaled to the time the phase has left."""
-    grace = min(2.0, max(1.0, 4 * options.slo_ms / 1000.0))
+def step_timing(options: BenchOptions, phase_left: float, expected_steps: int) -> Timing:
+    """Load levels whose window (1-5 s) is scaled to the time the phase has left."""
+    grace = Timing.for_window(1.0, options.slo_ms).grace_s
     usable = max(0.0, phase_left) / max(1, expected_steps)
-    window = min(5.0, max(1.0, (usable - grace - 2.0) / 1.25))
-    warmup = max(0.5, 0.25 * window)
-    return warmup, window, grace
+    return Timing.for_window(min(5.0, max(1.0, (usable - grace - 2.0) / 1.25)), options.slo_ms)
 
 
 def client_timeout_s(options: BenchOptions) -> float:

@@ -16,13 +16,12 @@ import time
 from typing import Any
 
 from tritonbundle.bench.answers import check_answers, references
-from tritonbundle.bench.naive import health_s, http_server, post_texts
+from tritonbundle.bench.naive import http_probes, http_server, post_texts
 from tritonbundle.bench.options import client_timeout_s, setup_timeout_s
 from tritonbundle.bench.peer_server import SETTINGS
-from tritonbundle.bench.phase import Context, sweep, wait_idle
+from tritonbundle.bench.phase import Context, sweep
 from tritonbundle.bench.workspace import Built
 from tritonbundle.measure.loadgen import LoadPool
-from tritonbundle.measure.probes import CpuMeter
 from tritonbundle.recipes import Recipe
 
 
@@ -52,18 +51,7 @@ def run_peer(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> dic
         with LoadPool(procs, ctx.logs, f"peer-{name}", uvloop=True) as pool:
             pool.setup(kind="http", url=url, path="/predict", model=name, traffic=str(ctx.traffic_path), seed=o.seed,
                        timeout_s=client_timeout_s(o), ready_timeout_s=setup_timeout_s(deadline))
-            meter = CpuMeter({"peer": pid, **{f"load{i}": p for i, p in enumerate(pool.pids)}})
-
-            def observe() -> dict[str, Any]:
-                return {"cpu": meter.read(), "t": time.monotonic()}
-
-            def finish(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-                return {"cpu_cores": CpuMeter.delta(before["cpu"], after["cpu"], after["t"] - before["t"])}
-
-            def drain(max_s: float) -> float:
-                return wait_idle(lambda: health_s(f"http://{url}/health"), max_s, o.slo_ms / 1000.0)
-
-            result = sweep(ctx, pool, deadline, "peer", observe, finish, drain)
+            result = sweep(ctx, pool, deadline, "peer", http_probes(ctx, "peer", pid, pool, url))
     return {"status": "ok", "sweep": result.to_json(), "best_rps": result.best_rps, "load_processes": procs,
             "correctness": correctness, "protocol": "http (LitServe, FastAPI)", "system": "LitServe 0.2.x",
             "settings": chosen, "precision": "fp16" if o.device == "cuda" else "fp32",

@@ -6,35 +6,15 @@ summary that ends with the ``bundle/naive``, ``bundle/peer`` and ``bundle/ceilin
 from __future__ import annotations
 
 import io
-import json
 import math
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tritonbundle.files import write_json
+
 MAX_LOG_BYTES = 4 << 20
-
-
-def _clean(value: Any) -> Any:
-    if isinstance(value, float):
-        if math.isnan(value):
-            return None
-        if math.isinf(value):
-            return "inf"
-        return value
-    if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    return value
-
-
-def write_json(result: dict[str, Any], path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(_clean(result), indent=2, default=str))
-    tmp.replace(path)
-    return path
 
 
 def _f(value: Any, spec: str = ".1f", none: str = "-") -> str:
@@ -63,6 +43,7 @@ def summary_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
                 "rps_at_slo": s.get("best_rps"), "p50_ms": best.get("p50_ms"), "p99_ms": best.get("p99_ms"),
                 "gpu_util": best.get("extra", {}).get("gpu_util_mean") if best else s.get("gpu_util_mean"),
                 "computed_per_useful": s.get("computed_per_useful"), "error": s.get("error"),
+                "range": _range(s.get("repeats")),
             }
             if system == "ceiling" and s.get("best"):
                 row["p50_ms"] = None
@@ -72,6 +53,17 @@ def summary_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def _range(repeats: dict[str, Any] | None) -> str:
+    """"6,512-7,430 (3 runs, 13 %)" for a repeated system; "" for one run."""
+    if not repeats:
+        return ""
+    failed = f", {repeats['failed']} failed" if repeats.get("failed") else ""
+    if repeats.get("median") is None:
+        return f"({repeats['runs']} runs{failed})"
+    return (f"{repeats['min']:,.0f}-{repeats['max']:,.0f} ({repeats['runs']} runs{failed}, "
+            f"spread {_f(repeats.get('spread_pct'), '.0f')} %)")
+
+
 def console_table(result: dict[str, Any]) -> str:
     slo = result.get("options", {}).get("slo_ms")
     lines = [f"{'model':<10} {'system':<8} {'req/s @p99<=' + _f(slo, 'g') + 'ms':>18} {'p50 ms':>8} {'p99 ms':>8} "
@@ -79,7 +71,8 @@ def console_table(result: dict[str, Any]) -> str:
     for r in summary_rows(result):
         status = r["status"] if r["status"] == "ok" else f"{r['status']}: {str(r.get('error') or '')[:60]}"
         lines.append(f"{r['model']:<10} {r['system']:<8} {_f(r['rps_at_slo']):>18} {_f(r['p50_ms']):>8} {_f(r['p99_ms']):>8} "
-                     f"{_f(r['gpu_util'], '.0f'):>6} {_f(r['computed_per_useful'], '.2f'):>11}  {status}")
+                     f"{_f(r['gpu_util'], '.0f'):>6} {_f(r['computed_per_useful'], '.2f'):>11}  {status}"
+                     + (f"; median of {r['range']}" if r["range"] else ""))
     return "\n".join(lines)
 
 
@@ -87,11 +80,23 @@ def ratio_lines(result: dict[str, Any]) -> list[str]:
     out = []
     for name, entry in result.get("models", {}).items():
         r = entry.get("ratios") or {}
-        out.append(f"{name}: bundle/naive = {_f(r.get('bundle_over_naive'), '.2f')} (target >= 8)   "
-                   f"bundle/peer = {_f(r.get('bundle_over_peer'), '.2f')} (target >= 10)   "
-                   f"bundle/ceiling = {_f(r.get('bundle_over_ceiling'), '.2f')} (target >= 0.75)   "
+        value = _ratio_text(r)
+        rounds = f" (medians of {r['rounds']} rounds, [range])" if r.get("rounds", 1) > 1 else ""
+        out.append(f"{name}{rounds}: bundle/naive = {value('bundle_over_naive')} (target >= 8)   "
+                   f"bundle/peer = {value('bundle_over_peer')} (target >= 10)   "
+                   f"bundle/ceiling = {value('bundle_over_ceiling')} (target >= 0.75)   "
                    f"computed/useful = {_f(r.get('computed_per_useful'), '.2f')} (target <= 1.15)")
     return out
+
+
+def _ratio_text(ratios: dict[str, Any]) -> Callable[[str], str]:
+    ranges = ratios.get("ranges") or {}
+
+    def value(key: str) -> str:
+        low_high = ranges.get(key)
+        return _f(ratios.get(key), ".2f") + (f" [{low_high[0]:.2f}-{low_high[1]:.2f}]" if low_high else "")
+
+    return value
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -112,14 +117,14 @@ def markdown(result: dict[str, Any]) -> str:
         f"- SLO: p99 <= {opts.get('slo_ms')} ms; open model (Poisson arrivals), ladder from {opts.get('ladder_start')} req/s "
         f"x{opts.get('ladder_factor')} then {opts.get('refine')} bisections",
         "", "## Throughput at the SLO", "",
-        "| model | system | req/s at SLO | p50 ms | p99 ms | GPU util % | computed/useful tokens | status |",
-        "|---|---|---:|---:|---:|---:|---:|---|",
+        "| model | system | req/s at SLO | range over rounds | p50 ms | p99 ms | GPU util % | computed/useful tokens | status |",
+        "|---|---|---:|---|---:|---:|---:|---:|---|",
     ]
     for r in summary_rows(result):
         status = r["status"] if r["status"] == "ok" else f"{r['status']}: {str(r.get('error') or '')[:120]}"
         if r.get("note"):
             status += f" ({r['note']})"
-        md.append(f"| {r['model']} | {r['system']} | {_f(r['rps_at_slo'])} | {_f(r['p50_ms'])} | {_f(r['p99_ms'])} | "
+        md.append(f"| {r['model']} | {r['system']} | {_f(r['rps_at_slo'])} | {r['range'] or '-'} | {_f(r['p50_ms'])} | {_f(r['p99_ms'])} | "
                   f"{_f(r['gpu_util'], '.0f')} | {_f(r['computed_per_useful'], '.2f')} | {status} |")
     md += ["", "## Ratios and targets", ""] + [f"- {line}" for line in ratio_lines(result)]
     for name, entry in result.get("models", {}).items():
@@ -203,7 +208,7 @@ def _fixed_loads(entry: dict[str, Any]) -> list[str]:
             s = levels[rate].get(system)
             cells.append(f"{_f(s['p50_ms'])} / {_f(s['p99_ms'])}; {_f(s['achieved_rps'])}{'' if s['passed'] else ' (missed)'}"
                          if s else "-")
-        out.append(f"| {rate:g} | {cells[0]} | {cells[1]} |")
+        out.append(f"| {rate:g} | {cells[0]} | {cells[1]} | {cells[2]} |")
     return out
 
 

@@ -24,8 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tritonbundle import traffic as traffic_mod
-from tritonbundle.bench import report
-from tritonbundle.bench.accounting import ratio
+from tritonbundle.bench import repeats, report
 from tritonbundle.bench.answers import references
 from tritonbundle.bench.bundle import run_bundle
 from tritonbundle.bench.ceiling import run_ceiling
@@ -34,6 +33,7 @@ from tritonbundle.bench.options import BenchOptions, Clock
 from tritonbundle.bench.peer import run_peer
 from tritonbundle.bench.phase import Context
 from tritonbundle.bench.workspace import Built, build_repository, prepare_process_env, tokenizer_file
+from tritonbundle.files import write_json
 from tritonbundle.log import LOG, step
 from tritonbundle.measure import probes
 from tritonbundle.recipes import BENCH_MODELS, Recipe
@@ -63,7 +63,7 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
     def save() -> None:
         """After every phase: what is known so far survives a run cut short."""
         result["elapsed_s"] = round(clock.elapsed(), 1)
-        report.write_json(result, options.out / "bench.json")
+        write_json(result, options.out / "bench.json")
         with contextlib.suppress(Exception):
             (options.out / "bench.md").write_text(report.markdown(result))
 
@@ -128,53 +128,38 @@ def run_model(ctx: Context, recipe: Recipe, model_deadline: float, entry: dict[s
             entry["systems"][system] = {"status": "failed", "error": "the repository could not be built"}
         return
     ctx.save()
-    shares = {s: options.shares[s] for s in options.systems}
-    for position, system in enumerate(options.systems):
-        left_share = sum(list(shares.values())[position:])
-        phase_s = max(5.0, (model_deadline - time.monotonic()) * shares[system] / left_share)
+    # Rounds: every system once per round, in turn; each phase gets its share of the model's time.
+    phases = [(r, system) for r in range(options.repeat) for system in options.systems]
+    rounds: list[dict[str, dict[str, Any]]] = [{} for _ in range(options.repeat)]
+    for position, (r, system) in enumerate(phases):
+        left_share = sum(options.shares[s] for _, s in phases[position:])
+        phase_s = max(5.0, (model_deadline - time.monotonic()) * options.shares[system] / left_share)
         phase_deadline = min(time.monotonic() + phase_s, ctx.clock.deadline - 5.0)
-        step(f"{recipe.model_name}: {system} ({phase_s:.0f} s)")
-        if time.monotonic() + 5.0 > phase_deadline:
-            entry["systems"][system] = {"status": "skipped", "error": "out of time budget"}
-            continue
-        t0 = time.monotonic()
-        try:
-            entry["systems"][system] = PHASES[system](ctx, built, recipe, phase_deadline)
-        except Exception as e:  # noqa: BLE001 - recorded as failed; the run goes on
-            LOG.warning("    %s %s failed: %s", recipe.model_name, system, e)
-            entry["systems"][system] = _failure(e)
-        entry["systems"][system]["seconds"] = round(time.monotonic() - t0, 1)
+        label = system if options.repeat == 1 else f"{system} (round {r + 1} of {options.repeat})"
+        step(f"{recipe.model_name}: {label} ({phase_s:.0f} s)")
+        rounds[r][system] = _phase(ctx, built, recipe, system, phase_deadline)
+        entry["systems"][system] = repeats.combine([done[system] for done in rounds if system in done])
         ctx.save()
-    entry["ratios"] = ratios(entry)
+    if options.repeat > 1:
+        entry["rounds"] = [{system: repeats.best_rps(record) for system, record in done.items()} for done in rounds]
+    entry["ratios"] = repeats.ratios(rounds, entry["systems"].get("bundle", {}))
+
+
+def _phase(ctx: Context, built: Built, recipe: Recipe, system: str, phase_deadline: float) -> dict[str, Any]:
+    if time.monotonic() + 5.0 > phase_deadline:
+        return {"status": "skipped", "error": "out of time budget"}
+    t0 = time.monotonic()
+    try:
+        record = PHASES[system](ctx, built, recipe, phase_deadline)
+    except Exception as e:  # noqa: BLE001 - recorded as failed; the run goes on
+        LOG.warning("    %s %s failed: %s", recipe.model_name, system, e)
+        record = _failure(e)
+    record["seconds"] = round(time.monotonic() - t0, 1)
+    return record
 
 
 def _terminate(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
-
-
-def ratios(entry: dict[str, Any]) -> dict[str, Any]:
-    systems = entry.get("systems", {})
-
-    def best(name: str) -> float | None:
-        s = systems.get(name, {})
-        value = s.get("best_rps") if s.get("status") == "ok" else None
-        return float(value) if value is not None else None
-
-    bundle = systems.get("bundle", {})
-    out: dict[str, Any] = {
-        "bundle_over_naive": ratio(best("bundle"), best("naive")),
-        "bundle_over_peer": ratio(best("bundle"), best("peer")),
-        "bundle_over_ceiling": ratio(best("bundle"), best("ceiling")),
-        "computed_per_useful": bundle.get("computed_per_useful"),
-        "seq_padded_per_useful": bundle.get("seq_padded_per_useful"),
-    }
-    out["targets"] = {
-        "bundle_over_naive >= 8": None if out["bundle_over_naive"] is None else out["bundle_over_naive"] >= 8,
-        "bundle_over_peer >= 10": None if out["bundle_over_peer"] is None else out["bundle_over_peer"] >= 10,
-        "bundle_over_ceiling >= 0.75": None if out["bundle_over_ceiling"] is None else out["bundle_over_ceiling"] >= 0.75,
-        "computed_per_useful <= 1.15": None if out["computed_per_useful"] is None else out["computed_per_useful"] <= 1.15,
-    }
-    return out
 
 
 def _failure(e: BaseException) -> dict[str, Any]:

@@ -33,7 +33,7 @@ def cmd_gpu(args: argparse.Namespace) -> int:
         ladder_start=args.start_rate, ladder_factor=args.rate_factor, refine=args.refine, max_rate=args.max_rate,
         ceiling_batches=_ints(args.ceiling_batches), timeout_s=args.timeout_s, seed=args.seed,
         shares={k.strip(): float(v) for k, v in (x.split("=", 1) for x in args.shares.split(",") if x.strip())},
-        tuned=winner_overrides(args.tuned) if args.tuned else {},
+        tuned=winner_overrides(args.tuned) if args.tuned else {}, repeat=args.repeat,
     )
     result = run_bench(options)
     print_summary(result)
@@ -73,6 +73,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g.add_argument("--load-procs", type=int, default=0, help="load generator processes for the bundle (default: cores/2 - 1, at most 8)")
     shared.rate_search(g, start=50.0, factor=4.0, refine=3, max_rate=60000.0)
     g.add_argument("--ceiling-batches", default="1,8,32,64,128,256", help="batch sizes the ceiling is timed at")
+    g.add_argument("--repeat", type=int, default=1,
+                   help="rounds: every system measured this many times, in turn; figures are the median, with the range "
+                        "(the GPU machine's knee moves ~15%% between runs: use 3 for a claim)")
     g.add_argument("--shares", default="naive=0.15,peer=0.25,bundle=0.45,ceiling=0.15",
                    help="each system's share of a model's time (unused time rolls over)")
     g.add_argument("--timeout-s", type=float, default=0.0, help="client deadline per request (default: 20 x the SLO, at least 1 s)")

@@ -19,8 +19,8 @@ from typing import Any
 
 import yaml
 
-from tritonbundle.bench.report import write_json
 from tritonbundle.errors import ConfigError
+from tritonbundle.files import write_json
 from tritonbundle.tune.search import Point, Result, reason
 from tritonbundle.tune.space import Config, Space, describe
 

@@ -1,7 +1,7 @@
 """``tritonbundle tune``, the I/O: each candidate configuration is written by the build stage (the
-manifest plus overrides, the same code path as ``tritonbundle build``), served by the real
-tritonserver, and driven by the benchmark's open-model load generator on the traffic sample; its rate
-at the SLO comes from the measurement core's rate search. Results are written after every point, so
+manifest plus overrides, the same code path as ``tritonbundle build``), served and measured
+by :class:`tritonbundle.served.ServedRepository` (the bench's bundle phase measures the same way): the
+open-model load generator on the traffic sample, the rate search, the one SLO. Results are written after every point, so
 an interrupted run keeps what it measured; a configuration that fails to load is recorded and skipped.
 """
 
@@ -25,12 +25,11 @@ from tritonbundle.build.stage import BuildOptions, build, load_manifest
 from tritonbundle.errors import ConfigError, TritonBundleError
 from tritonbundle.log import LOG, step
 from tritonbundle.manifest import ModelSpec
-from tritonbundle.measure import triton_metrics
-from tritonbundle.measure.latency import Slo, StepResult, judge
+from tritonbundle.measure.latency import Slo
+from tritonbundle.measure.levels import Ladder, Timing
 from tritonbundle.measure.loadgen import LoadError, LoadPool
-from tritonbundle.measure.probes import CpuMeter, GpuSampler
-from tritonbundle.measure.search import search_rate
-from tritonbundle.server import ServerOptions, TritonServer
+from tritonbundle.measure.probes import GpuSampler
+from tritonbundle.served import ServedRepository
 from tritonbundle.tune import report
 from tritonbundle.tune.search import Point, Result, coordinate_descent
 from tritonbundle.tune.space import ORDER, Config, Space, describe, key, space
@@ -188,47 +187,34 @@ def _search(measure: Callable[[str, Config], Point], known: dict[Any, Point], st
 def _measure(label: str, config: Config, options: TuneOptions, base: BuildOptions, spec: ModelSpec, traffic_path: Path,
              work: Path, pool: LoadPool, gpu: GpuSampler | None, clock: _Clock, index: int, start_rate: float) -> Point:
     folder = work / f"point-{index}"
-    stats_dir = folder / "stats"
-    stats_dir.mkdir(parents=True, exist_ok=True)
     detail: dict[str, Any] = {"status": "ok"}
     try:
         build(dataclasses.replace(base, repository=folder / "model_repository", overrides={**base.overrides, **config}))
     except TritonBundleError as e:
         return Point(label, config, None, {"status": f"build failed: {e}"})
-    os.environ["TRITONBUNDLE_STATS_DIR"] = str(stats_dir)
-    server = TritonServer(ServerOptions(folder / "model_repository", http_port=0, grpc_port=0, metrics_port=0,
-                                        log_path=folder / "tritonserver.log", exit_timeout_s=5,
-                                        extra_args=list(options.extra_server_args)))
-    try:
-        started = time.monotonic()
-        server.start(wait=False)
-        server.wait_ready(timeout_s=min(300.0, max(20.0, clock.left() - 10)))
-        detail["startup_s"] = round(time.monotonic() - started, 1)
-        detail["launch_ms_by_shape"] = _launch_ms(stats_dir)
-        estimate = capacity_estimate(detail["launch_ms_by_shape"], int(config.get("instances", spec.instances)),
-                                     options.slo_ms)
-        if estimate:  # the engine timed its launches: start the ladder near the knee, not at a few req/s
-            detail["capacity_estimate_rps"] = round(estimate, 1)
-            start_rate = max(start_rate, estimate / 8)
-        pool.setup(kind="grpc", url=server.grpc_url, model=spec.name, traffic=str(traffic_path), seed=index,
-                   timeout_s=max(1.0, 20 * options.slo_ms / 1000), ready_timeout_s=60)
-        assert server.process is not None
-        meter = CpuMeter({"server": server.process.pid, **{f"load{i}": p for i, p in enumerate(pool.pids)}})
-        # Unmeasured traffic first: the first requests after a start pay for lazy initialisation
-        # (sessions, shapes, stubs), which would otherwise land in the first level's p99.
-        pool.step(start_rate, warmup_s=max(1.0, options.window_s / 2), window_s=0.5, grace_s=1.0, seed=index)
-        sweep = search_rate(
-            lambda rate: _level(rate, options, pool, server, meter, gpu, index),
-            slo=Slo(p99_ms=options.slo_ms, max_failure_ratio=options.max_failure_ratio), start=start_rate,
-            factor=options.rate_factor, refine=options.refine,
-            max_rate=options.max_rate, can_continue=lambda: clock.left() > options.window_s * 2 + 5,
-        )
-    except (TritonBundleError, LoadError) as e:
-        detail["status"] = f"failed: {(str(e).splitlines() or [type(e).__name__])[0]}"
-        return Point(label, config, None, detail)
-    finally:
-        server.stop(timeout_s=15)
-        os.environ.pop("TRITONBUNDLE_STATS_DIR", None)
+    slo = Slo(p99_ms=options.slo_ms, max_failure_ratio=options.max_failure_ratio)
+    timing = Timing.for_window(options.window_s, options.slo_ms)
+    with ServedRepository(folder / "model_repository", folder, extra_args=options.extra_server_args) as served:
+        try:
+            detail["startup_s"] = round(served.start(timeout_s=min(300.0, max(20.0, clock.left() - 10))), 1)
+            detail["launch_ms_by_shape"] = served.launch_ms()
+            estimate = capacity_estimate(detail["launch_ms_by_shape"], int(config.get("instances", spec.instances)),
+                                         options.slo_ms)
+            if estimate:  # the engine timed its launches: start the ladder near the knee, not at a few req/s
+                detail["capacity_estimate_rps"] = round(estimate, 1)
+                start_rate = max(start_rate, estimate / 8)
+            served.connect(pool, model=spec.name, traffic=traffic_path, seed=index,
+                           timeout_s=max(1.0, 20 * options.slo_ms / 1000), ready_timeout_s=60)
+            # Unmeasured traffic first: the first requests after a start pay for lazy initialisation
+            # (sessions, shapes, stubs), which would otherwise land in the first level's p99.
+            pool.step(start_rate, warmup_s=max(1.0, options.window_s / 2), window_s=0.5, grace_s=1.0, seed=index)
+            sweep = served.measure(
+                system=label, slo=slo, timing=timing, gpu=gpu, seed=index * 1000, deadline=clock.deadline - 5.0,
+                ladder=Ladder(start=start_rate, factor=options.rate_factor, refine=options.refine,
+                              max_rate=options.max_rate))
+        except (TritonBundleError, LoadError) as e:
+            detail["status"] = f"failed: {(str(e).splitlines() or [type(e).__name__])[0]}"
+            return Point(label, config, None, detail)
     best = sweep.best
     detail.update({"sweep": sweep.to_json(), "stopped": sweep.stopped})
     if best is not None:
@@ -239,33 +225,6 @@ def _measure(label: str, config: Config, options: TuneOptions, base: BuildOption
     else:
         detail["status"] = f"no rate met the SLO ({sweep.stopped})"
     return Point(label, config, sweep.best_rps, detail)
-
-
-def _level(rate: float, options: TuneOptions, pool: LoadPool, server: TritonServer, meter: CpuMeter,
-           gpu: GpuSampler | None, index: int) -> StepResult:
-    _drain(server.metrics_url, max_s=10.0)
-    before = (triton_metrics.scrape(server.metrics_url), meter.read(), time.monotonic())
-    warmup, grace = max(0.5, options.window_s / 4), min(2.0, max(1.0, 4 * options.slo_ms / 1000))
-    t0 = time.monotonic()
-    result = pool.step(rate, warmup_s=warmup, window_s=options.window_s, grace_s=grace, seed=index * 1000 + int(rate))
-    judge(result, Slo(p99_ms=options.slo_ms, max_failure_ratio=options.max_failure_ratio))
-    why = server.down_reason()
-    if why:  # the levels after a crash would all read "0 answered": the point failed, and says why
-        raise TritonBundleError(f"the server went down at {rate:.1f} req/s: {why}")
-    after = (triton_metrics.scrape(server.metrics_url), meter.read(), time.monotonic())
-    result.extra["triton"] = {v.model: v.to_json() for v in triton_metrics.view(before[0], after[0])}
-    result.extra["cpu_cores"] = CpuMeter.delta(before[1], after[1], after[2] - before[2])
-    if gpu is not None:
-        result.extra.update(gpu.window(t0 + warmup, t0 + warmup + options.window_s))
-    LOG.info("      %8.1f req/s offered: %8.1f answered/s, p99 %7.1f ms, failed %d: %s", rate, result.achieved_rps,
-             result.p99_ms, result.failed, "PASS" if result.passed else f"FAIL ({result.reason})")
-    return result
-
-
-def _drain(metrics_url: str, *, max_s: float) -> None:
-    deadline = time.monotonic() + max_s
-    while time.monotonic() < deadline and triton_metrics.pending_requests(metrics_url) > 0:
-        time.sleep(0.05)
 
 
 def capacity_estimate(launch_ms: dict[str, float] | None, instances: int, slo_ms: float) -> float | None:
@@ -285,18 +244,6 @@ def capacity_estimate(launch_ms: dict[str, float] | None, instances: int, slo_ms
 def _shape(text: str) -> tuple[int, int]:
     batch, _, length = text.partition("x")
     return int(batch), int(length)
-
-
-def _launch_ms(stats_dir: Path) -> dict[str, float] | None:
-    """"<batch>x<padded length>" -> ms per launch, as the pytorch runtime's engine timed its graphs
-    at start-up (the slowest instance's figure); None for runtimes that report none."""
-    from tritonbundle.runtimes.pytorch.stats import read_stats_info
-
-    timings: dict[str, float] = {}
-    for info in read_stats_info(stats_dir):
-        for shape, ms in (info.get("timings_ms") or {}).items():
-            timings[shape] = max(timings.get(shape, 0.0), float(ms))
-    return timings or None
 
 
 def winner_overrides(path: Path) -> dict[str, Any]:

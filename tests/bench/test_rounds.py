@@ -1,0 +1,60 @@
+"""``bench gpu --repeat N``: every system measured once per round, in turn, and the model's figures
+are the medians with their range. The phases here are stand-ins that return what a phase records
+(the real ones are measured by tests/bench/test_bench_smoke.py and on the GPU machine)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from tritonbundle.bench import report, run
+from tritonbundle.bench.options import BenchOptions, Clock
+from tritonbundle.bench.phase import Context
+from tritonbundle.recipes import BENCH_MODELS
+from tritonbundle.traffic import synthetic
+
+
+def test_rounds_interleave_the_systems_and_report_medians(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    measured: list[str] = []
+    figures = {"peer": iter([900.0, 700.0, 1000.0]), "bundle": iter([7000.0, 8200.0, 6500.0]),
+               "ceiling": iter([20000.0, 21000.0, 19000.0])}
+
+    def phase(system: str) -> Any:
+        def measure(ctx: Context, built: Any, recipe: Any, deadline: float) -> dict[str, Any]:
+            measured.append(system)
+            assert deadline > time.monotonic()
+            rps = next(figures[system])
+            if system == "bundle" and len(measured) == 5:
+                raise RuntimeError("tritonserver exited with code -11")  # round 2's bundle fails
+            return {"status": "ok", "best_rps": rps, "computed_per_useful": 1.1}
+        return measure
+
+    monkeypatch.setattr(run, "PHASES", {s: phase(s) for s in ("peer", "bundle", "ceiling")})
+    plan = SimpleNamespace(padding_targets=(32,), batch_buckets=(), waste=None)
+    monkeypatch.setattr(run, "build_repository", lambda *a: SimpleNamespace(plan=plan, repository=tmp_path))
+    monkeypatch.setattr(run, "references", lambda *a: None)
+    options = BenchOptions(out=tmp_path, systems=("peer", "bundle", "ceiling"), repeat=3, budget_s=600)
+    ctx = Context(options, Clock(600), tmp_path, tmp_path, tmp_path / "t.jsonl", synthetic("chat", n=10),
+                  tmp_path / "tok.json", None, lambda: None)
+    entry: dict[str, Any] = {}
+    run.run_model(ctx, BENCH_MODELS["bert-base"], time.monotonic() + 500, entry)
+
+    assert measured == ["peer", "bundle", "ceiling"] * 3
+    bundle = entry["systems"]["bundle"]
+    assert bundle["status"] == "ok" and bundle["best_rps"] == pytest.approx((7000 + 6500) / 2)
+    assert bundle["repeats"]["failed"] == 1 and bundle["repeats"]["values"][1] is None
+    assert entry["systems"]["peer"]["best_rps"] == 900.0
+    assert entry["rounds"][1] == {"peer": 700.0, "bundle": None, "ceiling": 21000.0}
+    ratios = entry["ratios"]
+    assert ratios["rounds"] == 3
+    # Each ratio pairs the systems of one round (round 2 has no bundle figure): 7000/900 and 6500/1000.
+    assert ratios["bundle_over_peer"] == pytest.approx((7000 / 900 + 6500 / 1000) / 2)
+    assert ratios["ranges"]["bundle_over_ceiling"] == pytest.approx([6500 / 19000, 7000 / 20000])
+    lines = report.ratio_lines({"models": {"bert-base": entry}})
+    assert "medians of 3 rounds" in lines[0] and "bundle/peer = 7.14 [6.50-7.78]" in lines[0]
+    table = report.console_table({"options": {"slo_ms": 50}, "models": {"bert-base": entry}})
+    assert "6,500-7,000 (3 runs, 1 failed, spread 7 %)" in table

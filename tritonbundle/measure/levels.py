@@ -1,0 +1,123 @@
+"""How a system is measured, once for ``bench`` (every system) and ``tune`` (every point): load levels
+of a fixed shape (:class:`Timing`), each wrapped in what the system offers to watch (:class:`Probes`:
+drain the last level's backlog, observe before and after, say whether it is down), judged against
+one :class:`~tritonbundle.measure.latency.Slo`, and searched by the open-model rate search.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tritonbundle.errors import TritonBundleError
+from tritonbundle.log import LOG
+from tritonbundle.measure.latency import Slo, StepResult, judge
+from tritonbundle.measure.loadgen import LoadPool
+from tritonbundle.measure.probes import GpuSampler
+from tritonbundle.measure.search import Sweep, search_rate
+
+Observe = Callable[[], dict[str, Any]]
+Finish = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]
+
+
+class SystemDown(TritonBundleError):
+    """The system under test died or hung during a level: the measurement fails, naming why, instead
+    of reporting every later level as "0 answered"."""
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds per load level: unmeasured warm-up, the measured window, then grace for the answers to
+    the window's last requests."""
+
+    warmup_s: float
+    window_s: float
+    grace_s: float
+
+    @classmethod
+    def for_window(cls, window_s: float, slo_p99_ms: float) -> Timing:
+        """The one rule: a quarter of the window to warm up (at least 0.5 s), and grace for four SLOs
+        (1-2 s), enough for the late answers that decide a p99."""
+        return cls(warmup_s=max(0.5, 0.25 * window_s), window_s=window_s,
+                   grace_s=min(2.0, max(1.0, 4 * slo_p99_ms / 1000.0)))
+
+    @property
+    def cost_s(self) -> float:
+        """Wall time one level takes, with the generators' setup and the scrapes around it."""
+        return self.warmup_s + self.window_s + self.grace_s + 2.0
+
+
+@dataclass(frozen=True)
+class Ladder:
+    """The rate search's ladder: from ``start`` up by ``factor``, ``refine`` bisections, capped at ``max_rate``."""
+
+    start: float
+    factor: float = 2.0
+    refine: int = 2
+    max_rate: float = 100_000.0
+
+
+@dataclass
+class Probes:
+    """What a system offers around each level; each is optional."""
+
+    #: A snapshot (metrics, CPU times...) taken before and after the level.
+    observe: Observe | None = None
+    #: (before, after) -> what the level adds to its step's record.
+    finish: Finish | None = None
+    #: Wait up to the given seconds for the previous level's backlog to clear; returns the wait.
+    drain: Callable[[float], float] | None = None
+    #: Why the system is down ("" while it is up).
+    down: Callable[[], str] | None = None
+
+
+def wait_idle(probe: Callable[[], float], max_s: float, threshold: float) -> float:
+    """Poll ``probe()`` until it reads <= ``threshold`` twice in a row (or ``max_s`` passes); return the wait."""
+    start = time.monotonic()
+    calm = 0
+    while time.monotonic() - start < max_s:
+        if probe() <= threshold:
+            calm += 1
+            if calm >= 2:
+                break
+        else:
+            calm = 0
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+def measure_rates(pool: LoadPool, *, system: str, slo: Slo, timing: Timing, ladder: Ladder, probes: Probes,
+                  deadline: float, seed: int, gpu: GpuSampler | None = None) -> Sweep:
+    """The highest rate at which ``system`` meets ``slo``, searched with levels that end before
+    ``deadline`` (monotonic). Level ``n`` draws its arrivals from ``seed + n``: the same stream for
+    every system measured with the same seed. Raises :class:`SystemDown` when the system went down."""
+    level = [0]
+
+    def measure(rate: float) -> StepResult:
+        level[0] += 1
+        drained = probes.drain(min(15.0, max(1.0, deadline - time.monotonic() - timing.cost_s))) if probes.drain else 0.0
+        before = probes.observe() if probes.observe else {}
+        t0 = time.monotonic()
+        result = pool.step(rate, warmup_s=timing.warmup_s, window_s=timing.window_s, grace_s=timing.grace_s,
+                           seed=seed + level[0])
+        if gpu is not None:
+            result.extra.update(gpu.window(t0 + timing.warmup_s, t0 + timing.warmup_s + timing.window_s))
+        if probes.observe and probes.finish:
+            result.extra.update(probes.finish(before, probes.observe()))
+        result.extra["drain_s"] = round(drained, 2)
+        why = probes.down() if probes.down else ""
+        if why:
+            raise SystemDown(f"{system} went down during the level at {rate:.1f} req/s ({result.completed} of "
+                             f"{result.sent} answered): {why}")
+        judge(result, slo)
+        gpu_util = result.extra.get("gpu_util_mean")
+        LOG.info("    %s @ %8.1f req/s offered: %8.1f answered/s, p50 %7.1f ms, p99 %7.1f ms, failed %d%s: %s",
+                 system, rate, result.achieved_rps, result.p50_ms, result.p99_ms, result.failed,
+                 f", GPU {gpu_util:.0f}%" if gpu_util is not None else "",
+                 "PASS" if result.passed else f"FAIL ({result.reason})")
+        return result
+
+    return search_rate(measure, slo=slo, start=ladder.start, factor=ladder.factor, refine=ladder.refine,
+                       max_rate=ladder.max_rate, can_continue=lambda: time.monotonic() + timing.cost_s < deadline)

@@ -1,0 +1,129 @@
+"""The bundle as a measured system: the real ``tritonserver`` on a built repository, driven by the
+open-model load generators, with Triton's metrics, the encoder's own statistics, CPU per process and
+the GPU observed around every load level. ``bench`` (its bundle phase) and ``tune`` (every point)
+serve and measure through this one class.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from tritonbundle.log import LOG
+from tritonbundle.measure import triton_metrics
+from tritonbundle.measure.latency import Slo
+from tritonbundle.measure.levels import Ladder, Probes, Timing, measure_rates, wait_idle
+from tritonbundle.measure.loadgen import LoadPool
+from tritonbundle.measure.probes import CpuMeter, GpuSampler
+from tritonbundle.measure.search import Sweep
+from tritonbundle.runtimes.pytorch.stats import STATS_DIR_ENV, read_stats, read_stats_info
+from tritonbundle.server import ServerOptions, TritonServer
+
+
+class ServedRepository:
+    """``with ServedRepository(repo, folder) as served: served.start(...); served.connect(pool, ...);
+    served.measure(...)``. ``folder`` receives the encoder's statistics and (unless ``log_path`` says
+    otherwise) the server's log."""
+
+    def __init__(self, repository: Path, folder: Path, *, extra_args: Sequence[str] = (),
+                 log_path: Path | None = None) -> None:
+        self.stats_dir = folder / "stats"
+        self.stats_dir.mkdir(parents=True, exist_ok=True)
+        for old in self.stats_dir.glob("*.json"):
+            old.unlink()
+        self.server = TritonServer(ServerOptions(
+            repository, http_port=0, grpc_port=0, metrics_port=0, log_path=log_path or folder / "tritonserver.log", exit_timeout_s=5,
+            extra_args=list(extra_args)))
+        self.startup_s: float | None = None
+        self._pool: LoadPool | None = None
+        self._meter: CpuMeter | None = None
+
+    def __enter__(self) -> ServedRepository:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+    def start(self, timeout_s: float) -> float:
+        """Start the server (the encoder writes its statistics to ``folder/stats``); seconds to ready."""
+        t0 = time.monotonic()
+        previous = os.environ.get(STATS_DIR_ENV)
+        os.environ[STATS_DIR_ENV] = str(self.stats_dir)
+        try:
+            self.server.start(wait=False)
+        finally:  # the server took its environment at start; later servers get their own folder
+            if previous is None:
+                os.environ.pop(STATS_DIR_ENV, None)
+            else:
+                os.environ[STATS_DIR_ENV] = previous
+        self.server.wait_ready(timeout_s=timeout_s)
+        self.startup_s = time.monotonic() - t0
+        installation = self.server.installation
+        LOG.info("    tritonserver ready in %.1f s (%s)", self.startup_s, installation.description if installation else "")
+        return self.startup_s
+
+    def stop(self) -> None:
+        self.server.stop(timeout_s=20)
+
+    @property
+    def grpc_url(self) -> str:
+        return self.server.grpc_url
+
+    def instances(self) -> list[dict[str, Any]]:
+        """What each encoder instance reported at start-up (device, graphs, launch timings)."""
+        return read_stats_info(self.stats_dir)
+
+    def launch_ms(self) -> dict[str, float] | None:
+        """"<batch>x<padded length>" -> ms per launch, as the pytorch runtime's engine timed its graphs
+        at start-up (the slowest instance's figure); None for runtimes that report none."""
+        timings: dict[str, float] = {}
+        for info in self.instances():
+            for shape, ms in (info.get("timings_ms") or {}).items():
+                timings[shape] = max(timings.get(shape, 0.0), float(ms))
+        return timings or None
+
+    def connect(self, pool: LoadPool, *, model: str, traffic: Path, seed: int, timeout_s: float,
+                ready_timeout_s: float) -> None:
+        """Point the load generators at ``model`` over gRPC, each with its requests drawn from ``traffic``."""
+        assert self.server.process is not None, "start() first"
+        pool.setup(kind="grpc", url=self.server.grpc_url, model=model, traffic=str(traffic), seed=seed,
+                   timeout_s=timeout_s, ready_timeout_s=ready_timeout_s)
+        self._pool = pool
+        self._meter = CpuMeter({"server": self.server.process.pid, **{f"load{i}": p for i, p in enumerate(pool.pids)}})
+
+    def probes(self) -> Probes:
+        meter = self._meter
+        assert meter is not None, "connect() first"
+        metrics_url = self.server.metrics_url
+
+        def observe() -> dict[str, Any]:
+            time.sleep(0.3)  # let the encoder's statistics file catch up (written every 0.25 s)
+            try:
+                sample = triton_metrics.scrape(metrics_url)
+            except OSError:
+                sample = {}
+            return {"metrics": sample, "stats": read_stats(self.stats_dir), "cpu": meter.read(), "t": time.monotonic()}
+
+        def finish(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+            views = {v.model: v.to_json() for v in triton_metrics.view(before["metrics"], after["metrics"])}
+            return {
+                "triton": views,
+                "encoder": {k: after["stats"][k] - before["stats"].get(k, 0.0) for k in after["stats"]},
+                "cpu_cores": CpuMeter.delta(before["cpu"], after["cpu"], after["t"] - before["t"]),
+            }
+
+        def drain(max_s: float) -> float:
+            return wait_idle(lambda: triton_metrics.pending_requests(metrics_url), max_s, 0.0)
+
+        return Probes(observe=observe, finish=finish, drain=drain, down=self.server.down_reason)
+
+    def measure(self, *, system: str, slo: Slo, timing: Timing, ladder: Ladder, deadline: float, seed: int,
+                gpu: GpuSampler | None = None) -> Sweep:
+        """The rate search on this server (:func:`tritonbundle.measure.levels.measure_rates`)."""
+        assert self._pool is not None, "connect() first"
+        return measure_rates(self._pool, system=system, slo=slo, timing=timing, ladder=ladder, probes=self.probes(),
+                             deadline=deadline, seed=seed, gpu=gpu)
