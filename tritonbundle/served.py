@@ -114,6 +114,7 @@ class ServedRepository:
                 "triton": views,
                 "encoder": {k: after["stats"][k] - before["stats"].get(k, 0.0) for k in after["stats"]},
                 "cpu_cores": CpuMeter.delta(before["cpu"], after["cpu"], after["t"] - before["t"]),
+                "cpu_processes": dict(meter.processes),
             }
 
         def drain(max_s: float) -> float:

@@ -146,3 +146,16 @@ def test_the_plan_with_16_buckets_meets_the_padding_target_on_the_chat_sample() 
     assert padding_accounting(rows, edges)["computed_per_useful"] <= 1.15
     edges4 = planner.choose_edges(rows, 4, 512)
     assert padding_accounting(rows, edges4)["computed_per_useful"] > 1.4
+
+
+def test_a_stub_role_is_saturated_per_instance_not_in_sum() -> None:
+    """The H200 run's 4 tokenizer instances used 2.86 cores together (72 % each): not one saturated stub."""
+    from tritonbundle.bench.breakdown import hints
+
+    options = bench_options.BenchOptions(out=Path("."))
+    four = {"cpu_cores": {"server:stub[t]": 2.86}, "cpu_processes": {"server:stub[t]": 4}}
+    assert not [h for h in hints(four, options) if "stub[t]" in h]
+    busy = {"cpu_cores": {"server:stub[t]": 3.7}, "cpu_processes": {"server:stub[t]": 4}}
+    assert any("4 instances used 3.70 cores, 92% of one core each" in h for h in hints(busy, options))
+    one = {"cpu_cores": {"server:stub[e]": 0.95}}  # a record without process counts: one process
+    assert any("stub[e]: used 95% of one core" in h for h in hints(one, options))

@@ -44,6 +44,7 @@ def breakdown(recipe: Recipe, s: StepResult, options: BenchOptions) -> dict[str,
             out["encoder_execute_ms_per_request"] = 1000.0 * enc.get("t_execute_s", 0.0) / requests
     out["padding"] = tokens_ratio(enc)
     out["cpu_cores"] = s.extra.get("cpu_cores", {})
+    out["cpu_processes"] = s.extra.get("cpu_processes", {})
     out["gpu_util_mean"] = s.extra.get("gpu_util_mean")
     out["hints"] = hints(out, options)
     return out
@@ -52,10 +53,14 @@ def breakdown(recipe: Recipe, s: StepResult, options: BenchOptions) -> dict[str,
 def hints(b: dict[str, Any], options: BenchOptions) -> list[str]:
     """Plain-language reading of a breakdown."""
     out = []
+    processes = b.get("cpu_processes") or {}
     for role, cores in sorted((b.get("cpu_cores") or {}).items(), key=lambda kv: -kv[1]):
-        if "stub[" in role and cores >= 0.85:
-            out.append(f"{role.split(':', 1)[1]} used {cores:.0%} of one core: that single-threaded Python-backend "
-                       "instance is saturated (a bottleneck; more instances or less Python per request would help)")
+        count = max(1, int(processes.get(role, 1)))
+        if "stub[" in role and cores / count >= 0.85:
+            each = f"{count} instances used {cores:.2f} cores, {cores / count:.0%} of one core each" if count > 1 \
+                else f"used {cores:.0%} of one core"
+            out.append(f"{role.split(':', 1)[1]}: {each}: a single-threaded Python-backend instance near 100 % is "
+                       "saturated (a bottleneck; more instances or less Python per request would help)")
     loads = [c for r, c in (b.get("cpu_cores") or {}).items() if r.startswith("load")]
     if loads and max(loads) >= 0.9:
         out.append(f"a load generator process used {max(loads):.0%} of a core: the client side may limit the rate")

@@ -164,6 +164,8 @@ class CpuMeter:
 
     def __init__(self, roots: Mapping[str, int]) -> None:
         self.roots = dict(roots)
+        #: group:role -> processes counted in the last read (4 tokenizer instances are 4 stubs).
+        self.processes: dict[str, int] = {}
 
     def read(self) -> dict[str, float]:
         """group -> CPU seconds so far, per process name below the group's root (e.g. the stubs)."""
@@ -172,6 +174,7 @@ class CpuMeter:
         except ImportError:
             return {}
         out: dict[str, float] = {}
+        self.processes = {}
         for group, pid in self.roots.items():
             try:
                 root = psutil.Process(pid)
@@ -186,6 +189,7 @@ class CpuMeter:
                     continue
                 key = f"{group}:{name}"
                 out[key] = out.get(key, 0.0) + t.user + t.system
+                self.processes[key] = self.processes.get(key, 0) + 1
         return out
 
     @staticmethod
