@@ -9,7 +9,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 
-def _save(graph: onnx.GraphProto, path: Path) -> Path:
+def save(graph: onnx.GraphProto, path: Path) -> Path:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model, full_check=True)
@@ -34,7 +34,7 @@ def image_classifier(path: Path, *, static_batch: bool = False, dynamic_size: bo
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, 10])],
         [weights],
     )
-    return _save(graph, path)
+    return save(graph, path)
 
 
 def token_classifier(path: Path) -> Path:
@@ -65,7 +65,7 @@ def token_classifier(path: Path) -> Path:
         ],
         [one_axis],
     )
-    return _save(graph, path)
+    return save(graph, path)
 
 
 def short_position_table(path: Path, *, positions: int = 16) -> Path:
@@ -91,7 +91,7 @@ def short_position_table(path: Path, *, positions: int = 16) -> Path:
         [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["batch", "sequence", 4])],
         [table, *consts, numpy_helper.from_array(np.array([2], dtype=np.int64), "axes2")],
     )
-    return _save(graph, path)
+    return save(graph, path)
 
 
 def mlp(path: Path, *, features: int = 16, hidden: int = 32, classes: int = 4) -> Path:
@@ -114,7 +114,7 @@ def mlp(path: Path, *, features: int = 16, hidden: int = 32, classes: int = 4) -
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", classes])],
         inits,
     )
-    return _save(graph, path)
+    return save(graph, path)
 
 
 def three_input_encoder(path: Path, *, vocab: int = 50, width: int = 16, out: int = 8, output: str = "embedding") -> Path:
@@ -162,7 +162,7 @@ def three_input_encoder(path: Path, *, vocab: int = 50, width: int = 16, out: in
         [helper.make_tensor_value_info(output, TensorProto.FLOAT, ["batch", out])],
         inits,
     )
-    return _save(graph, path)
+    return save(graph, path)
 
 
 def text_classifier(path: Path, *, classes: int = 3) -> Path:

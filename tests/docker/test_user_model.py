@@ -54,8 +54,9 @@ CONTEXT_PATHS = ("pyproject.toml", "README.md", "requirements/constraints.txt", 
 def classifier_onnx(path: Path) -> Path:
     """A user's model: pixels FP32 [batch, 3, 8, 8] -> logits FP32 [batch, 10] (a per-channel mean, a dense
     layer with a bias, a ReLU), with weights no other test uses, so an answer can only come from this file."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
+
+    from tests.build import onnx_models
 
     rng = np.random.default_rng(20240611)
     weights = numpy_helper.from_array(rng.standard_normal((3, 10)).astype(np.float32), "W")
@@ -72,12 +73,7 @@ def classifier_onnx(path: Path) -> Path:
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])],
         [weights, bias],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model, full_check=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(path))
-    return path
+    return onnx_models.save(graph, path)
 
 
 MANIFEST = f"""\

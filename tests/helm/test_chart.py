@@ -1033,23 +1033,31 @@ esac
 """
 
 
-def _run_engine_build(tmp_path: Path, check_status: int, *args: str, force: bool = False, check_after_build: int = 0,
-                      seed: Path | None = None) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+def engine_build_env(tmp_path: Path, *, check_status: int = 1, check_after_build: int = 0,
+                     seed: Path | None = None) -> dict[str, str]:
+    """engine-build.sh's environment with a fake ``tritonbundle`` on PATH (it logs its calls to calls.log)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     fake = bin_dir / "tritonbundle"
     fake.write_text(FAKE_TRITONBUNDLE)
     fake.chmod(0o755)
     (tmp_path / "run").mkdir(exist_ok=True)
-    calls = tmp_path / "calls.log"
-    calls.write_text("")
-    env = {
-        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "CALLS": str(calls), "STATE": str(tmp_path / "state"),
-        "CHECK_STATUS": str(check_status), "CHECK_AFTER_BUILD": str(check_after_build),
-        "TRITONBUNDLE_MANIFEST": "/opt/tritonbundle/build/models.yaml",
+    (tmp_path / "calls.log").write_text("")
+    return {
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "CALLS": str(tmp_path / "calls.log"),
+        "STATE": str(tmp_path / "state"), "CHECK_STATUS": str(check_status), "CHECK_AFTER_BUILD": str(check_after_build),
         "TRITONBUNDLE_CACHE_DIR": str(tmp_path / "engines"), "TRITONBUNDLE_RUN_DIR": str(tmp_path / "run"),
-        "TRITONBUNDLE_PRECISION": "fp16", "TRITONBUNDLE_MODELS": "minilm", "TRITONBUNDLE_FORCE": str(force).lower(),
         "TRITONBUNDLE_LOCK_TIMEOUT_S": "5", "TRITONBUNDLE_SEED_ARTIFACTS": str(seed or tmp_path / "no-seed"),
+    }
+
+
+def _run_engine_build(tmp_path: Path, check_status: int, *args: str, force: bool = False, check_after_build: int = 0,
+                      seed: Path | None = None) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    calls = tmp_path / "calls.log"
+    env = {
+        **engine_build_env(tmp_path, check_status=check_status, check_after_build=check_after_build, seed=seed),
+        "TRITONBUNDLE_MANIFEST": "/opt/tritonbundle/build/models.yaml",
+        "TRITONBUNDLE_PRECISION": "fp16", "TRITONBUNDLE_MODELS": "minilm", "TRITONBUNDLE_FORCE": str(force).lower(),
     }
     result = subprocess.run(["/bin/sh", str(CHART / "files" / "engine-build.sh"), *args], env=env,
                             capture_output=True, text=True, timeout=30)

@@ -26,9 +26,9 @@ import pytest
 
 from tests.helm.test_chart import (
     CHART,
-    FAKE_TRITONBUNDLE,
     FULLNAME,
     Obj,
+    engine_build_env,
     helm,  # noqa: F401 - the session fixture
     objects,
     render,
@@ -466,18 +466,8 @@ def test_fetch_says_which_setting_is_wrong(tmp_path: Path, extra: dict[str, str]
 
 # -- engine-build.sh with a manifest on the volume ------------------------------------------------------
 def _engine_build(tmp_path: Path, manifest: Path, *, source: str, wait_s: int) -> subprocess.Popen[str]:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    fake = bin_dir / "tritonbundle"
-    fake.write_text(FAKE_TRITONBUNDLE)
-    fake.chmod(0o755)
-    (tmp_path / "run").mkdir(exist_ok=True)
-    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "CALLS": str(tmp_path / "calls.log"),
-           "STATE": str(tmp_path / "state"), "CHECK_STATUS": "1", "CHECK_AFTER_BUILD": "0",
-           "TRITONBUNDLE_MANIFEST": str(manifest), "TRITONBUNDLE_USER_MODELS": source,
-           "TRITONBUNDLE_MANIFEST_WAIT_S": str(wait_s), "TRITONBUNDLE_SETTLE_S": "0",
-           "TRITONBUNDLE_CACHE_DIR": str(tmp_path / "engines"), "TRITONBUNDLE_RUN_DIR": str(tmp_path / "run"),
-           "TRITONBUNDLE_LOCK_TIMEOUT_S": "5", "TRITONBUNDLE_SEED_ARTIFACTS": str(tmp_path / "no-seed")}
+    env = {**engine_build_env(tmp_path), "TRITONBUNDLE_MANIFEST": str(manifest), "TRITONBUNDLE_USER_MODELS": source,
+           "TRITONBUNDLE_MANIFEST_WAIT_S": str(wait_s), "TRITONBUNDLE_SETTLE_S": "0"}
     return subprocess.Popen(["/bin/sh", str(ENGINE_BUILD)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
 
@@ -506,7 +496,7 @@ def test_engine_build_fails_with_the_copy_command_when_the_manifest_never_comes(
     output, _ = process.communicate(timeout=60)
     assert process.returncode == 1 and f"error: no manifest at {manifest}" in output, output
     assert f"tar -C build -cf - models models.yaml | kubectl exec -i <pod> -c engine-build -- tar -xf - -C {manifest.parent}" in output
-    assert time.monotonic() - started < 30 and not (tmp_path / "calls.log").exists(), "nothing built"
+    assert time.monotonic() - started < 30 and not (tmp_path / "calls.log").read_text(), "nothing built"
     # Fetched from a URL: no wait, and no copy hint (fetch-models should have put it there).
     url = _engine_build(tmp_path, tmp_path / "nothing" / "models.yaml", source="url", wait_s=0)
     out, _ = url.communicate(timeout=60)
