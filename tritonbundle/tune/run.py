@@ -94,7 +94,9 @@ def run_tune(options: TuneOptions) -> dict[str, Any]:
         from tritonbundle import traffic as traffic_mod
 
         traffic_path = traffic_mod.dump(traffic_mod.synthetic("fixed", n=100, fixed_tokens=1), work / "traffic.jsonl")
-    defaults: Config = {k: getattr(spec, k) for k in options.knobs if hasattr(spec, k)}
+    # A model without a tokenizer has no tokenizer settings to show or search (tune/space.py leaves them out too).
+    defaults: Config = {k: getattr(spec, k) for k in options.knobs
+                        if hasattr(spec, k) and (spec.text or not k.startswith("tokenizer_"))}
     start = {**defaults, **options.start}
     result: dict[str, Any] = {"command": "tritonbundle " + " ".join(sys.argv[1:]), "model": spec.name, "slo_p99_ms": options.slo_ms, "budget_s": options.budget_s,
                               "manifest": str(options.manifest), "overrides": options.overrides, "defaults": defaults,
