@@ -1,10 +1,13 @@
 """Triton Python-backend model running an ONNX model with ONNX Runtime (the CPU server's runtime).
 
 Works for any ONNX model whose config inputs/outputs match the graph's. Requests gathered by the
-dynamic batcher are run as one batch. Inputs with a dynamic (-1) non-batch dimension are ragged
-(``allow_ragged_batch``): each request is padded to the longest request in the batch (the ragged
-policy the build stage's plan picks for Python-backend runtimes), and outputs that carry that
-dimension are cut back to each request's own length.
+dynamic batcher are run as one batch per shape. Inputs with a dynamic (-1) non-batch dimension are
+ragged (``allow_ragged_batch``): along ``sequence`` each request is padded to the longest request in
+the batch (the ragged policy the build stage's plan picks for Python-backend runtimes), and outputs
+that carry that dimension are cut back to each request's own length; requests that differ on any
+other named axis (an image's height) run in separate session runs, never padded. (Ragged rather than
+Triton's equal-shape batching: 2.51's dynamic batcher, enforcing equal shapes, sometimes leaves a
+request in its queue for its 500 ms idle wait; measured in tests/test_user_models.py.)
 
 Settings: :class:`tritonbundle.contract.OnnxRuntimeParameters` in the config's ``parameters``:
   onnx_file            model file in the version directory
@@ -74,6 +77,22 @@ def index_tables(onnx_path: Path, input_names: list[str]) -> dict[str, int]:
     return tables
 
 
+def exact_dims(axes: str, dims: list[int]) -> tuple[int, ...]:
+    """Dynamic dims (indices into ``dims``, batch excluded) that requests in one run must share: every
+    named axis but ``sequence``, which is padded. ``axes`` is the config's "batch,sequence" naming;
+    without it every dynamic dim is a sequence (configs written before axes were named)."""
+    names = axes.split(",")[1:] if axes else []
+    if len(names) != len(dims):
+        return ()
+    return tuple(i for i, (d, name) in enumerate(zip(dims, names)) if d == -1 and name != "sequence")
+
+
+def _sequence_first(name: str, inputs: list[tuple[str, Any, list[int]]], exact: dict[str, tuple[int, ...]]) -> bool:
+    """Whether dim 1 of ``name`` is a padded (sequence) axis."""
+    dims = next(d for n, _, d in inputs if n == name)
+    return bool(dims) and dims[0] == -1 and 0 not in exact[name]
+
+
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
@@ -91,6 +110,7 @@ class TritonPythonModel:
         self.max_seq = params.max_sequence_length
         self.pad_values = params.pad_values
         self.inputs = [(i["name"], _NP[i["data_type"]], [int(d) for d in i["dims"]]) for i in config["input"]]
+        self.exact_dims = {name: exact_dims(params.axes.get(name, ""), dims) for name, _, dims in self.inputs}
         self.outputs = [o["name"] for o in config["output"]]
         self.tables = index_tables(version_dir / params.onnx_file, [name for name, _, _ in self.inputs])
         graph_inputs = {i.name for i in self.session.get_inputs()}
@@ -129,9 +149,12 @@ class TritonPythonModel:
             if problem:
                 raise RequestError(problem)
             arrays[name] = array
-        shapes = {tuple(a.shape[:2]) for a in arrays.values() if a.ndim >= 2}
-        if len(shapes) > 1 and self.batched:
-            raise RequestError(f"inputs disagree on [batch, length]: {sorted(shapes)}")
+        if self.batched:
+            batches = {a.shape[0] for a in arrays.values()}
+            lengths = {a.shape[1] for name, a in arrays.items() if _sequence_first(name, self.inputs, self.exact_dims)}
+            if len(batches) > 1 or len(lengths) > 1:
+                raise RequestError(f"inputs disagree on [batch, length]: "
+                                   f"{sorted((n, list(a.shape[:2])) for n, a in arrays.items())}")
         return arrays
 
     def _pad(self, name: str, arrays: list[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
@@ -154,11 +177,15 @@ class TritonPythonModel:
                 good.append((index, self._read(request)))
             except RequestError as e:
                 responses[index] = pb_utils.InferenceResponse(output_tensors=[], error=_error(str(e)))
-        # One session run per dynamic batch; models without a batch dimension run request by request.
-        groups = [good] if self.batched else [[item] for item in good]
-        for group in groups:
-            if group:
-                self._run(group, responses)
+        # One session run per shape the batch holds (requests agree on every dynamic axis but sequence,
+        # which is padded); models without a batch dimension run request by request.
+        groups: dict[Any, list[tuple[int, dict[str, np.ndarray[Any, Any]]]]] = {}
+        for item in good:
+            key = tuple(tuple(item[1][n].shape[d + 1] for d in dims) for n, dims in self.exact_dims.items()) \
+                if self.batched else item[0]
+            groups.setdefault(key, []).append(item)
+        for group in groups.values():
+            self._run(group, responses)
         return responses
 
     def _run(self, group: list[tuple[int, dict[str, np.ndarray[Any, Any]]]], responses: list[Any]) -> None:
