@@ -87,11 +87,12 @@ class ServedRepository:
         return timings or None
 
     def connect(self, pool: LoadPool, *, model: str, traffic: Path, seed: int, timeout_s: float,
-                ready_timeout_s: float) -> None:
-        """Point the load generators at ``model`` over gRPC, each with its requests drawn from ``traffic``."""
+                ready_timeout_s: float, requests: str = "auto") -> None:
+        """Point the load generators at ``model`` over gRPC, each with its requests drawn from ``traffic``
+        (``requests``: ``auto``, the model's own; ``tokens``, token rows to its encoder)."""
         assert self.server.process is not None, "start() first"
         pool.setup(kind="grpc", url=self.server.grpc_url, model=model, traffic=str(traffic), seed=seed,
-                   timeout_s=timeout_s, ready_timeout_s=ready_timeout_s)
+                   timeout_s=timeout_s, ready_timeout_s=ready_timeout_s, requests=requests)
         self._pool = pool
         self._meter = CpuMeter({"server": self.server.process.pid, **{f"load{i}": p for i, p in enumerate(pool.pids)}})
 

@@ -1,6 +1,7 @@
 """The bundle: the real ``tritonserver`` serving the repository the build stage writes (tokenizer +
 encoder + ensemble, dynamic batching, padding targets, CUDA graphs), driven over gRPC by
-``AsyncGrpcClient`` from several load generator processes."""
+``AsyncGrpcClient`` from several load generator processes: texts to the ensemble, or with ``--input tokens``
+token rows to the encoder (what a client that tokenizes on its side sends; the tokenizer stage drops out)."""
 
 from __future__ import annotations
 
@@ -33,13 +34,14 @@ def run_bundle(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> d
             correctness = check_answers("the bundle", client.embed(texts), expected)
         with LoadPool(procs, ctx.logs, f"bundle-{name}") as pool:
             served.connect(pool, model=name, traffic=ctx.traffic_path, seed=o.seed, timeout_s=client_timeout_s(o),
-                           ready_timeout_s=setup_timeout_s(deadline))
+                           ready_timeout_s=setup_timeout_s(deadline),
+                           requests="tokens" if o.input == "tokens" else "auto")
             result = sweep(ctx, pool, deadline, "bundle", served.probes())
     ref_step = result.best or (max(result.steps, key=lambda s: s.offered_rps) if result.steps else None)
     padding = tokens_ratio(ref_step.extra.get("encoder", {})) if ref_step else {}
     return {
         "status": "ok", "sweep": result.to_json(), "best_rps": result.best_rps, "load_processes": procs,
-        "startup_s": round(startup_s, 1), "correctness": correctness, "protocol": "grpc (tritonbundle.clients.AsyncGrpcClient)",
+        "startup_s": round(startup_s, 1), "correctness": correctness, "protocol": "grpc (tritonbundle.clients.AsyncGrpcClient)", "input": o.input,
         "precision": o.precision, "encoder_instances": info, "padding": padding,
         "computed_per_useful": padding.get("computed_per_useful"),
         "seq_padded_per_useful": padding.get("seq_padded_per_useful"),

@@ -52,6 +52,9 @@ class BenchOptions:
     shares: dict[str, float] = field(default_factory=lambda: {"naive": 0.15, "peer": 0.25, "bundle": 0.45, "ceiling": 0.15})
     #: Rounds: every system measured this many times, in turn (figures: the median, with the range).
     repeat: int = 1
+    #: What the bundle's clients send: "text" (the ensemble tokenizes) or "tokens" (token rows straight to the
+    #: encoder, tokenized on the client side; the peer, naive and ceiling phases are unchanged).
+    input: str = "text"
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.models if m not in BENCH_MODELS]
@@ -64,6 +67,8 @@ class BenchOptions:
             raise ConfigError(f"--device must be cuda or cpu, not {self.device!r}")
         if self.budget_s < 30:
             raise ConfigError("--budget-s must be at least 30 seconds")
+        if self.input not in ("text", "tokens"):
+            raise ConfigError(f"--input must be text or tokens, not {self.input!r}")
         if self.repeat < 1:
             raise ConfigError("--repeat must be at least 1")
         missing = [s for s in self.systems if not self.shares.get(s, 0) > 0]

@@ -116,6 +116,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"P50 {_f(t.get('p50_tokens'), '.0f')}, P95 {_f(t.get('p95_tokens'), '.0f')}, max {_f(t.get('max_tokens'), '.0f')}",
         f"- SLO: p99 <= {opts.get('slo_ms')} ms; open model (Poisson arrivals), ladder from {opts.get('ladder_start')} req/s "
         f"x{opts.get('ladder_factor')} then {opts.get('refine')} bisections",
+        "- the bundle's clients send " + ("token rows straight to the encoder (tokenized on the client side; no "
+                                          "tokenizer stage)" if opts.get("input") == "tokens" else "texts (the ensemble tokenizes)"),
         "", "## Throughput at the SLO", "",
         "| model | system | req/s at SLO | range over rounds | p50 ms | p99 ms | GPU util % | computed/useful tokens | status |",
         "|---|---|---:|---|---:|---:|---:|---:|---|",

@@ -11,6 +11,7 @@ rate search            --start-rate, --rate-factor,       loadtest (--search), t
                        --refine, --max-rate
 measurement window     --window-s                         loadtest (its length), tune, bench gpu
 traffic                --traffic, --traffic-shape         traffic, loadtest, tune, bench gpu
+what the clients send  --input (text, tokens)             loadtest (also both), bench gpu
 =====================  =================================  ============================================
 
 Spellings of earlier releases stay as hidden aliases for one release (``--slo-ms``, ``--ladder-start``,
@@ -155,3 +156,11 @@ def traffic(p: argparse.ArgumentParser, *, sample: str, shape: bool = True) -> N
                        help="synthetic traffic when there is no sample: lengths like chat turns, chat + documents, "
                             "uniform, fixed")
         hidden(p, "--synthetic", dest="traffic_shape", choices=SHAPES)
+
+
+def request_input(p: argparse.ArgumentParser, *, both: bool = False) -> None:
+    """What the clients send a text model: its own requests, or token rows tokenized on the client side."""
+    p.add_argument("--input", choices=("text", "tokens", "both") if both else ("text", "tokens"), default="text",
+                   help="text: the model's own requests (texts for a text model, tensors of its declared shapes for "
+                        "a tensor model); tokens: token rows straight to a text-embedding model's encoder, as a "
+                        "client that tokenizes on its side sends them" + ("; both: alternate" if both else ""))

@@ -33,7 +33,7 @@ def cmd_gpu(args: argparse.Namespace) -> int:
         ladder_start=args.start_rate, ladder_factor=args.rate_factor, refine=args.refine, max_rate=args.max_rate,
         ceiling_batches=_ints(args.ceiling_batches), timeout_s=args.timeout_s, seed=args.seed,
         shares={k.strip(): float(v) for k, v in (x.split("=", 1) for x in args.shares.split(",") if x.strip())},
-        tuned=winner_overrides(args.tuned) if args.tuned else {}, repeat=args.repeat,
+        tuned=winner_overrides(args.tuned) if args.tuned else {}, repeat=args.repeat, input=args.input,
     )
     result = run_bench(options)
     print_summary(result)
@@ -63,6 +63,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the same run on the CPU (smoke test)")
     shared.slo(g, p99_ms=50.0, p95=False)
     shared.traffic(g, sample="default: synthetic chat, 10,000 requests, seed 0", shape=False)
+    shared.request_input(g)
     g.add_argument("--sequence-buckets", type=int, default=16, help="padding targets planned from the traffic (max 16)")
     g.add_argument("--batch-buckets", default="1,2,4,8,16,32,64,128", help="batch sizes CUDA graphs are captured for")
     g.add_argument("--queue-delay-us", type=int, default=0,

@@ -60,9 +60,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--metrics-url", help="Triton's metrics endpoint, scraped for the server-side view "
                    f"(e.g. http://127.0.0.1:{defaults.METRICS_PORT}/metrics)")
     p.add_argument("--model", default=defaults.MODEL, help="model to load")
-    p.add_argument("--input", choices=("text", "tokens", "both"), default="text",
-                   help="text: the model's own requests (texts for a text model, tensors of its declared shapes for "
-                        "a tensor model); tokens: token rows to a text-embedding model's encoder; both: alternate")
+    shared.request_input(p, both=True)
     p.add_argument("--inputs", type=Path, metavar="FILE.npz",
                    help="tensor model: recorded inputs (one array per input, first axis the samples) instead of "
                         "random ones")

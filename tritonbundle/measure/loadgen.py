@@ -5,7 +5,7 @@ Each worker is ``python -m tritonbundle.measure.loadgen``: it reads one JSON com
 and answers one JSON line on stdout. ``setup`` connects (gRPC: the project's ``AsyncGrpcClient`` on
 the served model; HTTP: aiohttp against the naive server) and builds its request pool from the traffic
 sample (gRPC: the model's own requests, :func:`tritonbundle.payloads.for_model`: texts through its
-task's method, or tensors of its declared shapes; HTTP: texts); ``step`` sends Poisson arrivals at a
+task's method, or tensors of its declared shapes, or token rows to a text model's encoder; HTTP: texts); ``step`` sends Poisson arrivals at a
 rate for a while and returns the latencies of the requests scheduled inside the measured window.
 
 Latency is measured from each request's *scheduled* arrival time to its answer, so a client that
@@ -71,7 +71,7 @@ class _Worker:
             await self.client.connect()
             info = await self.client.model_info(cmd["model"])
             requests = for_model(info, traffic_mod.load(cmd["traffic"]), seed=int(cmd["seed"]),
-                                 max_batch=int(cmd.get("max_batch", 1)))
+                                 max_batch=int(cmd.get("max_batch", 1)), kind=str(cmd.get("requests", "auto")))
             calls = [requests.next() for _ in range(int(cmd.get("pool", 2000)))]
             self.pool = [(c.tokens * c.rows, c) for c in calls]
         elif self.kind == "http":
@@ -267,10 +267,11 @@ class LoadPool:
         return answers
 
     def setup(self, *, kind: str, url: str, model: str, traffic: str, seed: int, timeout_s: float, pool: int = 2000,
-              ready_timeout_s: float = 120.0, path: str = "/embed") -> None:
+              ready_timeout_s: float = 120.0, path: str = "/embed", requests: str = "auto") -> None:
+        """``requests`` (gRPC): ``auto``, the model's own requests, or ``tokens``, token rows to its encoder."""
         self._ask_all([
             {"op": "setup", "kind": kind, "url": url, "model": model, "traffic": traffic, "seed": seed * 1000 + i,
-             "timeout_s": timeout_s, "pool": pool, "path": path}
+             "timeout_s": timeout_s, "pool": pool, "path": path, "requests": requests}
             for i in range(self.processes)
         ], ready_timeout_s)
 
