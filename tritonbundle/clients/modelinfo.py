@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -51,9 +52,10 @@ class ModelInfo:
         ``text-embedding`` with a BYTES ``TEXT``, else ``tensor``."""
         return contract.task_of(self.parameters, {t.name: t.datatype for t in self.inputs})
 
-    @property
+    @cached_property
     def encoder(self) -> contract.EncoderParameters | None:
-        """What the encoder's config says about token input (None for a model the build did not write)."""
+        """What the encoder's config says about token input (None for a model the build did not write);
+        decoded once, not for every request."""
         try:
             return contract.EncoderParameters.from_parameters(self.parameters, model=self.name)
         except contract.ContractError:
