@@ -39,6 +39,7 @@ class ServedRepository:
             repository, http_port=0, grpc_port=0, metrics_port=0, log_path=log_path or folder / "tritonserver.log", exit_timeout_s=5,
             extra_args=list(extra_args)))
         self.startup_s: float | None = None
+        self._start_timeout_s = 120.0
         self._pool: LoadPool | None = None
         self._meter: CpuMeter | None = None
 
@@ -50,6 +51,23 @@ class ServedRepository:
 
     def start(self, timeout_s: float) -> float:
         """Start the server (the encoder writes its statistics to ``folder/stats``); seconds to ready."""
+        self._start_timeout_s = timeout_s
+        self.startup_s = self._launch(timeout_s)
+        installation = self.server.installation
+        LOG.info("    tritonserver ready in %.1f s (%s)", self.startup_s, installation.description if installation else "")
+        return self.startup_s
+
+    def restart(self) -> float:
+        """Stop what is left of a server that went down and start it again on the same ports (the load
+        generators' channels reconnect); seconds to ready."""
+        self.server.stop(timeout_s=20)
+        seconds = self._launch(self._start_timeout_s)
+        if self._meter is not None and self.server.process is not None:
+            self._meter.roots["server"] = self.server.process.pid
+        LOG.info("    tritonserver back in %.1f s", seconds)
+        return seconds
+
+    def _launch(self, timeout_s: float) -> float:
         t0 = time.monotonic()
         previous = os.environ.get(STATS_DIR_ENV)
         os.environ[STATS_DIR_ENV] = str(self.stats_dir)
@@ -61,10 +79,7 @@ class ServedRepository:
             else:
                 os.environ[STATS_DIR_ENV] = previous
         self.server.wait_ready(timeout_s=timeout_s)
-        self.startup_s = time.monotonic() - t0
-        installation = self.server.installation
-        LOG.info("    tritonserver ready in %.1f s (%s)", self.startup_s, installation.description if installation else "")
-        return self.startup_s
+        return time.monotonic() - t0
 
     def stop(self) -> None:
         self.server.stop(timeout_s=20)
@@ -121,7 +136,7 @@ class ServedRepository:
         def drain(max_s: float) -> float:
             return wait_idle(lambda: triton_metrics.pending_requests(metrics_url), max_s, 0.0)
 
-        return Probes(observe=observe, finish=finish, drain=drain, down=self.server.down_reason)
+        return Probes(observe=observe, finish=finish, drain=drain, down=self.server.down_reason, restart=self.restart)
 
     def measure(self, *, system: str, slo: Slo, timing: Timing, ladder: Ladder, deadline: float, seed: int,
                 gpu: GpuSampler | None = None) -> Sweep:

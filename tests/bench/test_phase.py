@@ -1,5 +1,7 @@
-"""A system that dies or hangs during a load level fails its phase with the reason, instead of every
-later level reading "0 answered" with status ok (seen on the H200 at 3.5x capacity)."""
+"""A system that dies or hangs during a load level fails that level with the reason, is restarted,
+and the search goes on below it; without a way to restart it (or past the restart limit) the phase
+fails naming the crash, instead of every later level reading "0 answered" with status ok (seen on
+the H200 at 3.5x capacity)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import pytest
 from tritonbundle.bench.options import BenchOptions, Clock
 from tritonbundle.bench.phase import Context, sweep
 from tritonbundle.measure.latency import step_result
-from tritonbundle.measure.levels import Probes, SystemDown
+from tritonbundle.measure.levels import MAX_RESTARTS, Probes, SystemDown
 from tritonbundle.server import ServerOptions, TritonServer
 from tritonbundle.traffic import synthetic
 
@@ -28,12 +30,48 @@ class Pool:
         return step_result(rate, 1.0, [5.0] * int(rate), 0, sent=int(rate))
 
 
-def test_a_system_that_goes_down_fails_the_phase_naming_the_crash(tmp_path: Path) -> None:
-    options = BenchOptions(out=tmp_path, slo_ms=50.0, ladder_start=10, ladder_factor=2, refine=0, max_rate=1000)
-    ctx = Context(options=options, clock=Clock(60), work=tmp_path, logs=tmp_path, traffic_path=tmp_path / "t.jsonl",
-                  sample=synthetic("chat", n=10), tokenizer=tmp_path / "tok.json", gpu=None, save=lambda: None)
+CRASH = "tritonserver exited with code -11: Signal (11) received."
+
+
+def _context(tmp_path: Path, refine: int = 0) -> Context:
+    options = BenchOptions(out=tmp_path, slo_ms=50.0, ladder_start=10, ladder_factor=2, refine=refine, max_rate=1000)
+    return Context(options=options, clock=Clock(60), work=tmp_path, logs=tmp_path, traffic_path=tmp_path / "t.jsonl",
+                   sample=synthetic("chat", n=10), tokenizer=tmp_path / "tok.json", gpu=None, save=lambda: None)
+
+
+def test_a_level_that_crashes_the_system_fails_and_the_search_goes_on_below_it(tmp_path: Path) -> None:
     pool = Pool()
-    downs = iter(["", "", "tritonserver exited with code -11: Signal (11) received."])
+    downs = iter(["", "", CRASH] + [""] * 10)
+    restarts: list[float] = []
+
+    def restart() -> float:
+        restarts.append(time.monotonic())
+        return 1.5
+
+    result = sweep(_context(tmp_path, refine=2), pool, time.monotonic() + 60, "bundle",  # type: ignore[arg-type]
+                   Probes(down=lambda: next(downs), restart=restart))
+    assert len(restarts) == 1
+    crashed = result.steps[2]
+    assert crashed.offered_rps == 40 and not crashed.passed and crashed.reason.startswith("the system went down: " + CRASH)
+    assert crashed.extra["restart_s"] == 1.5
+    assert pool.rates[:3] == [10, 20, 40] and len(pool.rates) == 5 and all(20 < r < 40 for r in pool.rates[3:]), \
+        "the bisection goes on between the last pass and the crash"
+    assert result.best is not None and result.best.offered_rps > 20
+
+
+def test_a_system_that_keeps_going_down_fails_the_phase_after_the_restart_limit(tmp_path: Path) -> None:
+    pool = Pool()
+    restarts: list[int] = []
+    with pytest.raises(SystemDown, match=rf"restarted {MAX_RESTARTS} times already"):
+        sweep(_context(tmp_path, refine=5), pool, time.monotonic() + 60, "bundle",  # type: ignore[arg-type]
+              Probes(down=lambda: CRASH, restart=lambda: restarts.append(1) or 1.0))
+    assert len(restarts) == MAX_RESTARTS and len(pool.rates) == MAX_RESTARTS + 1
+
+
+def test_a_system_that_goes_down_fails_the_phase_naming_the_crash(tmp_path: Path) -> None:
+    ctx = _context(tmp_path)
+    pool = Pool()
+    downs = iter(["", "", CRASH])
     with pytest.raises(SystemDown, match=r"bundle went down during the level at 40.0 req/s .*Signal \(11\) received"):
         sweep(ctx, pool, time.monotonic() + 60, "bundle", Probes(down=lambda: next(downs)))  # type: ignore[arg-type]
     assert pool.rates == [10, 20, 40], "no level is measured after the server went down"

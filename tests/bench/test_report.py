@@ -37,7 +37,8 @@ def _result() -> dict[str, Any]:
             "naive": {"status": "ok", "sweep": _sweep([50, 200, 800], 300), "best_rps": 200.0, "computed_per_useful": 1.0},
             "bundle": {"status": "ok", "sweep": _sweep([50, 200, 800, 3200], 3000), "best_rps": 800.0,
                        "computed_per_useful": 1.2, "breakdown": {"at_offered_rps": 800, "achieved_rps": 800,
-                                                                 "hints": ["a reading"], "padding": {}}},
+                                                                 "hints": ["a reading"], "padding": {}},
+                       "went_down": [{"offered_rps": 25600.0, "why": "Signal (11) received.", "restart_s": 27.3}]},
             "ceiling": {"status": "failed", "error": "RuntimeError: boom"},
         },
     }
@@ -86,6 +87,7 @@ def test_report_files_and_summary(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert data["models"]["minilm"]["systems"]["ceiling"]["status"] == "failed"
     md = (tmp_path / "out" / "bench.md").read_text()
     assert "| minilm | bundle | 800.0 |" in md and "failed: RuntimeError: boom" in md and "reading: a reading" in md
+    assert "tritonserver went down at 25,600 req/s offered (Signal (11) received.); restarted in 27.3 s" in md
     import tarfile
 
     with tarfile.open(tmp_path / "out" / "logs.tar.gz") as tar:

@@ -46,4 +46,7 @@ def run_bundle(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> d
         "computed_per_useful": padding.get("computed_per_useful"),
         "seq_padded_per_useful": padding.get("seq_padded_per_useful"),
         "breakdown": breakdown(recipe, ref_step, o) if ref_step else None,
+        # Levels during which tritonserver went down (it was restarted; they count as failed).
+        "went_down": [{"offered_rps": s.offered_rps, "why": s.extra["down"], "restart_s": s.extra.get("restart_s")}
+                      for s in result.steps if s.extra.get("down")],
     }

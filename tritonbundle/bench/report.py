@@ -163,6 +163,9 @@ def markdown(result: dict[str, Any]) -> str:
             md.append(f"\nencoder instance {inst.get('instance')}: {inst.get('device')}, {inst.get('precision')}, "
                       f"CUDA graphs {inst.get('cuda_graphs')} ({inst.get('graphs')} captured in {inst.get('prepare_s')} s)"
                       + (f", graph capture failed: {inst.get('graph_error')}" if inst.get("graph_error") else ""))
+        for down in bundle.get("went_down") or []:
+            md.append(f"\nbundle: tritonserver went down at {_f(down['offered_rps'], ',.0f')} req/s offered ({down['why']}); "
+                      f"restarted in {_f(down.get('restart_s'), '.1f')} s, the level counts as failed.")
         b = bundle.get("breakdown")
         if b:
             md += ["", f"Where the bundle's time goes at {_f(b.get('at_offered_rps'))} req/s offered "

@@ -136,10 +136,13 @@ def client_lag_limit_ms(slo: Slo) -> float:
 
 
 def judge(step: StepResult, slo: Slo) -> StepResult:
-    """Set ``passed``/``reason`` from the SLO gate. A level whose clients fell behind their schedule
+    """Set ``passed``/``reason`` from the SLO gate. A level during which the system went down
+    (``extra["down"]``) fails, whatever it answered. A level whose clients fell behind their schedule
     (``extra["client_lag_mean_ms"]`` over :data:`CLIENT_LAG_LIMIT_MS`) is client-bound: it does not
     count as passed, whatever its latencies, and says so."""
     problems = slo.violations(asdict(step), sent=step.sent, failed=step.failed)
+    if step.extra.get("down"):
+        problems.insert(0, f"the system went down: {step.extra['down']}")
     lag = step.extra.get("client_lag_mean_ms")
     limit = client_lag_limit_ms(slo)
     if lag is not None and lag > limit:

@@ -23,8 +23,12 @@ Finish = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]
 
 
 class SystemDown(TritonBundleError):
-    """The system under test died or hung during a level: the measurement fails, naming why, instead
-    of reporting every later level as "0 answered"."""
+    """The system under test died or hung during a level and could not be brought back (or has no way
+    to be): the measurement fails, naming why, instead of reporting every later level as "0 answered"."""
+
+
+#: Restarts one search may make before it gives up on the system.
+MAX_RESTARTS = 3
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,8 @@ class Probes:
     drain: Callable[[float], float] | None = None
     #: Why the system is down ("" while it is up).
     down: Callable[[], str] | None = None
+    #: Bring a system that went down back up; returns the seconds it took, raises when it cannot.
+    restart: Callable[[], float] | None = None
 
 
 def wait_idle(probe: Callable[[], float], max_s: float, threshold: float) -> float:
@@ -92,8 +98,13 @@ def measure_rates(pool: LoadPool, *, system: str, slo: Slo, timing: Timing, ladd
                   deadline: float, seed: int, gpu: GpuSampler | None = None) -> Sweep:
     """The highest rate at which ``system`` meets ``slo``, searched with levels that end before
     ``deadline`` (monotonic). Level ``n`` draws its arrivals from ``seed + n``: the same stream for
-    every system measured with the same seed. Raises :class:`SystemDown` when the system went down."""
+    every system measured with the same seed. A level during which the system went down fails (its
+    record says why, ``extra["down"]``); the system is restarted when ``probes`` can (at most
+    :data:`MAX_RESTARTS` times) and the search goes on below that rate, else :class:`SystemDown` is
+    raised. (Triton 2.51 crashes in its gRPC frontend when callers cancel under overload: a crash far
+    above the knee must not throw away the levels that measured it.)"""
     level = [0]
+    restarts = [0]
 
     def measure(rate: float) -> StepResult:
         level[0] += 1
@@ -109,8 +120,17 @@ def measure_rates(pool: LoadPool, *, system: str, slo: Slo, timing: Timing, ladd
         result.extra["drain_s"] = round(drained, 2)
         why = probes.down() if probes.down else ""
         if why:
-            raise SystemDown(f"{system} went down during the level at {rate:.1f} req/s ({result.completed} of "
-                             f"{result.sent} answered): {why}")
+            what = f"{system} went down during the level at {rate:.1f} req/s ({result.completed} of " \
+                   f"{result.sent} answered): {why}"
+            if probes.restart is None or restarts[0] >= MAX_RESTARTS:
+                raise SystemDown(what + ("" if probes.restart is None else f" (restarted {restarts[0]} times already)"))
+            restarts[0] += 1
+            LOG.warning("    %s; restarting it", what)
+            try:
+                result.extra["restart_s"] = round(probes.restart(), 1)
+            except Exception as e:  # noqa: BLE001 - any failure to come back ends the measurement
+                raise SystemDown(f"{what}; it did not come back: {e}") from e
+            result.extra["down"] = why
         judge(result, slo)
         gpu_util = result.extra.get("gpu_util_mean")
         LOG.info("    %s @ %8.1f req/s offered: %8.1f answered/s, p50 %7.1f ms, p99 %7.1f ms, failed %d%s: %s",
