@@ -143,6 +143,8 @@ def test_describe_reports_the_engine_setup(weights: Path) -> None:
     engine = Engine(weights, device="cpu", targets=(32, 512), batch_buckets=(1, 8), cuda_graphs=True)
     info = engine.describe()
     assert info["cuda_graphs"] is False  # no CUDA here: eager, and it says so
-    assert info["padding_targets"] == [32, 512]
+    assert info["padding_targets"] == [32, 512] and info["gpu_wait"] == "block"
     with pytest.raises(ValueError, match="precision"):
         Engine(weights, device="cpu", precision="int8")
+    with pytest.raises(ValueError, match="gpu_wait"):
+        Engine(weights, device="cpu", gpu_wait="poll")

@@ -10,6 +10,13 @@ With ``packing`` every launch runs the encoder's packed forward (several texts p
 only to itself: :meth:`MeanPooledEncoder.packed`), and the planner packs short texts into shared rows
 when that costs less (:meth:`LaunchPlanner.plan_packed`); a launch's inputs are the token ids, each
 token's text number within its row and its position within its text.
+
+Waiting for the GPU: the results are copied into pinned host memory and the thread waits on an event
+created with ``cudaEventBlockingSync`` (``torch.cuda.Event(blocking=True)``), so it sleeps until the
+GPU is done. A plain ``.to("cpu")`` waits the CUDA default way (``cudaDeviceScheduleAuto``: with fewer
+contexts than cores, spin), and four encoder instances on the H200 burnt 4.5 cores spinning at
+bert-base's knee, cores the tokenizer stubs and tritonserver share. ``gpu_wait="spin"`` (environment
+``TRITONBUNDLE_GPU_WAIT=spin`` for the served model) keeps the old wait, for A/B measurements.
 """
 
 from __future__ import annotations
@@ -35,6 +42,10 @@ from tritonbundle.runtimes.pytorch.launch import (
 #: Host-side cost of one graph launch (input copies + replay call), added to its measured GPU time.
 LAUNCH_OVERHEAD_S = 30e-6
 PRECISIONS = ("fp32", "fp16", "bf16")
+#: How the host waits for a launch's results (module docstring).
+GPU_WAITS = ("block", "spin")
+#: The served model's way to choose it (A/B measurements; the default is "block").
+GPU_WAIT_ENV = "TRITONBUNDLE_GPU_WAIT"
 Shape = tuple[int, int]
 
 
@@ -57,9 +68,13 @@ class Engine:
     def __init__(
         self, weights_dir: Path | str, *, device: str = "cpu", precision: str = "fp16", targets: Sequence[int] = (512,),
         batch_buckets: Sequence[int] = (), cuda_graphs: bool = True, max_sequence_length: int = 512,
-        packing: bool = False,
+        packing: bool = False, gpu_wait: str = "block",
     ) -> None:
         import torch
+
+        if gpu_wait not in GPU_WAITS:
+            raise ValueError(f"gpu_wait must be one of {GPU_WAITS}, not {gpu_wait!r}")
+        self.gpu_wait = gpu_wait
 
         self.torch: Any = torch
         self.device = torch.device(device)
@@ -238,7 +253,7 @@ class Engine:
             if events:
                 events[1].record()
             w0 = time.perf_counter()
-            values = torch.cat(parts).to("cpu").numpy() if len(parts) > 1 else parts[0].to("cpu").numpy()
+            values = self._fetch(torch.cat(parts) if len(parts) > 1 else parts[0])
             t_wait = time.perf_counter() - w0
         out[np.concatenate(order)] = values
         if stats is not None:
@@ -255,11 +270,23 @@ class Engine:
                 stats["gpu_s"] += events[0].elapsed_time(events[1]) / 1000.0
         return out
 
+    def _fetch(self, result: Any) -> npt.NDArray[Any]:
+        """The launches' results on the host, once the GPU is done (module docstring: how it waits)."""
+        torch = self.torch
+        if self.device.type != "cuda" or self.gpu_wait == "spin":
+            return np.asarray(result.to("cpu").numpy())
+        host = torch.empty(result.shape, dtype=result.dtype, pin_memory=True)
+        host.copy_(result, non_blocking=True)
+        done = torch.cuda.Event(blocking=True)
+        done.record()
+        done.synchronize()  # sleeps (cudaEventBlockingSync), without the GIL
+        return np.asarray(host.numpy())
+
     def describe(self) -> dict[str, Any]:
         return {
             "device": str(self.device), "precision": self.precision, "cuda_graphs": self.use_graphs,
             "graphs": len(self.graphs), "batch_buckets": list(self.buckets), "padding_targets": list(self.targets),
-            "packing": self.packing,
+            "packing": self.packing, "gpu_wait": self.gpu_wait,
             "prepare_s": round(self.capture_s, 3), "graph_error": self.graph_error,
             # Each captured graph's time per launch: the tuner sizes its batch buckets from them.
             "timings_ms": {f"{b}x{s}": round(t * 1000, 4) for (b, s), t in sorted(self.timings.items())},

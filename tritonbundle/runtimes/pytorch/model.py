@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -39,7 +40,7 @@ from tritonbundle.contract import (  # noqa: E402
     shape_problem,
     token_ids_problem,
 )
-from tritonbundle.runtimes.pytorch.engine import Engine  # noqa: E402
+from tritonbundle.runtimes.pytorch.engine import GPU_WAIT_ENV, Engine  # noqa: E402
 from tritonbundle.runtimes.pytorch.launch import used_lengths  # noqa: E402
 from tritonbundle.runtimes.pytorch.stats import new_stats, writer_for  # noqa: E402
 from tritonbundle.runtimes.text import TextError, load_tokenizer, read_texts, tokenize  # noqa: E402
@@ -84,6 +85,7 @@ class TritonPythonModel:
             version_dir, device=device, precision=params.precision,
             targets=params.padding_targets or (self.max_seq,), batch_buckets=params.batch_buckets,
             cuda_graphs=params.cuda_graphs, max_sequence_length=self.max_seq, packing=params.packing,
+            gpu_wait=os.environ.get(GPU_WAIT_ENV, "block"),
         ).prepare()
         self.stats = new_stats()
         info = {"model": self.name, "instance": args.get("model_instance_name", ""), **self.engine.describe()}
