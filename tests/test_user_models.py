@@ -179,8 +179,12 @@ def test_text_models_classify_and_rerank_like_onnx_runtime(server: Any, project:
     query = "weather tomorrow"
     with connect(url, protocol=protocol, model="reranker") as client:
         scores = client.rerank(query, texts)
+        pairs = client.infer({"QUERY": np.array([[query.encode()]] * 3, dtype=object),
+                              "TEXT": np.array([[t.encode()] for t in texts], dtype=object)}, outputs=["tokens"])
     expected = [1 / (1 + np.exp(-_onnx(project, "reranker.onnx", f)["logits"][0, 0])) for f in _encode(texts, query)]
     np.testing.assert_allclose(scores, expected, rtol=1e-4, atol=1e-6)
+    # Each pair's tokens (query + passage + special tokens), as the tokenizer that fed the encoder counted them.
+    assert pairs["tokens"][:, 0].tolist() == [int(f["attention_mask"].sum()) for f in _encode(texts, query)]
 
 
 def _cli_json(capsys: pytest.CaptureFixture[str], *args: str) -> Any:

@@ -182,7 +182,7 @@ def test_wrong_input_name_fails_at_connect_naming_both_sides(server: Any, cls: t
 
 
 def test_wrong_output_name_fails_at_connect(server: Any) -> None:
-    with pytest.raises(MetadataMismatchError, match=r"has outputs \['embedding'\], but the client expects 'vector'"):
+    with pytest.raises(MetadataMismatchError, match=r"has outputs \['embedding', 'tokens'\], but the client expects 'vector'"):
         GrpcClient(server.grpc_url, output="vector").connect()
 
 

@@ -9,6 +9,9 @@ text-pair              ``QUERY``, ``TEXT``          ``score`` per pair (sigmoid 
                        [batch, 1] each              of class 1 of two) and the logits
 =====================  ===========================  =========================================================
 
+Every text task also returns ``tokens`` (INT32 [batch, 1]): the tokens each text (or pair) became, counted
+by the tokenizer that fed the encoder (what usage is metered in).
+
 Each becomes Triton models around the encoder ``<name>_encoder``::
 
     <name>_tokenizer     Python backend: text (or pairs) -> token ids, attention mask[, token type ids]
@@ -28,6 +31,7 @@ from tritonbundle.contract import (
     LABEL_OUTPUT,
     SCORE_OUTPUT,
     TASK_METHODS,
+    TOKENS_OUTPUT,
     PostprocessParameters,
     TaskParameters,
     TokenizerParameters,
@@ -59,6 +63,9 @@ class TextTask:
         self.method = TASK_METHODS[name]
 
     def check(self, spec: ModelSpec) -> None:
+        if TOKENS_OUTPUT in {t.name for t in spec.outputs}:
+            raise ConfigError(f"model {spec.name}: an output named {TOKENS_OUTPUT!r} would clash with the token counts "
+                              "every text model returns; rename it in the manifest's outputs")
         if spec.tokenize_in_encoder and self.name != "text-embedding":
             raise ConfigError(f"model {spec.name}.tokenize_in_encoder: only a text-embedding model can tokenize in "
                               f"its encoder (this one is {self.name}): leave it false")
@@ -96,10 +103,10 @@ class TextTask:
         """What the ensemble returns."""
         encoder = tuple(TensorSpec(t.name, t.dtype, t.dims) for t in spec.outputs)
         if self.name == "text-classification":
-            return (*encoder, TensorSpec(LABEL_OUTPUT, "STRING", (1,)), TensorSpec(SCORE_OUTPUT, "FP32", (1,)))
-        if self.name == "text-pair":
-            return (*encoder, TensorSpec(SCORE_OUTPUT, "FP32", (1,)))
-        return encoder
+            encoder = (*encoder, TensorSpec(LABEL_OUTPUT, "STRING", (1,)), TensorSpec(SCORE_OUTPUT, "FP32", (1,)))
+        elif self.name == "text-pair":
+            encoder = (*encoder, TensorSpec(SCORE_OUTPUT, "FP32", (1,)))
+        return (*encoder, tokenizer.TOKENS_OUTPUT_SPEC)
 
     def ensemble_config(self, spec: ModelSpec) -> ModelConfig:
         token_map = {t.name: f"_{t.name}" for t in spec.inputs}
@@ -116,7 +123,8 @@ class TextTask:
             post = EnsembleStep(postprocess_name(spec.name), input_map={POSTPROCESS_INPUT: f"_{logits}"},
                                 output_map={name: name for name in (logits, *added)})
         steps = [
-            EnsembleStep(spec.tokenizer_name, input_map={t.name: t.name for t in texts}, output_map=token_map),
+            EnsembleStep(spec.tokenizer_name, input_map={t.name: t.name for t in texts},
+                         output_map={**token_map, TOKENS_OUTPUT: TOKENS_OUTPUT}),
             EnsembleStep(spec.encoder_name, input_map=token_map, output_map=encoded),
             *([post] if post else []),
         ]

@@ -1,5 +1,5 @@
 """Triton Python-backend model: text in, ``input_ids``/``attention_mask`` (and ``token_type_ids`` when
-the config has a third output) out. With ``pairs`` it reads ``QUERY`` and ``TEXT`` and tokenizes each
+the config has a third token output) out, and ``tokens`` (each row's token count) when the config has it. With ``pairs`` it reads ``QUERY`` and ``TEXT`` and tokenizes each
 row's two texts together (a text-pair model).
 
 Settings: :class:`tritonbundle.contract.TokenizerParameters` in the config's ``parameters``:
@@ -31,7 +31,14 @@ if (_HERE / "tritonbundle").is_dir() and sys.path[:1] != [str(_HERE)]:
     sys.path.insert(0, str(_HERE))  # the package modules the build copied next to this file
 
 
-from tritonbundle.contract import QUERY_INPUT, TEXT_INPUT, TokenizerParameters, shape_problem  # noqa: E402
+from tritonbundle.contract import (  # noqa: E402
+    QUERY_INPUT,
+    TEXT_INPUT,
+    TOKENS_OUTPUT,
+    TokenizerParameters,
+    shape_problem,
+    token_counts,
+)
 from tritonbundle.runtimes.text import Row, TextError, load_tokenizer, pairs, read_texts, tokenize  # noqa: E402
 
 try:
@@ -59,7 +66,9 @@ class TritonPythonModel:
         self.pad_id = params.pad_id
         self.pairs = params.pairs
         self.max_batch = int(config.get("max_batch_size", 0)) or (1 << 30)
-        self.outputs = [o["name"] for o in config["output"]]
+        names = [o["name"] for o in config["output"]]
+        self.counts = TOKENS_OUTPUT in names
+        self.outputs = [n for n in names if n != TOKENS_OUTPUT]  # the encoder's inputs, in order
         gc.freeze()  # what initialize() loaded lives as long as the process: keep full collections off it
 
     def _read(self, request: Any, name: str) -> list[str]:
@@ -92,7 +101,8 @@ class TritonPythonModel:
         tokens = tokenize(self.tokenizer, texts, [(s, n) for _, s, n in good], self.targets, self.pad_id,
                           type_ids=len(self.outputs) > 2)
         for (index, _, _), arrays in zip(good, tokens):
-            responses[index] = pb_utils.InferenceResponse(
-                output_tensors=[pb_utils.Tensor(name, a) for name, a in zip(self.outputs, arrays)]
-            )
+            tensors = [pb_utils.Tensor(name, a) for name, a in zip(self.outputs, arrays)]
+            if self.counts:
+                tensors.append(pb_utils.Tensor(TOKENS_OUTPUT, token_counts(arrays[1])))
+            responses[index] = pb_utils.InferenceResponse(output_tensors=tensors)
         return responses

@@ -74,17 +74,22 @@ def pytorch_server(pytorch_repository: Path, server_env: None, tmp_path_factory:
     server.stop()
 
 
-def _onnx_reference(texts: list[str]) -> np.ndarray:
-    import onnxruntime as ort
+def _token_ids(texts: list[str]) -> list[list[int]]:
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(ARTIFACTS / "minilm" / "tokenizer.json"))
     tok.no_padding()
     tok.enable_truncation(max_length=512)
+    return [tok.encode(text).ids for text in texts]
+
+
+def _onnx_reference(texts: list[str]) -> np.ndarray:
+    import onnxruntime as ort
+
     session = ort.InferenceSession(str(ARTIFACTS / "minilm" / "model.onnx"), providers=["CPUExecutionProvider"])
     out = []
-    for text in texts:
-        ids = np.array([tok.encode(text).ids], dtype=np.int64)
+    for row in _token_ids(texts):
+        ids = np.array([row], dtype=np.int64)
         out.append(session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})[0][0])
     return np.stack(out)
 
@@ -194,7 +199,9 @@ def test_a_model_that_tokenizes_itself_answers_like_the_ensemble(text_server: An
     assert 'backend: "python"' in config and "ensemble" not in config and "tokenizer_file" in config
     with GrpcClient(text_server.grpc_url) as client:
         got = client.embed(TEXTS)
+        counts = client.infer({"TEXT": np.array([[t.encode()] for t in TEXTS], dtype=object)})["tokens"]
     expected = _onnx_reference(TEXTS)
+    assert counts[:, 0].tolist() == [len(ids) for ids in _token_ids(TEXTS)], "tokens: each text's count, as the ensemble says"
     assert ((got * expected).sum(axis=1)).min() >= 0.999
     with HttpClient(text_server.http_url) as http:  # the token-input model is still served
         ids = np.array([[101, 7632, 102]], dtype=np.int64)

@@ -35,9 +35,11 @@ import numpy.typing as npt  # noqa: E402
 
 from tritonbundle.contract import (  # noqa: E402
     TEXT_INPUT,
+    TOKENS_OUTPUT,
     PyTorchParameters,
     TextPyTorchParameters,
     shape_problem,
+    token_counts,
     token_ids_problem,
 )
 from tritonbundle.runtimes.pytorch.engine import GPU_WAIT_ENV, Engine  # noqa: E402
@@ -79,6 +81,8 @@ class TritonPythonModel:
         self.max_batch = int(config.get("max_batch_size", 0)) or (1 << 30)
         self.name = args.get("model_name", config.get("name", "encoder"))
         self.output_name = config["output"][0]["name"]
+        #: Served as a text model: each text's token count goes out too (when the config has it).
+        self.counts = any(o["name"] == TOKENS_OUTPUT for o in config["output"])
         if self.tokenizer is None and len(self.input_names) != 2:
             raise pb_utils.TritonModelException(f"{self.name}: expects two inputs (token ids, attention mask)")
         self.engine = Engine(
@@ -189,8 +193,10 @@ class TritonPythonModel:
                 t2 = time.perf_counter()
                 start = 0
                 for (index, _), count in zip(good, counts):
-                    tensor = pb_utils.Tensor(self.output_name, out[start : start + count])
-                    responses[index] = pb_utils.InferenceResponse(output_tensors=[tensor])
+                    tensors = [pb_utils.Tensor(self.output_name, out[start : start + count])]
+                    if self.counts:
+                        tensors.append(pb_utils.Tensor(TOKENS_OUTPUT, token_counts(all_masks[start : start + count])))
+                    responses[index] = pb_utils.InferenceResponse(output_tensors=tensors)
                     start += count
                 stats["t_respond_s"] += time.perf_counter() - t2
                 stats["rows"] += int(all_ids.shape[0])

@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from tritonbundle import recipes
-from tritonbundle.contract import TEXT_INPUT, PyTorchParameters, TextPyTorchParameters, TokenizerParameters
+from tritonbundle.contract import (
+    TEXT_INPUT,
+    TOKENS_OUTPUT,
+    PyTorchParameters,
+    TextPyTorchParameters,
+    TokenizerParameters,
+)
 from tritonbundle.errors import BuildError, ConfigError, ExportError
 from tritonbundle.files import sha256
 from tritonbundle.log import LOG
@@ -110,7 +116,7 @@ class PyTorchRuntime:
         config = ModelConfig(
             name=spec.name, backend="python", max_batch_size=spec.max_batch_size,
             inputs=(TensorSpec(TEXT_INPUT, "STRING", (1,)),),
-            outputs=tuple(TensorSpec(t.name, t.dtype, t.dims) for t in spec.outputs),
+            outputs=(*(TensorSpec(t.name, t.dtype, t.dims) for t in spec.outputs), TensorSpec(TOKENS_OUTPUT, "INT32", (1,))),
             dynamic_batching=dynamic_batching(ctx),
             instance_groups=(InstanceGroup(count=spec.instances, kind="KIND_GPU" if spec.target == "gpu" else "KIND_CPU"),),
             parameters=params.to_parameters(),

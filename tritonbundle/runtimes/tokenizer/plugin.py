@@ -1,12 +1,13 @@
 """The tokenizer model of a text model: ``<name>_tokenizer``, a Python-backend model (``model.py`` next
 to this file) that turns text (or query and text pairs) into the encoder's token ids, attention mask
-and, when the encoder takes them, token type ids, padded to the plan's targets."""
+and, when the encoder takes them, token type ids, padded to the plan's targets, and each text's token
+count (``tokens``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tritonbundle.contract import QUERY_INPUT, TEXT_INPUT, TokenizerParameters
+from tritonbundle.contract import QUERY_INPUT, TEXT_INPUT, TOKENS_OUTPUT, TokenizerParameters
 from tritonbundle.manifest import ModelSpec
 from tritonbundle.modelconfig import DynamicBatching, InstanceGroup, ModelConfig, TensorSpec
 from tritonbundle.plan import ModelPlan
@@ -17,6 +18,8 @@ MODEL_PY = Path(__file__).with_name("model.py")
 TOKENIZER_FILE = "tokenizer.json"
 #: Longer texts are refused before tokenizing (they are truncated to max_length tokens anyway).
 MAX_TEXT_BYTES = 1 << 20
+#: Each text's (or pair's) token count, a tokenizer output and every text model's output.
+TOKENS_OUTPUT_SPEC = TensorSpec(TOKENS_OUTPUT, "INT32", (1,))
 
 
 def parameters(spec: ModelSpec, plan: ModelPlan) -> TokenizerParameters:
@@ -41,8 +44,8 @@ def config(spec: ModelSpec, plan: ModelPlan) -> ModelConfig:
         backend="python",
         max_batch_size=spec.max_batch_size,
         inputs=text_inputs(spec),
-        # In the encoder's input order: token ids, attention mask[, token type ids].
-        outputs=tuple(TensorSpec(t.name, t.dtype, (-1,)) for t in spec.inputs),
+        # In the encoder's input order: token ids, attention mask[, token type ids]; then each text's count.
+        outputs=(*(TensorSpec(t.name, t.dtype, (-1,)) for t in spec.inputs), TOKENS_OUTPUT_SPEC),
         # One tokenizer call serves every request the batcher gathered (runtimes/text.py);
         # a short delay gathers more of them under load. The queue is bounded like the encoder's, so
         # overload is refused at the door.

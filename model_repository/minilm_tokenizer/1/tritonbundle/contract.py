@@ -34,6 +34,9 @@ QUERY_INPUT = "QUERY"
 #: probability; a text-pair ensemble's relevance score per pair (FP32).
 LABEL_OUTPUT = "label"
 SCORE_OUTPUT = "score"
+#: Every text model's count of the tokens each text (or pair) became (INT32, one per row): what usage
+#: is metered in, from the tokenizer that fed the encoder.
+TOKENS_OUTPUT = "tokens"
 #: The tasks: what the user-facing model takes and returns (tritonbundle.tasks), and the client method
 #: that calls each.
 TASK_METHODS = {"tensor": "infer", "text-embedding": "embed", "text-classification": "classify", "text-pair": "rerank"}
@@ -81,6 +84,12 @@ def target_index(lengths: Sequence[int] | np.ndarray[Any, Any], targets: Sequenc
     if index.size and int(index.max()) >= len(targets):
         raise ValueError(f"a row of {int(np.max(lengths))} tokens is longer than the longest padding target {targets[-1]}")
     return index
+
+
+def token_counts(mask: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """[rows, 1] INT32: the tokens of each row of an attention mask (:data:`TOKENS_OUTPUT`)."""
+    counts: np.ndarray[Any, Any] = np.count_nonzero(np.asarray(mask), axis=1).astype(np.int32)
+    return counts.reshape(-1, 1)
 
 
 def pad_length(longest: int, targets: Sequence[int]) -> int:
