@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 CONSTRAINTS := requirements/constraints.txt
-EXTRAS ?= server,export,loadtest,dev
+EXTRAS ?= server,export,loadtest,gateway,dev
 TOOLS := .tools
 PYTEST_ARGS ?=
 

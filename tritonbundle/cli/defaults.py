@@ -29,6 +29,9 @@ MAX_RESTARTS = 10
 CANARY_INTERVAL_S = 2.0
 CANARY_TIMEOUT_S = 4.0
 
+#: The OpenAI-compatible gateway (`tritonbundle gateway`).
+GATEWAY_PORT = 8090
+
 # -- clients ------------------------------------------------------------------------------------------
 MODEL = "minilm"
 TIMEOUT_S = 30.0

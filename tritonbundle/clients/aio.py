@@ -20,7 +20,7 @@ import numpy as np
 from tritonbundle.clients import core, modelinfo
 from tritonbundle.clients.core import RetryPolicy
 from tritonbundle.clients.modelinfo import Classification, ModelInfo
-from tritonbundle.contract import SCORE_OUTPUT
+from tritonbundle.contract import SCORE_OUTPUT, TOKENS_OUTPUT
 from tritonbundle.errors import ClientBusyError, ModelNotFoundError, ServerUnavailableError
 
 T = TypeVar("T")
@@ -106,6 +106,17 @@ class _AsyncBaseClient(core.ClientBase):
         info = await self.model_info(self.model)
         arrays, output = self._embed_request(info, texts)
         return (await self._batched(self.model, arrays, [output], info.max_batch_size, timeout_s))[output]
+
+    async def embed_counted(
+        self, texts: Sequence[str | bytes], *, timeout_s: float | None = None
+    ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """The embeddings and each text's token count (the text model's ``tokens`` output): what the
+        OpenAI gateway reports as usage."""
+        info = await self.model_info(self.model)
+        arrays, output = self._embed_request(info, texts)
+        counts = modelinfo.check_output(info, TOKENS_OUTPUT, protocol=self.protocol, url=self.url)
+        out = await self._batched(self.model, arrays, [output, counts], info.max_batch_size, timeout_s)
+        return out[output], out[counts].reshape(-1)
 
     async def classify(self, texts: Sequence[str | bytes], *, timeout_s: float | None = None) -> list[Classification]:
         info = await self.model_info(self.model)

@@ -1,0 +1,50 @@
+"""The OpenAI embeddings API's request and response shapes (no server)."""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+import pytest
+
+from tritonbundle.gateway.openai_api import MAX_INPUTS, ApiError, embeddings_response, parse
+
+
+def test_every_input_form_of_the_api_parses() -> None:
+    assert parse({"model": "m", "input": "hi"}).texts == ("hi",)
+    assert parse({"model": "m", "input": ["a", "b"]}).texts == ("a", "b")
+    assert parse({"model": "m", "input": [101, 7592, 102]}).token_rows == ((101, 7592, 102),)
+    many = parse({"model": "m", "input": [[101, 102], [101, 7592, 102]], "encoding_format": "base64", "dimensions": 384})
+    assert many.token_rows == ((101, 102), (101, 7592, 102)) and many.encoding == "base64" and many.dimensions == 384
+    assert many.count == 2
+
+
+@pytest.mark.parametrize("body, param, words", [
+    ({"input": "hi"}, "model", "'model' is required"),
+    ({"model": "m"}, "input", "'input' must be"),
+    ({"model": "m", "input": []}, "input", "'input' must be"),
+    ({"model": "m", "input": ["a", 1]}, "input", "'input' must be"),
+    ({"model": "m", "input": [[101], []]}, "input", "'input' must be"),
+    ({"model": "m", "input": [True, 1]}, "input", "'input' must be"),
+    ({"model": "m", "input": ["fine", "  "]}, "input", "item 1 is empty"),
+    ({"model": "m", "input": ["x"] * (MAX_INPUTS + 1)}, "input", f"at most {MAX_INPUTS}"),
+    ({"model": "m", "input": "x", "encoding_format": "hex"}, "encoding_format", "'float', 'base64'"),
+    ({"model": "m", "input": "x", "dimensions": 0}, "dimensions", "positive integer"),
+])
+def test_a_bad_request_is_a_400_naming_the_field(body: dict[str, object], param: str, words: str) -> None:
+    with pytest.raises(ApiError) as caught:
+        parse(body)
+    e = caught.value
+    assert e.status == 400 and e.param == param and words in e.message, e.message
+    assert e.body()["error"]["type"] == "invalid_request_error"
+
+
+def test_the_response_keeps_the_input_order_and_decodes_as_openai_clients_do() -> None:
+    vectors = np.arange(6, dtype=np.float32).reshape(2, 3) / 7
+    floats = embeddings_response("m", vectors, 11, "float")
+    assert [d["index"] for d in floats["data"]] == [0, 1] and floats["usage"] == {"prompt_tokens": 11, "total_tokens": 11}
+    assert floats["data"][1]["embedding"] == pytest.approx(vectors[1].tolist())
+    encoded = embeddings_response("m", vectors, 11, "base64")
+    # openai-python: np.frombuffer(base64.b64decode(data), dtype="float32")
+    decoded = np.stack([np.frombuffer(base64.b64decode(d["embedding"]), dtype="float32") for d in encoded["data"]])
+    np.testing.assert_array_equal(decoded, vectors)

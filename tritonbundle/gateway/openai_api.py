@@ -1,0 +1,112 @@
+"""The OpenAI embeddings API's shapes, with no I/O: what a ``POST /v1/embeddings`` body may hold, the
+response and the error bodies (https://platform.openai.com/docs/api-reference/embeddings).
+
+``input`` is a string, a list of strings, a list of token ids (one input already tokenized) or a list
+of such lists. Token ids are the served model's own vocabulary (a BERT's WordPiece ids, not tiktoken's):
+clients that tokenize with tiktoken before sending (LangChain's ``OpenAIEmbeddings`` by default) must be
+told not to (``check_embedding_ctx_length=False``). ``encoding_format`` is ``float`` (a list of numbers)
+or ``base64`` (the little-endian float32 bytes, as OpenAI's clients decode them). ``dimensions`` is
+accepted only when it equals the model's own size: these models cannot shorten their vectors.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+#: OpenAI's own limit on inputs per request.
+MAX_INPUTS = 2048
+ENCODINGS = ("float", "base64")
+
+
+class ApiError(Exception):
+    """An OpenAI-shaped error: HTTP status, ``error.type``, ``error.code``, ``error.param``."""
+
+    def __init__(self, status: int, message: str, *, kind: str = "invalid_request_error", code: str | None = None,
+                 param: str | None = None, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind, self.code, self.param = status, message, kind, code, param
+        self.retry_after_s = retry_after_s
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+def invalid(message: str, param: str = "input") -> ApiError:
+    return ApiError(400, message, param=param, code="invalid_value")
+
+
+@dataclass(frozen=True)
+class EmbeddingsRequest:
+    model: str
+    #: Texts, or token rows (never both).
+    texts: tuple[str, ...] = ()
+    token_rows: tuple[tuple[int, ...], ...] = ()
+    encoding: str = "float"
+    dimensions: int | None = None
+
+    @property
+    def count(self) -> int:
+        return len(self.texts) or len(self.token_rows)
+
+
+def parse(body: Any) -> EmbeddingsRequest:
+    """A request body as OpenAI's API takes it; :class:`ApiError` (400) naming the field otherwise."""
+    if not isinstance(body, dict):
+        raise invalid("the request body must be a JSON object", param=None)  # type: ignore[arg-type]
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise invalid("'model' is required: the name of a served embedding model (GET /v1/models lists them)", "model")
+    encoding = body.get("encoding_format", "float") or "float"
+    if encoding not in ENCODINGS:
+        raise invalid(f"'encoding_format' must be one of {list(ENCODINGS)}, not {encoding!r}", "encoding_format")
+    dimensions = body.get("dimensions")
+    if dimensions is not None and (not isinstance(dimensions, int) or isinstance(dimensions, bool) or dimensions < 1):
+        raise invalid(f"'dimensions' must be a positive integer, not {dimensions!r}", "dimensions")
+    value = body.get("input")
+    texts: tuple[str, ...] = ()
+    rows: tuple[tuple[int, ...], ...] = ()
+    if isinstance(value, str):
+        texts = (value,)
+    elif isinstance(value, list) and value and all(isinstance(x, str) for x in value):
+        texts = tuple(value)
+    elif isinstance(value, list) and value and all(_is_id(x) for x in value):
+        rows = (tuple(value),)
+    elif isinstance(value, list) and value and all(isinstance(r, list) and r and all(_is_id(x) for x in r) for r in value):
+        rows = tuple(tuple(r) for r in value)
+    else:
+        raise invalid("'input' must be a non-empty string, a list of strings, a list of token ids or a list of "
+                      "non-empty lists of token ids")
+    count = len(texts) or len(rows)
+    if count > MAX_INPUTS:
+        raise invalid(f"'input' holds {count} items; at most {MAX_INPUTS} per request")
+    empty = [i for i, t in enumerate(texts) if not t.strip()]
+    if empty:
+        raise invalid(f"'input' item {empty[0]} is empty: every text needs at least one character that is not a space")
+    return EmbeddingsRequest(model=model, texts=texts, token_rows=rows, encoding=encoding, dimensions=dimensions)
+
+
+def _is_id(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def embeddings_response(model: str, vectors: np.ndarray[Any, Any], tokens: int, encoding: str) -> dict[str, Any]:
+    """The ``list`` of ``embedding`` objects, in input order, with the usage in tokens."""
+    vectors = np.ascontiguousarray(vectors, dtype="<f4")
+    data = []
+    for index, row in enumerate(vectors):
+        value: Any = base64.b64encode(row.tobytes()).decode("ascii") if encoding == "base64" else row.tolist()
+        data.append({"object": "embedding", "index": index, "embedding": value})
+    return {"object": "list", "data": data, "model": model,
+            "usage": {"prompt_tokens": int(tokens), "total_tokens": int(tokens)}}
+
+
+def models_response(names: list[str], created: int) -> dict[str, Any]:
+    return {"object": "list", "data": [model_object(name, created) for name in names]}
+
+
+def model_object(name: str, created: int) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": created, "owned_by": "tritonbundle"}
