@@ -113,6 +113,30 @@ def test_bad_requests_get_openai_errors_and_the_gateway_keeps_serving(openai_cli
     assert len(openai_client.embeddings.create(model="minilm", input="still here").data) == 1
 
 
+def test_every_other_error_keeps_openais_shape(gateway: str) -> None:
+    import json
+    import urllib.error
+
+    def call(path: str, data: bytes | None = None, headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+        request = urllib.request.Request(gateway.removesuffix("/v1") + path, data=data, headers=headers or {})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    status, body = call("/v2/models/minilm/infer")
+    assert status == 404 and "serves /v1/embeddings" in body["error"]["message"]
+    status, body = call("/v1/models", data=b"{}")
+    assert status == 405 and body["error"]["message"]
+    status, body = call("/v1/embeddings", data=b"{not json", headers={"Content-Type": "application/json"})
+    assert status == 400 and "not JSON" in body["error"]["message"]
+    # Refused from the header, before the body is read (sending 16 MB first would meet a closed connection).
+    status, body = call("/v1/embeddings", data=b"{}", headers={"Content-Type": "application/json",
+                                                                "Content-Length": str(16 << 20 | 1)})
+    assert status == 413 and body["error"]["param"] == "input"
+
+
 def test_a_model_that_is_not_a_text_embedding_model_stops_the_start_in_one_line(server: Any) -> None:
     done = subprocess.run([sys.executable, "-m", "tritonbundle", "gateway", "--url", server.grpc_url, "--port",
                            str(free_port()), "--model", "minilm_encoder", "--timeout-s", "10"],

@@ -7,6 +7,14 @@ import base64
 import numpy as np
 import pytest
 
+from tritonbundle.errors import (
+    ClientBusyError,
+    DeadlineExceededError,
+    InvalidInputError,
+    MetadataMismatchError,
+    ModelNotFoundError,
+    ServerUnavailableError,
+)
 from tritonbundle.gateway.openai_api import MAX_INPUTS, ApiError, embeddings_response, parse
 
 
@@ -48,3 +56,29 @@ def test_the_response_keeps_the_input_order_and_decodes_as_openai_clients_do() -
     # openai-python: np.frombuffer(base64.b64decode(data), dtype="float32")
     decoded = np.stack([np.frombuffer(base64.b64decode(d["embedding"]), dtype="float32") for d in encoded["data"]])
     np.testing.assert_array_equal(decoded, vectors)
+
+
+def test_texts_that_are_not_unicode_and_ids_past_int64_are_400s() -> None:
+    with pytest.raises(ApiError, match="item 1 is not valid Unicode text"):
+        parse({"model": "m", "input": ["fine", "\ud800"]})
+    with pytest.raises(ApiError, match="'input' must be"):
+        parse({"model": "m", "input": [101, 1 << 63]})
+
+
+@pytest.mark.parametrize("error, status, code", [
+    (InvalidInputError("input_ids[0, 1] = 99999999 is outside the vocabulary"), 400, "invalid_value"),
+    (MetadataMismatchError("model 'x' has inputs [a, b, c], but the client expects [a, b]"), 400, "invalid_value"),
+    (ServerUnavailableError("in ensemble 'minilm', Exceeds maximum queue size"), 429, "server_at_capacity"),
+    (ClientBusyError("64 calls already in flight"), 429, "server_at_capacity"),
+    (ServerUnavailableError("in ensemble 'minilm', Request timeout expired"), 504, "timeout"),
+    (DeadlineExceededError("deadline exceeded"), 504, "timeout"),
+    (ServerUnavailableError("failed to connect to all addresses"), 503, "unavailable"),
+    (ServerUnavailableError("model 'queue-embedder': failed to connect"), 503, "unavailable"),
+    (ModelNotFoundError("Request for unknown model: 'minilm' is not found"), 503, "unavailable"),
+])
+def test_tritons_answers_map_to_openais_status_codes(error: Exception, status: int, code: str) -> None:
+    from tritonbundle.gateway.app import api_error
+
+    mapped = api_error(error)  # type: ignore[arg-type]
+    assert (mapped.status, mapped.code) == (status, code), mapped.message
+    assert (mapped.retry_after_s is not None) == (status in (429, 503))

@@ -1,16 +1,19 @@
 """``tritonbundle gateway``: an ASGI service (Starlette, served by uvicorn) that speaks the OpenAI
 embeddings API and calls Triton over gRPC with the project's :class:`~tritonbundle.clients.AsyncGrpcClient`.
 
-Each request becomes one call of the text model (texts) or of its encoder (token rows); usage is the
-sum of the ``tokens`` output, the counts of the tokenizer that fed the encoder. Errors keep OpenAI's
-shape and status codes: 400 for bad input (Triton's own reason), 404 for a model the gateway does not
-serve, 429 with ``Retry-After`` when Triton refuses for load, 503 when it cannot be reached, 504 when
-the deadline passes.
+Each request calls the text model (texts) or its encoder (token rows), split by ``max_batch_size`` like
+every client call; usage is the sum of the ``tokens`` output, the counts of the tokenizer that fed the
+encoder. Errors keep OpenAI's shape and status codes, every path included (unknown routes, anything
+unexpected): 400 for bad input (Triton's own reason), 404 for a model the gateway does not serve, 413
+for a body over :data:`MAX_BODY_BYTES`, 429 with ``Retry-After`` when Triton's queue is full, 503 when
+Triton cannot be reached or has lost the model, 504 when the deadline passes (the client's or Triton's
+queue timeout). JSON in and out is decoded and encoded off the event loop.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -26,6 +29,8 @@ from tritonbundle.errors import (
     ConfigError,
     DeadlineExceededError,
     InvalidInputError,
+    MetadataMismatchError,
+    ModelNotFoundError,
     ServerUnavailableError,
 )
 from tritonbundle.gateway.openai_api import (
@@ -48,25 +53,30 @@ class Backend:
     def __init__(self, url: str, models: Sequence[str], *, timeout_s: float = 30.0) -> None:
         if not models:
             raise ConfigError("the gateway needs at least one model (--model)")
-        self.url, self.names, self.timeout_s = url, list(models), timeout_s
+        self.url, self.names, self.timeout_s = url, list(dict.fromkeys(models)), timeout_s
         self.clients: dict[str, AsyncGrpcClient] = {}
-        self.dims: dict[str, int] = {}
+        #: The embedding's size per model (None when its config leaves it dynamic).
+        self.dims: dict[str, int | None] = {}
         self.created = int(time.time())
 
     async def start(self) -> None:
         for name in self.names:
             client = AsyncGrpcClient(self.url, model=name, timeout_s=self.timeout_s, retry=RetryPolicy(max_attempts=1),
                                      connect_timeout_s=self.timeout_s)
-            await client.connect()
-            info = await client.model_info(name)
+            try:
+                await client.connect()
+                info = await client.model_info(name)
+            except BaseException:
+                await client.close()
+                raise
             outputs = {t.name: t for t in info.outputs}
             if info.task != "text-embedding" or TOKENS_OUTPUT not in outputs:
                 await client.close()
                 raise ConfigError(f"model {name!r} at {self.url} is not a text-embedding model with token counts "
                                   f"(task {info.task!r}, outputs {sorted(outputs)}): serve one the build stage wrote "
                                   "(rebuild older repositories)")
-            embedding = info.outputs[0]
-            self.dims[name] = int(embedding.shape[-1])
+            size = int(info.outputs[0].shape[-1])
+            self.dims[name] = size if size > 0 else None
             self.clients[name] = client
 
     async def close(self) -> None:
@@ -79,9 +89,10 @@ class Backend:
         if client is None:
             raise ApiError(404, f"the model {request.model!r} does not exist here; served: {self.names}",
                            code="model_not_found", param="model")
-        if request.dimensions is not None and request.dimensions != self.dims[request.model]:
-            raise invalid(f"model {request.model!r} returns {self.dims[request.model]} dimensions; it cannot return "
-                          f"{request.dimensions}", "dimensions")
+        size = self.dims[request.model]
+        if request.dimensions is not None and size is not None and request.dimensions != size:
+            raise invalid(f"model {request.model!r} returns {size} dimensions; it cannot return {request.dimensions}",
+                          "dimensions")
         try:
             if request.texts:
                 vectors, counts = await client.embed_counted(list(request.texts))
@@ -92,24 +103,34 @@ class Backend:
             raise api_error(e) from e
 
 
+#: Triton's own texts for its two load answers (core's RequestQueue and its queue policy).
+QUEUE_FULL = "Exceeds maximum queue size"
+QUEUE_TIMEOUT = "Request timeout expired"
+
+
 def api_error(e: ClientError) -> ApiError:
     """Triton's answer as OpenAI's error (module docstring)."""
+    text = str(e)
     if isinstance(e, InvalidInputError):
-        return invalid(str(e))
-    if isinstance(e, ClientBusyError) or "queue" in str(e).lower() or e.status == "RESOURCE_EXHAUSTED":
-        return ApiError(429, f"the server is at capacity, retry later: {e}", kind="rate_limit_error",
+        return invalid(text)
+    if isinstance(e, MetadataMismatchError):  # e.g. token ids for a model whose encoder takes token type ids too
+        return invalid(f"this model cannot take that input: {text}")
+    if isinstance(e, ClientBusyError) or QUEUE_FULL in text or e.status == "RESOURCE_EXHAUSTED":
+        return ApiError(429, f"the server is at capacity, retry later: {text}", kind="rate_limit_error",
                         code="server_at_capacity", retry_after_s=1.0)
-    if isinstance(e, DeadlineExceededError):
-        return ApiError(504, f"the model did not answer in time: {e}", kind="server_error", code="timeout")
-    if isinstance(e, ServerUnavailableError):
-        return ApiError(503, f"the model server cannot be reached: {e}", kind="server_error", code="unavailable",
-                        retry_after_s=1.0)
-    return ApiError(500, f"the model server failed the request: {e}", kind="server_error")
+    if isinstance(e, DeadlineExceededError) or QUEUE_TIMEOUT in text:
+        return ApiError(504, f"the model did not answer in time: {text}", kind="server_error", code="timeout")
+    if isinstance(e, ServerUnavailableError | ModelNotFoundError):
+        return ApiError(503, f"the model server cannot serve the model now: {text}", kind="server_error",
+                        code="unavailable", retry_after_s=1.0)
+    return ApiError(500, f"the model server failed the request: {text}", kind="server_error")
 
 
 def create_app(backend: Backend) -> Any:
     """The ASGI application (Starlette is imported here: the gateway's extra, not the base install)."""
     from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
+    from starlette.exceptions import HTTPException
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
@@ -118,20 +139,38 @@ def create_app(backend: Backend) -> Any:
         headers = {"Retry-After": str(int(e.retry_after_s))} if e.retry_after_s else None
         return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
+    async def read_body(request: Request) -> bytes:
+        """The body, refused past MAX_BODY_BYTES whether it says its length or arrives chunked."""
+        too_big = ApiError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", param="input")
+        if int(request.headers.get("content-length") or 0) > MAX_BODY_BYTES:
+            raise too_big
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise too_big
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def decode(raw: bytes) -> Any:
+        try:
+            return json.loads(raw)
+        except ValueError as e:
+            raise invalid(f"the request body is not JSON: {e}", param=None) from e
+
+    def encode(model: str, vectors: np.ndarray[Any, Any], tokens: int, encoding: str) -> bytes:
+        if not np.isfinite(vectors).all():
+            raise ApiError(500, f"model {model!r} returned a vector that is not finite", kind="server_error")
+        return json.dumps(embeddings_response(model, vectors, tokens, encoding), separators=(",", ":")).encode()
+
     async def embeddings(request: Request) -> Response:
         try:
-            length = int(request.headers.get("content-length") or 0)
-            if length > MAX_BODY_BYTES:
-                raise ApiError(413, f"the request body has {length} bytes; at most {MAX_BODY_BYTES}", param="input")
-            try:
-                body = await request.json()
-            except ValueError as e:
-                raise invalid(f"the request body is not JSON: {e}", param=None) from e  # type: ignore[arg-type]
-            parsed = parse(body)
+            parsed = parse(await run_in_threadpool(decode, await read_body(request)))
             vectors, tokens = await backend.embed(parsed)
+            body = await run_in_threadpool(encode, parsed.model, vectors, tokens, parsed.encoding)
         except ApiError as e:
             return error(e)
-        return JSONResponse(embeddings_response(parsed.model, vectors, tokens, parsed.encoding))
+        return Response(body, media_type="application/json")
 
     async def models(request: Request) -> Response:
         return JSONResponse(models_response(backend.names, backend.created))
@@ -154,7 +193,16 @@ def create_app(backend: Backend) -> Any:
         finally:
             await backend.close()
 
-    return Starlette(routes=[
+    async def http_error(request: Request, e: Exception) -> Response:
+        status = e.status_code if isinstance(e, HTTPException) else 500
+        words = {404: "there is no such endpoint: the gateway serves /v1/embeddings and /v1/models",
+                 405: "this endpoint does not take that method"}.get(status, f"HTTP {status}")
+        return error(ApiError(status, f"{request.method} {request.url.path}: {words}", param=None))
+
+    async def unexpected(request: Request, e: Exception) -> Response:
+        return error(ApiError(500, f"the gateway failed the request: {type(e).__name__}: {e}", kind="server_error"))
+
+    return Starlette(exception_handlers={HTTPException: http_error, Exception: unexpected}, routes=[
         Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{name:path}", model, methods=["GET"]),

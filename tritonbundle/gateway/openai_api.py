@@ -35,7 +35,7 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
-def invalid(message: str, param: str = "input") -> ApiError:
+def invalid(message: str, param: str | None = "input") -> ApiError:
     return ApiError(400, message, param=param, code="invalid_value")
 
 
@@ -56,7 +56,7 @@ class EmbeddingsRequest:
 def parse(body: Any) -> EmbeddingsRequest:
     """A request body as OpenAI's API takes it; :class:`ApiError` (400) naming the field otherwise."""
     if not isinstance(body, dict):
-        raise invalid("the request body must be a JSON object", param=None)  # type: ignore[arg-type]
+        raise invalid("the request body must be a JSON object", param=None)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise invalid("'model' is required: the name of a served embedding model (GET /v1/models lists them)", "model")
@@ -86,11 +86,20 @@ def parse(body: Any) -> EmbeddingsRequest:
     empty = [i for i, t in enumerate(texts) if not t.strip()]
     if empty:
         raise invalid(f"'input' item {empty[0]} is empty: every text needs at least one character that is not a space")
+    for i, text in enumerate(texts):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise invalid(f"'input' item {i} is not valid Unicode text ({e.reason} at character {e.start})") from None
     return EmbeddingsRequest(model=model, texts=texts, token_rows=rows, encoding=encoding, dimensions=dimensions)
 
 
+#: Token ids travel as int64; the encoder refuses those outside its vocabulary.
+MAX_ID = (1 << 63) - 1
+
+
 def _is_id(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= MAX_ID
 
 
 def embeddings_response(model: str, vectors: np.ndarray[Any, Any], tokens: int, encoding: str) -> dict[str, Any]:
