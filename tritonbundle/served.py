@@ -41,6 +41,8 @@ class ServedRepository:
         self.startup_s: float | None = None
         self._start_timeout_s = 120.0
         self._pool: LoadPool | None = None
+        #: connect()'s arguments, for the load generators' setup after a restart.
+        self._connected: dict[str, Any] = {}
         self._meter: CpuMeter | None = None
 
     def __enter__(self) -> ServedRepository:
@@ -57,13 +59,16 @@ class ServedRepository:
         LOG.info("    tritonserver ready in %.1f s (%s)", self.startup_s, installation.description if installation else "")
         return self.startup_s
 
-    def restart(self) -> float:
-        """Stop what is left of a server that went down and start it again on the same ports (the load
-        generators' channels reconnect); seconds to ready."""
+    def restart(self, timeout_s: float) -> float:
+        """Stop what is left of a server that went down, start it again on the same ports within
+        ``timeout_s`` and set the load generators up again (fresh channels, one checked call each: a
+        channel left in gRPC's reconnect backoff would fail the next level's first requests); seconds."""
+        t0 = time.monotonic()
         self.server.stop(timeout_s=20)
-        seconds = self._launch(self._start_timeout_s)
-        if self._meter is not None and self.server.process is not None:
-            self._meter.roots["server"] = self.server.process.pid
+        self._launch(max(1.0, min(self._start_timeout_s, timeout_s - (time.monotonic() - t0))))
+        if self._pool is not None:
+            self.connect(self._pool, **self._connected)
+        seconds = time.monotonic() - t0
         LOG.info("    tritonserver back in %.1f s", seconds)
         return seconds
 
@@ -109,6 +114,8 @@ class ServedRepository:
         pool.setup(kind="grpc", url=self.server.grpc_url, model=model, traffic=str(traffic), seed=seed,
                    timeout_s=timeout_s, ready_timeout_s=ready_timeout_s, requests=requests)
         self._pool = pool
+        self._connected = {"model": model, "traffic": traffic, "seed": seed, "timeout_s": timeout_s,
+                           "ready_timeout_s": ready_timeout_s, "requests": requests}
         self._meter = CpuMeter({"server": self.server.process.pid, **{f"load{i}": p for i, p in enumerate(pool.pids)}})
 
     def probes(self) -> Probes:

@@ -44,7 +44,8 @@ def test_a_level_that_crashes_the_system_fails_and_the_search_goes_on_below_it(t
     downs = iter(["", "", CRASH] + [""] * 10)
     restarts: list[float] = []
 
-    def restart() -> float:
+    def restart(timeout_s: float) -> float:
+        assert 10.0 <= timeout_s <= 60.0, "the restart gets the time the search has left"
         restarts.append(time.monotonic())
         return 1.5
 
@@ -64,7 +65,7 @@ def test_a_system_that_keeps_going_down_fails_the_phase_after_the_restart_limit(
     restarts: list[int] = []
     with pytest.raises(SystemDown, match=rf"restarted {MAX_RESTARTS} times already"):
         sweep(_context(tmp_path, refine=5), pool, time.monotonic() + 60, "bundle",  # type: ignore[arg-type]
-              Probes(down=lambda: CRASH, restart=lambda: restarts.append(1) or 1.0))
+              Probes(down=lambda: CRASH, restart=lambda _s: restarts.append(1) or 1.0))
     assert len(restarts) == MAX_RESTARTS and len(pool.rates) == MAX_RESTARTS + 1
 
 

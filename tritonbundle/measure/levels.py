@@ -75,8 +75,9 @@ class Probes:
     drain: Callable[[float], float] | None = None
     #: Why the system is down ("" while it is up).
     down: Callable[[], str] | None = None
-    #: Bring a system that went down back up; returns the seconds it took, raises when it cannot.
-    restart: Callable[[], float] | None = None
+    #: Bring a system that went down back up within the given seconds, its load generators reconnected;
+    #: returns the seconds it took, raises when it cannot.
+    restart: Callable[[float], float] | None = None
 
 
 def wait_idle(probe: Callable[[], float], max_s: float, threshold: float) -> float:
@@ -127,7 +128,7 @@ def measure_rates(pool: LoadPool, *, system: str, slo: Slo, timing: Timing, ladd
             restarts[0] += 1
             LOG.warning("    %s; restarting it", what)
             try:
-                result.extra["restart_s"] = round(probes.restart(), 1)
+                result.extra["restart_s"] = round(probes.restart(max(10.0, deadline - time.monotonic())), 1)
             except Exception as e:  # noqa: BLE001 - any failure to come back ends the measurement
                 raise SystemDown(f"{what}; it did not come back: {e}") from e
             result.extra["down"] = why
