@@ -63,9 +63,9 @@ class TextTask:
         self.method = TASK_METHODS[name]
 
     def check(self, spec: ModelSpec) -> None:
-        if TOKENS_OUTPUT in {t.name for t in spec.outputs}:
-            raise ConfigError(f"model {spec.name}: an output named {TOKENS_OUTPUT!r} would clash with the token counts "
-                              "every text model returns; rename it in the manifest's outputs")
+        if TOKENS_OUTPUT in {t.name for t in (*spec.inputs, *spec.outputs)}:
+            raise ConfigError(f"model {spec.name}: an input or output named {TOKENS_OUTPUT!r} would clash with the token "
+                              "counts every text model returns; rename it in the manifest")
         if spec.tokenize_in_encoder and self.name != "text-embedding":
             raise ConfigError(f"model {spec.name}.tokenize_in_encoder: only a text-embedding model can tokenize in "
                               f"its encoder (this one is {self.name}): leave it false")
