@@ -94,10 +94,12 @@ def outage(http: str, started: float, limit_s: float = 90) -> dict[str, float]:
 
 
 def serve(repository: Path, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
-    """``serve`` started and answering embeddings; the process and its HTTP address."""
+    """``serve`` started, past its own readiness check (its supervision runs from then on) and answering
+    embeddings; the process and its HTTP address. (Triton answers a moment before serve's poll sees it
+    ready: a test that stopped it in between waited on the start's 180 s readiness timeout.)"""
     process, http, _ = spawn_serve(repository, tmp_path, *extra)
     deadline = time.monotonic() + 180
-    while not answers(f"127.0.0.1:{http}"):
+    while not (answers(f"127.0.0.1:{http}") and b"] ready: " in (tmp_path / "serve.log").read_bytes()):
         assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
         time.sleep(0.2)
     return process, f"127.0.0.1:{http}"
