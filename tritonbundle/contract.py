@@ -294,6 +294,9 @@ class PyTorchParameters(EncoderParameters):
     batch_buckets: tuple[int, ...]
     #: Several texts per row of a launch (the encoder's packed forward).
     packing: bool
+    #: Batches one instance runs at once, each in a lane with its own CUDA stream and graphs: with more
+    #: than one, ``execute()`` hands the batch to a lane's thread and returns (responses are sent from it).
+    batches_in_flight: int = dataclasses.field(default=1, kw_only=True)
 
 
 @dataclasses.dataclass(frozen=True)

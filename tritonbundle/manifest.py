@@ -14,11 +14,8 @@ Shapes are written with the batch dimension included, using names for dynamic di
 ``batch`` (first position only) is the dynamic batch dimension; any other name is a dynamic axis whose
 buckets are planned from the traffic sample (``sequence``: the token axis of text, the sample's
 ``tokens``; any other name, such as ``height`` or ``width``: the sample's ``shape``); integers are
-static. ``axes`` bounds and buckets the named axes other than ``sequence``::
-
-    axes:
-      height: {max: 1024, buckets: 2}
-      width: {max: 1024, buckets: 2}
+static. ``axes`` bounds and buckets the named axes other than ``sequence``, as in
+``axes: {height: {max: 1024, buckets: 2}, width: {max: 1024, buckets: 2}}``.
 
 ``task`` says what the user-facing model takes and returns (``tritonbundle.tasks``): ``tensor`` (the
 graph's own inputs and outputs, the default), ``text-embedding``, ``text-classification`` or
@@ -102,6 +99,10 @@ class Tunables:
     packing: bool = knob(True, {"type": "boolean"},
                          "pytorch runtime: short texts share rows of a launch, each attending only to itself, "
                          "when that costs less than padding them to their own rows")
+    batches_in_flight: int = knob(1, {"type": "integer", "minimum": 1, "maximum": 8}, (
+        "pytorch runtime: batches one encoder instance runs at once, each with its own CUDA stream and graphs, so one "
+        "batch's host work overlaps another's GPU work in one process (1: execute() runs its batch itself; "
+        "experimental: docs/benchmarks.md)"))
     multi_arch: bool = knob(False, {"type": "boolean"}, "name plans per compute capability (cc_model_filenames)")
 
 

@@ -95,6 +95,7 @@ class _EagerGraph:
     def replay(self) -> None:
         import torch
 
+        self.replays = getattr(self, "replays", 0) + 1
         with torch.no_grad():
             self.out.copy_(self.forward(*self.inputs))
 
@@ -105,7 +106,7 @@ def test_the_graph_path_pads_batches_to_buckets_and_returns_rows_in_order(weight
     targets, buckets = (16, 64, 512), (1, 2, 4, 8)
     engine = Engine(weights, device="cpu", targets=targets, packing=packing).prepare()
     engine.use_graphs, engine.buckets = True, buckets
-    engine.graphs = {(b, s): _EagerGraph(engine, b, s) for b in buckets for s in targets}  # type: ignore[misc]
+    engine.lane_graphs[0] = {(b, s): _EagerGraph(engine, b, s) for b in buckets for s in targets}  # type: ignore[misc]
     cost = {(b, s): 1e-3 + 1e-6 * b * s for b in buckets for s in targets}
     engine.planner = LaunchPlanner(targets, buckets, cost)
     lengths = [5, 16, 17, 40, 63, 200, 3, 9, 9, 9, 12, 33]
@@ -120,6 +121,41 @@ def test_the_graph_path_pads_batches_to_buckets_and_returns_rows_in_order(weight
     assert stats["launches"] == len(launches)
     if packing:  # the short rows share rows of a launch: fewer tokens computed than one text per row
         assert launch_tokens(launches) < launch_tokens(engine.planner.plan(arr))
+
+
+@pytest.mark.slow
+def test_lanes_run_their_own_graphs_from_threads_at_once(weights: Path) -> None:
+    """batches_in_flight: each lane replays its own graphs (static inputs and outputs of its own), so two
+    threads embedding at once get their own rows back."""
+    import threading
+
+    targets, buckets = (16, 64), (1, 4, 8)
+    engine = Engine(weights, device="cpu", targets=targets, lanes=2).prepare()
+    engine.use_graphs, engine.buckets = True, buckets
+    for lane in range(2):
+        engine.lane_graphs[lane] = {(b, s): _EagerGraph(engine, b, s) for b in buckets for s in targets}  # type: ignore[misc]
+    engine.planner = LaunchPlanner(targets, buckets, {(b, s): 1e-3 + 1e-6 * b * s for b in buckets for s in targets})
+    batches = [_rows([5, 16, 17, 40, 3, 9], seed=11), _rows([60, 2, 33, 8], seed=12)]
+    expected = [_reference(weights, rows, masks) for rows, masks, _ in batches]
+    got: list[list[np.ndarray]] = [[], []]
+
+    def work(lane: int) -> None:
+        rows, masks, arr = batches[lane]
+        for _ in range(5):
+            got[lane].append(engine.embed(*stack_rows(rows, masks), arr, lane=lane))
+
+    threads = [threading.Thread(target=work, args=(lane,)) for lane in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for lane in range(2):
+        assert len(got[lane]) == 5
+        for result in got[lane]:
+            assert ((result * expected[lane]).sum(axis=1)).min() > 0.9999
+        assert sum(getattr(g, "replays", 0) for g in engine.lane_graphs[lane].values()) >= 5
+    with pytest.raises(ValueError, match="lanes"):
+        Engine(weights, device="cpu", lanes=0)
 
 
 @pytest.mark.slow

@@ -171,7 +171,8 @@ def test_the_encoder_writes_its_statistics_for_the_benchmark(pytorch_server: Any
 
 @pytest.fixture(scope="module")
 def text_server(exported_minilm: Path, server_env: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """``tokenize_in_encoder``: <name> is one Python model that tokenizes and encodes."""
+    """``tokenize_in_encoder``: <name> is one Python model that tokenizes and encodes; with two batches
+    in flight (each model's ``execute()`` returns and a lane's thread answers through the response senders)."""
     import yaml
 
     from tritonbundle.cli import main
@@ -179,6 +180,7 @@ def text_server(exported_minilm: Path, server_env: None, tmp_path_factory: pytes
     folder = tmp_path_factory.mktemp("text-model")
     manifest = yaml.safe_load(MANIFEST.read_text())
     manifest["defaults"]["tokenize_in_encoder"] = True
+    manifest["defaults"]["batches_in_flight"] = 2
     manifest["traffic"] = str((MANIFEST.parent / manifest["traffic"]).resolve())
     (folder / "models.yaml").write_text(yaml.safe_dump(manifest))
     repo = folder / "model_repository"
@@ -209,6 +211,24 @@ def test_a_model_that_tokenizes_itself_answers_like_the_ensemble(text_server: An
         with pytest.raises(InvalidInputError, match=r"TEXT\[1\] is empty"):
             http.embed(["fine", "\x00 \t"])
         assert http.embed(["still serving"]).shape == (1, 384)
+
+
+def test_batches_in_flight_answer_every_caller_with_its_own_rows_over_both_protocols(text_server: Any) -> None:
+    """Many callers at once, so batches overlap in the two lanes: each answer is its own text's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tritonbundle.clients import GrpcClient, HttpClient
+
+    config = (text_server.repository / "minilm" / "config.pbtxt").read_text()
+    assert 'key: "batches_in_flight"' in config and 'string_value: "2"' in config.split('key: "batches_in_flight"')[1][:80]
+    texts = [f"caller {i} asks about {word}" for i, word in enumerate(["guitars", "foxes", "servers", "rivers"] * 12)]
+    with GrpcClient(text_server.grpc_url) as client:
+        alone = client.embed(texts)  # one request: the reference
+    with HttpClient(text_server.http_url) as http, GrpcClient(text_server.grpc_url) as grpc_client:
+        callers = [http, grpc_client]
+        with ThreadPoolExecutor(16) as pool:
+            got = list(pool.map(lambda i: callers[i % 2].embed([texts[i]])[0], range(len(texts))))
+    assert ((np.stack(got) * alone).sum(axis=1)).min() >= 0.9999
 
 
 def test_the_trimmed_server_that_is_carried_to_the_gpu_machine_serves_the_repository(
@@ -244,3 +264,27 @@ def test_the_trimmed_server_that_is_carried_to_the_gpu_machine_serves_the_reposi
     finally:
         server.stop()
     assert json.loads(json.dumps(info))["stripped"] is True
+
+
+def test_batches_in_flight_survive_callers_that_give_up(text_server: Any) -> None:
+    """Callers whose deadlines pass while their batch is in a lane (Triton drops their answers): the lanes
+    keep serving, and every later caller is answered."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tritonbundle.clients import ClientError, GrpcClient
+
+    long_text = "Triton serves models over HTTP and gRPC; " * 40
+    with GrpcClient(text_server.grpc_url, timeout_s=0.02) as hasty:
+        def give_up(i: int) -> bool:
+            try:
+                hasty.embed([f"{i} {long_text}"] * 8)
+                return True
+            except ClientError:
+                return False
+
+        with ThreadPoolExecutor(32) as pool:
+            answered = list(pool.map(give_up, range(160)))
+    assert answered.count(False) > 0, "no caller gave up: the test did not overload the lanes"
+    with GrpcClient(text_server.grpc_url, timeout_s=30) as client, ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda i: client.embed([f"after the storm {i}"]), range(40)))
+    assert all(g.shape == (1, 384) for g in got)

@@ -17,6 +17,11 @@ GPU is done. A plain ``.to("cpu")`` waits the CUDA default way (``cudaDeviceSche
 contexts than cores, spin), and four encoder instances on the H200 burnt 4.5 cores spinning at
 bert-base's knee, cores the tokenizer stubs and tritonserver share. ``gpu_wait="spin"`` (environment
 ``TRITONBUNDLE_GPU_WAIT=spin`` for the served model) keeps the old wait, for A/B measurements.
+
+Lanes (``lanes``, the manifest's ``batches_in_flight``): with more than one, each lane has its own CUDA
+stream and its own captured graphs (their static inputs and outputs, in a memory pool of its own), so
+several threads may call :meth:`Engine.embed` at once, each with its own ``lane``: one thread's host work
+(planning, filling, reading results back) overlaps another's kernels in one process and one CUDA context.
 """
 
 from __future__ import annotations
@@ -68,13 +73,16 @@ class Engine:
     def __init__(
         self, weights_dir: Path | str, *, device: str = "cpu", precision: str = "fp16", targets: Sequence[int] = (512,),
         batch_buckets: Sequence[int] = (), cuda_graphs: bool = True, max_sequence_length: int = 512,
-        packing: bool = False, gpu_wait: str = "block",
+        packing: bool = False, gpu_wait: str = "block", lanes: int = 1,
     ) -> None:
         import torch
 
         if gpu_wait not in GPU_WAITS:
             raise ValueError(f"gpu_wait must be one of {GPU_WAITS}, not {gpu_wait!r}")
         self.gpu_wait = gpu_wait
+        if lanes < 1:
+            raise ValueError(f"lanes must be >= 1, not {lanes}")
+        self.lanes = int(lanes)
 
         self.torch: Any = torch
         self.device = torch.device(device)
@@ -97,7 +105,12 @@ class Engine:
         self.packing = bool(packing)
         self.use_graphs = bool(cuda_graphs and on_gpu and batch_buckets)
         self.buckets = tuple(sorted(int(b) for b in batch_buckets)) if self.use_graphs else ()
-        self.graphs: dict[Shape, _Graph] = {}
+        #: Per lane: its graphs (lane 0's are also ``graphs``) and its stream (None: the default stream).
+        self.lane_graphs: list[dict[Shape, _Graph]] = [{} for _ in range(self.lanes)]
+        self.graphs = self.lane_graphs[0]
+        self.streams: list[Any] = [None] * self.lanes
+        if on_gpu and self.lanes > 1:
+            self.streams = [self.torch.cuda.Stream(device=self.device) for _ in range(self.lanes)]
         self.timings: dict[Shape, float] = {}
         self.capture_s = 0.0
         self.graph_error = ""
@@ -119,7 +132,8 @@ class Engine:
                 self.planner = LaunchPlanner(self.targets, self.buckets, cost)
             except Exception as e:  # noqa: BLE001 - fall back to eager, and say so
                 self.graph_error = f"{type(e).__name__}: {e}"
-                self.graphs.clear()
+                for graphs in self.lane_graphs:
+                    graphs.clear()
                 self.use_graphs = False
                 self.buckets = ()
                 self.planner = LaunchPlanner(self.targets, eager_cost=self.eager_cost)
@@ -150,7 +164,6 @@ class Engine:
     def _capture(self) -> None:
         torch = self.torch
         shapes = self.shapes()
-        statics = {}
         side = torch.cuda.Stream(device=self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side), torch.no_grad():
@@ -158,15 +171,16 @@ class Engine:
                 inputs = self._dummy(*shape)
                 for _ in range(2):
                     self._forward(*inputs)
-                statics[shape] = inputs
         torch.cuda.current_stream(self.device).wait_stream(side)
         torch.cuda.synchronize(self.device)
-        pool = torch.cuda.graph_pool_handle()
-        for shape in shapes:  # largest first, so smaller graphs reuse the shared pool's memory
-            graph = torch.cuda.CUDAGraph()
-            with torch.no_grad(), torch.cuda.graph(graph, pool=pool):
-                out = self._forward(*statics[shape])
-            self.graphs[shape] = _Graph(graph, statics[shape], out)
+        for graphs in self.lane_graphs:
+            pool = torch.cuda.graph_pool_handle()  # one per lane: lanes run at the same time
+            for shape in shapes:  # largest first, so smaller graphs reuse the shared pool's memory
+                statics = self._dummy(*shape)
+                graph = torch.cuda.CUDAGraph()
+                with torch.no_grad(), torch.cuda.graph(graph, pool=pool):
+                    out = self._forward(*statics)
+                graphs[shape] = _Graph(graph, statics, out)
         torch.cuda.synchronize(self.device)
 
     def time_shapes(self, reps: int = 3, shapes: Iterable[Shape] | None = None) -> dict[Shape, float]:
@@ -188,11 +202,22 @@ class Engine:
     # -- running -------------------------------------------------------------------------------------
     def embed(
         self, ids: npt.NDArray[np.int64], masks: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64],
-        stats: dict[str, float] | None = None,
+        stats: dict[str, float] | None = None, lane: int = 0,
     ) -> npt.NDArray[np.float32]:
         """Embeddings [n, hidden] (float32) for ``n`` rows of token ids and masks (2-D, padded to a common
         width) whose used lengths are ``lengths``. Rows go to launches by the planner; each launch's
-        input is gathered with one fancy-indexing copy, never a loop over rows."""
+        input is gathered with one fancy-indexing copy, never a loop over rows. Threads calling at the
+        same time must each use their own ``lane`` (module docstring)."""
+        stream = self.streams[lane]
+        if stream is None:
+            return self._embed(ids, masks, lengths, stats, self.lane_graphs[lane])
+        with self.torch.cuda.stream(stream):
+            return self._embed(ids, masks, lengths, stats, self.lane_graphs[lane])
+
+    def _embed(
+        self, ids: npt.NDArray[np.int64], masks: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64],
+        stats: dict[str, float] | None, graphs: dict[Shape, _Graph],
+    ) -> npt.NDArray[np.float32]:
         torch = self.torch
         n = int(ids.shape[0])
         out = np.empty((n, self.hidden), dtype=np.float32)
@@ -233,7 +258,7 @@ class Engine:
                     # GPU runs this one. A copy from pageable memory would wait for the stream each time.
                     staged = staged.pin_memory()
                 if self.use_graphs:
-                    g = self.graphs[(batch, target)]
+                    g = graphs[(batch, target)]
                     for static, value in zip(g.inputs, staged):
                         static.copy_(value, non_blocking=True)
                     g.replay()
@@ -286,7 +311,7 @@ class Engine:
         return {
             "device": str(self.device), "precision": self.precision, "cuda_graphs": self.use_graphs,
             "graphs": len(self.graphs), "batch_buckets": list(self.buckets), "padding_targets": list(self.targets),
-            "packing": self.packing, "gpu_wait": self.gpu_wait,
+            "packing": self.packing, "gpu_wait": self.gpu_wait, "lanes": self.lanes,
             "prepare_s": round(self.capture_s, 3), "graph_error": self.graph_error,
             # Each captured graph's time per launch: the tuner sizes its batch buckets from them.
             "timings_ms": {f"{b}x{s}": round(t * 1000, 4) for (b, s), t in sorted(self.timings.items())},

@@ -10,6 +10,17 @@ engine's launch planner groups rows by target. Outputs are cut back per request.
 the config's parameters as :class:`tritonbundle.contract.PyTorchParameters`. Statistics for the
 benchmark: :mod:`tritonbundle.runtimes.pytorch.stats`.
 
+Batches in flight (``batches_in_flight`` > 1): ``execute()`` reads its requests (copying their data:
+Triton frees the request tensors when ``execute()`` returns), hands the batch to a free lane's worker
+thread and returns ``None`` once a lane is free again; the worker runs the engine in its lane and sends
+each request's one response with the FINAL flag through the request's response sender. That is the
+Python backend's documented way for a non-decoupled model to answer after ``execute()`` returns (r24.06
+and later: python_backend README, "Request Cancellation Handling"/response sender; Triton's QA model
+``qa/python_models/response_sender``), so the KServe HTTP endpoint, which refuses decoupled models,
+still serves it. Triton gives the instance its next batch as soon as ``execute()`` returns
+(core ``backend_model_instance.cc``), so at most ``batches_in_flight`` batches are in flight and the
+dynamic batcher gathers the next one while they run.
+
 Served as ``<name>`` with a ``TEXT`` input (manifest ``tokenize_in_encoder``), the same model also
 tokenizes: every text of the dynamic batch in one call of the fast tokenizer, read and refused exactly
 as the tokenizer model does (:mod:`tritonbundle.runtimes.text`), with no ensemble and no second
@@ -21,8 +32,12 @@ from __future__ import annotations
 import gc
 import json
 import os
+import queue
 import sys
+import threading
 import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +77,10 @@ class RequestError(ValueError):
     pass
 
 
+#: A lane that has not come back in this long is reported in the log, with every thread's stack.
+LANE_REPORT_S = 30.0
+
+
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
@@ -89,9 +108,19 @@ class TritonPythonModel:
             version_dir, device=device, precision=params.precision,
             targets=params.padding_targets or (self.max_seq,), batch_buckets=params.batch_buckets,
             cuda_graphs=params.cuda_graphs, max_sequence_length=self.max_seq, packing=params.packing,
-            gpu_wait=os.environ.get(GPU_WAIT_ENV, "block"),
+            gpu_wait=os.environ.get(GPU_WAIT_ENV, "block"), lanes=params.batches_in_flight,
         ).prepare()
         self.stats = new_stats()
+        self._stats_lock = threading.Lock()
+        #: Lanes free to take a batch (batches_in_flight > 1), and the threads that run them.
+        self._free: queue.Queue[int] | None = None
+        self._workers: ThreadPoolExecutor | None = None
+        if params.batches_in_flight > 1:
+            self._free = queue.Queue()
+            for lane in range(params.batches_in_flight):
+                self._free.put(lane)
+            self._workers = ThreadPoolExecutor(params.batches_in_flight, thread_name_prefix="lane",
+                                               initializer=self._enter_worker)
         info = {"model": self.name, "instance": args.get("model_instance_name", ""), **self.engine.describe()}
         self._log(f"{self.name}: {json.dumps(info)}")
         self.writer = writer_for(self.name, self.stats, info)
@@ -164,10 +193,15 @@ class TritonPythonModel:
             start += ids.shape[0]
         return all_ids, all_masks, [ids.shape[0] for _, (ids, _) in good]
 
-    def execute(self, requests: list[Any]) -> list[Any]:
-        """Every request's rows (texts: tokenized together) into one array, one engine call."""
+    def _enter_worker(self) -> None:
+        if self.engine.device.type == "cuda":
+            self.engine.torch.cuda.set_device(self.engine.device)  # the current device is per thread
+
+    def execute(self, requests: list[Any]) -> list[Any] | None:
+        """Every request's rows (texts: tokenized together) into one array, one engine call: here, or in
+        a lane's thread when batches are in flight (module docstring)."""
         t0 = time.perf_counter()
-        stats = self.stats
+        stats = new_stats()
         responses: list[Any] = [None] * len(requests)
         good: list[tuple[int, Any]] = []
         for index, request in enumerate(requests):
@@ -176,35 +210,101 @@ class TritonPythonModel:
             except (RequestError, TextError) as e:
                 responses[index] = pb_utils.InferenceResponse(output_tensors=[], error=_error(str(e)))
                 stats["errors"] += 1
-        if good:
-            all_ids, all_masks, counts = self._gather(good)
-            lengths = used_lengths(all_masks)
-            t1 = time.perf_counter()
-            stats["t_read_s"] += t1 - t0
-            try:
-                out = self.engine.embed(all_ids, all_masks, lengths, stats)
-            except Exception as e:  # noqa: BLE001 - every request of the batch gets the error
-                for index, _ in good:
-                    responses[index] = pb_utils.InferenceResponse(
-                        output_tensors=[], error=_error(f"{self.name}: inference failed: {e}", "INTERNAL")
-                    )
-                stats["errors"] += len(good)
-            else:
-                t2 = time.perf_counter()
-                start = 0
-                for (index, _), count in zip(good, counts):
-                    tensors = [pb_utils.Tensor(self.output_name, out[start : start + count])]
-                    if self.counts:
-                        tensors.append(pb_utils.Tensor(TOKENS_OUTPUT, token_counts(all_masks[start : start + count])))
-                    responses[index] = pb_utils.InferenceResponse(output_tensors=tensors)
-                    start += count
-                stats["t_respond_s"] += time.perf_counter() - t2
-                stats["rows"] += int(all_ids.shape[0])
+        batch = self._gather(good) if good else None
+        indices = [index for index, _ in good]  # the request tensors are not touched past this point
         stats["executes"] += 1
         stats["requests"] += len(requests)
+        stats["t_read_s"] += time.perf_counter() - t0
+        if self._free is None or self._workers is None:
+            if batch is not None:
+                self._run(indices, batch, responses, stats, 0)
+            stats["t_execute_s"] += time.perf_counter() - t0
+            self._count(stats)
+            return responses
+        senders = [request.get_response_sender() for request in requests]
+        for index, response in enumerate(responses):
+            if response is not None:
+                self._send(senders[index], response, stats)
         stats["t_execute_s"] += time.perf_counter() - t0
-        return responses
+        if batch is None:
+            self._count(stats)
+            return None
+        lane = self._take_lane()
+        self._workers.submit(self._run_in_lane, lane, indices, batch, senders, stats)
+        self._free.put(self._take_lane())  # return once a lane is free: the batcher gathers meanwhile
+        return None
+
+    def _take_lane(self) -> int:
+        """A free lane, waiting for one; a wait past LANE_REPORT_S is logged with every thread's stack."""
+        assert self._free is not None
+        while True:
+            try:
+                return self._free.get(timeout=LANE_REPORT_S)
+            except queue.Empty:
+                stacks = "".join(f"\n-- thread {tid}:\n" + "".join(traceback.format_stack(frame))
+                                 for tid, frame in sys._current_frames().items())
+                self._log(f"{self.name}: no lane has come back in {LANE_REPORT_S:.0f} s; threads:{stacks}")
+
+    def _send(self, sender: Any, response: Any, stats: dict[str, float]) -> None:
+        """One request's only response, with the FINAL flag. A failed send (Triton has let the request go,
+        its caller gone) is logged and counted; it never stops the lane from answering the others."""
+        try:
+            sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception as e:  # noqa: BLE001
+            stats["errors"] += 1
+            self._log(f"{self.name}: a response could not be sent: {type(e).__name__}: {e}")
+
+    def _run_in_lane(self, lane: int, indices: list[int], batch: Any, senders: list[Any],
+                     stats: dict[str, float]) -> None:
+        t0 = time.perf_counter()
+        responses: list[Any] = [None] * len(senders)
+        try:
+            self._run(indices, batch, responses, stats, lane)
+        except Exception as e:  # noqa: BLE001 - logged; the requests get an error below
+            self._log(f"{self.name}: lane {lane} failed: {''.join(traceback.format_exception(e))}")
+        finally:
+            assert self._free is not None
+            self._free.put(lane)
+            for index in indices:
+                response = responses[index] or pb_utils.InferenceResponse(
+                    output_tensors=[], error=_error(f"{self.name}: inference failed", "INTERNAL"))
+                self._send(senders[index], response, stats)
+            stats["t_execute_s"] += time.perf_counter() - t0
+            self._count(stats)
+
+    def _run(self, indices: list[int], batch: Any, responses: list[Any], stats: dict[str, float],
+             lane: int) -> None:
+        """The engine on the gathered rows; each good request's response (or the batch's error) in ``responses``."""
+        all_ids, all_masks, counts = batch
+        lengths = used_lengths(all_masks)
+        try:
+            out = self.engine.embed(all_ids, all_masks, lengths, stats, lane=lane)
+        except Exception as e:  # noqa: BLE001 - every request of the batch gets the error
+            for index in indices:
+                responses[index] = pb_utils.InferenceResponse(
+                    output_tensors=[], error=_error(f"{self.name}: inference failed: {e}", "INTERNAL")
+                )
+            stats["errors"] += len(indices)
+            return
+        t2 = time.perf_counter()
+        start = 0
+        for index, count in zip(indices, counts):
+            tensors = [pb_utils.Tensor(self.output_name, out[start : start + count])]
+            if self.counts:
+                tensors.append(pb_utils.Tensor(TOKENS_OUTPUT, token_counts(all_masks[start : start + count])))
+            responses[index] = pb_utils.InferenceResponse(output_tensors=tensors)
+            start += count
+        stats["t_respond_s"] += time.perf_counter() - t2
+        stats["rows"] += int(all_ids.shape[0])
+
+    def _count(self, stats: dict[str, float]) -> None:
+        """Add one call's statistics to the instance's (lanes add theirs from their own threads)."""
+        with self._stats_lock:
+            for key, value in stats.items():
+                self.stats[key] += value
 
     def finalize(self) -> None:
+        if self._workers is not None:
+            self._workers.shutdown(wait=True)
         if self.writer is not None:
             self.writer.stop()

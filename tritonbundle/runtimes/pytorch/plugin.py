@@ -81,7 +81,7 @@ class PyTorchRuntime:
             config_file=recipes.CONFIG_FILE, recipe=str(spec.recipe),
             random_weights=recipes.recipe(str(spec.recipe)).random_weights, precision=spec.precision,
             cuda_graphs=bool(spec.cuda_graphs and gpu), batch_buckets=tuple(b.max for b in plan.batch_buckets),
-            packing=spec.packing,
+            packing=spec.packing, batches_in_flight=spec.batches_in_flight,
         )
 
     def config(self, ctx: BuildContext, written: Written) -> ModelConfig:
