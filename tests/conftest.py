@@ -82,6 +82,17 @@ def server(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     srv.stop()
 
 
+def token_counts(artifacts: Path, texts: list[str]) -> list[int]:
+    """Each text's token count by the ``tokenizers`` library itself (truncated at 512): what the served
+    tokenizer's ``tokens`` output and the gateway's usage must equal."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(artifacts / "tokenizer.json"))
+    tok.no_padding()
+    tok.enable_truncation(max_length=512)
+    return [len(tok.encode(text).ids) for text in texts]
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Print the accuracy gates' figures (cosine, max |diff|) the precision tests measured."""
     from tests import gate_figures

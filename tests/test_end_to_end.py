@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import token_counts
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 SENTENCES = ["A man is playing a guitar.", "Someone strums an acoustic guitar.", "The stock market fell today."]
@@ -48,15 +50,6 @@ def test_served_embeddings_equal_direct_onnxruntime(server: object, exported_min
     np.testing.assert_allclose(np.linalg.norm(served, axis=1), 1.0, atol=1e-5)
 
 
-def _token_counts(artifacts: Path, texts: list[str]) -> list[int]:
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(artifacts / "tokenizer.json"))
-    tok.no_padding()
-    tok.enable_truncation(max_length=512)
-    return [len(tok.encode(text).ids) for text in texts]
-
-
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_every_text_comes_back_with_its_token_count(server: object, exported_minilm: Path, protocol: str) -> None:
     """``tokens``: what the tokenizer that fed the encoder made of each text, truncation included (what
@@ -68,7 +61,7 @@ def test_every_text_comes_back_with_its_token_count(server: object, exported_min
     with connect(url, protocol=protocol, timeout_s=30) as client:
         out = client.infer({"TEXT": np.array([[t.encode()] for t in texts], dtype=object)}, model="minilm")
     assert out["tokens"].dtype == np.int32 and out["tokens"].shape == (len(texts), 1)
-    assert out["tokens"][:, 0].tolist() == _token_counts(exported_minilm, texts)
+    assert out["tokens"][:, 0].tolist() == token_counts(exported_minilm, texts)
     assert out["tokens"][-1, 0] == 512 and out["embedding"].shape == (len(texts), 384)
 
 

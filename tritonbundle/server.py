@@ -30,7 +30,7 @@ from pathlib import Path
 
 from tritonbundle import proc
 from tritonbundle.canary import Canary
-from tritonbundle.contract import RESTRICTED_APIS, RESTRICTED_HEADER
+from tritonbundle.contract import RESTRICTED_APIS, RESTRICTED_HEADER, TENANT_HEADER
 from tritonbundle.errors import ServerError
 from tritonbundle.log import LOG
 
@@ -238,6 +238,8 @@ class TritonServer:
             f"--exit-timeout-secs={o.exit_timeout_s}",
             f"--log-verbose={o.log_verbose}",
             f"--strict-readiness={str(self._strict).lower()}",
+            # The gateway's tenant header reaches the models as a request parameter (request.parameters()).
+            f"--grpc-header-forward-pattern={TENANT_HEADER}", f"--http-header-forward-pattern={TENANT_HEADER}",
         ]
         argv += [f"--load-model={m}" for m in o.load_models]
         if o.restricted_api_key:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.conftest import token_counts
+from tests.gateway.conftest import running_gateway
 from tritonbundle.server import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -25,24 +25,8 @@ TEXTS = ["A man is playing a guitar.", "The stock market fell today.", "word " *
 
 @pytest.fixture(scope="module")
 def gateway(server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
-    log = tmp_path_factory.mktemp("gateway") / "gateway.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "tritonbundle", "gateway", "--url", server.grpc_url,
-                                 "--port", str(port), "--model", "minilm"], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2):
-                break
-        except OSError:
-            assert proc.poll() is None, f"the gateway exited: {log.read_text()}"
-            assert time.monotonic() < deadline, f"the gateway did not come up in 60 s: {log.read_text()}"
-            time.sleep(0.2)
-    yield f"{url}/v1"
-    proc.terminate()
-    proc.wait(timeout=20)
+    with running_gateway(server, tmp_path_factory.mktemp("gateway")) as url:
+        yield f"{url}/v1"
 
 
 @pytest.fixture(scope="module")
@@ -50,15 +34,6 @@ def openai_client(gateway: str) -> Any:
     import openai
 
     return openai.OpenAI(base_url=gateway, api_key="not-checked-without-tenants", max_retries=0, timeout=60)
-
-
-def _tokens(artifacts: Path, texts: list[str]) -> list[int]:
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(artifacts / "tokenizer.json"))
-    tok.no_padding()
-    tok.enable_truncation(max_length=512)
-    return [len(tok.encode(t).ids) for t in texts]
 
 
 @pytest.mark.parametrize("encoding", ["float", "base64"])
@@ -78,12 +53,12 @@ def test_openai_client_embeddings_equal_the_project_client_and_usage_the_tokeniz
         expected = client.embed(TEXTS)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
     assert result.model == "minilm" and len(result.data) == 3
-    assert result.usage.prompt_tokens == result.usage.total_tokens == sum(_tokens(exported_minilm, TEXTS))
+    assert result.usage.prompt_tokens == result.usage.total_tokens == sum(token_counts(exported_minilm, TEXTS))
 
 
 def test_one_string_and_token_arrays_are_embedded_too(server: Any, openai_client: Any, exported_minilm: Path) -> None:
     one = openai_client.embeddings.create(model="minilm", input=TEXTS[0])
-    assert len(one.data) == 1 and len(one.data[0].embedding) == 384 and one.usage.prompt_tokens == _tokens(exported_minilm, TEXTS[:1])[0]
+    assert len(one.data) == 1 and len(one.data[0].embedding) == 384 and one.usage.prompt_tokens == token_counts(exported_minilm, TEXTS[:1])[0]
     rows = [[101, 1037, 2158, 2003, 2652, 1037, 2858, 1012, 102], [101, 7592, 102]]
     tokens = openai_client.embeddings.create(model="minilm", input=rows)
     assert tokens.usage.prompt_tokens == 12

@@ -55,7 +55,8 @@ class _AsyncBaseClient(core.ClientBase):
         raise NotImplementedError
 
     async def _infer(
-        self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str], timeout_s: float
+        self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str], timeout_s: float,
+        headers: Mapping[str, str] | None = None,
     ) -> dict[str, np.ndarray[Any, Any]]:
         raise NotImplementedError
 
@@ -108,14 +109,14 @@ class _AsyncBaseClient(core.ClientBase):
         return (await self._batched(self.model, arrays, [output], info.max_batch_size, timeout_s))[output]
 
     async def embed_counted(
-        self, texts: Sequence[str | bytes], *, timeout_s: float | None = None
+        self, texts: Sequence[str | bytes], *, timeout_s: float | None = None, headers: Mapping[str, str] | None = None,
     ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
         """The embeddings and each text's token count (the text model's ``tokens`` output): what the
-        OpenAI gateway reports as usage."""
+        OpenAI gateway reports as usage. ``headers`` go with this call's requests only."""
         info = await self.model_info(self.model)
         arrays, output = self._embed_request(info, texts)
         counts = modelinfo.check_output(info, TOKENS_OUTPUT, protocol=self.protocol, url=self.url)
-        out = await self._batched(self.model, arrays, [output, counts], info.max_batch_size, timeout_s)
+        out = await self._batched(self.model, arrays, [output, counts], info.max_batch_size, timeout_s, headers)
         return out[output], out[counts].reshape(-1)
 
     async def classify(self, texts: Sequence[str | bytes], *, timeout_s: float | None = None) -> list[Classification]:
@@ -134,11 +135,11 @@ class _AsyncBaseClient(core.ClientBase):
 
     async def embed_tokens(
         self, ids: Sequence[Sequence[int]] | np.ndarray[Any, Any], mask: Sequence[Sequence[int]] | np.ndarray[Any, Any] | None = None,
-        *, timeout_s: float | None = None,
+        *, timeout_s: float | None = None, headers: Mapping[str, str] | None = None,
     ) -> np.ndarray[Any, Any]:
         info = await self.model_info(self.token_model)
         arrays, output = self._token_request(info, ids, mask)
-        return (await self._batched(self.token_model, arrays, [output], info.max_batch_size, timeout_s))[output]
+        return (await self._batched(self.token_model, arrays, [output], info.max_batch_size, timeout_s, headers))[output]
 
     async def infer(
         self, inputs: Mapping[str, np.ndarray[Any, Any]], *, model: str | None = None, outputs: Sequence[str] | None = None,
@@ -156,7 +157,7 @@ class _AsyncBaseClient(core.ClientBase):
     # -- internals ------------------------------------------------------------------------------
     async def _batched(
         self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str], max_batch_size: int,
-        timeout_s: float | None,
+        timeout_s: float | None, headers: Mapping[str, str] | None = None,
     ) -> dict[str, np.ndarray[Any, Any]]:
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         n = next(iter(arrays.values())).shape[0]
@@ -164,7 +165,7 @@ class _AsyncBaseClient(core.ClientBase):
         async def one(rows: slice) -> dict[str, np.ndarray[Any, Any]]:
             part = {k: v[rows] for k, v in arrays.items()}
             return await self._call(
-                model, lambda: self._infer(model, part, outputs, self._remaining(deadline)), deadline=deadline
+                model, lambda: self._infer(model, part, outputs, self._remaining(deadline), headers), deadline=deadline
             )
 
         parts = await asyncio.gather(*(one(rows) for rows in core.chunks(n, max_batch_size)))
@@ -221,7 +222,8 @@ class AsyncHttpClient(_AsyncBaseClient):
         return modelinfo.model_info(metadata, config)
 
     async def _infer(
-        self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str], timeout_s: float
+        self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str], timeout_s: float,
+        headers: Mapping[str, str] | None = None,
     ) -> dict[str, np.ndarray[Any, Any]]:
         import tritonclient.http.aio as aiohttpclient
         from tritonclient.utils import np_to_triton_dtype
@@ -241,7 +243,7 @@ class AsyncHttpClient(_AsyncBaseClient):
         try:
             result = await asyncio.wait_for(
                 self._client.infer(model, inputs, outputs=requested or None, timeout=core.server_timeout_us(timeout_s),
-                                   headers=self._request_headers()),
+                                   headers={**self._request_headers(), **(headers or {})}),
                 timeout=timeout_s,
             )
         except asyncio.TimeoutError as e:
@@ -268,7 +270,8 @@ class AsyncGrpcClient(_AsyncBaseClient):
         return modelinfo.model_info(metadata, config)
 
     async def _infer(
-        self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str], timeout_s: float
+        self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str], timeout_s: float,
+        headers: Mapping[str, str] | None = None,
     ) -> dict[str, np.ndarray[Any, Any]]:
         import tritonclient.grpc.aio as aiogrpcclient
         from tritonclient.utils import np_to_triton_dtype
@@ -281,7 +284,7 @@ class AsyncGrpcClient(_AsyncBaseClient):
         requested = [aiogrpcclient.InferRequestedOutput(name) for name in outputs]
         result = await self._client.infer(
             model, inputs, outputs=requested or None, client_timeout=timeout_s, timeout=core.server_timeout_us(timeout_s),
-            headers=self._request_headers(),
+            headers={**self._request_headers(), **(headers or {})},
         )
         return self._outputs(result, outputs, model)
 

@@ -8,6 +8,12 @@ unexpected): 400 for bad input (Triton's own reason), 404 for a model the gatewa
 for a body over :data:`MAX_BODY_BYTES`, 429 with ``Retry-After`` when Triton's queue is full, 503 when
 Triton cannot be reached or has lost the model, 504 when the deadline passes (the client's or Triton's
 queue timeout). JSON in and out is decoded and encoded off the event loop.
+
+With tenants (:mod:`.tenants`), every ``/v1`` request needs ``Authorization: Bearer <key>`` (401
+otherwise), sees only its tenant's models (another model is a 404, as one that does not exist), and is
+held to its tenant's limits (429 with ``Retry-After``); the tenant's name goes to Triton in the request
+header ``tritonbundle-tenant`` (whatever a caller sent under that name is dropped: only the key counts).
+Every ``/v1/embeddings`` request is metered (:mod:`.metering`).
 """
 
 from __future__ import annotations
@@ -15,14 +21,14 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from tritonbundle.clients.aio import AsyncGrpcClient
 from tritonbundle.clients.core import RetryPolicy
-from tritonbundle.contract import TOKENS_OUTPUT
+from tritonbundle.contract import TENANT_HEADER, TOKENS_OUTPUT
 from tritonbundle.errors import (
     ClientBusyError,
     ClientError,
@@ -33,6 +39,7 @@ from tritonbundle.errors import (
     ModelNotFoundError,
     ServerUnavailableError,
 )
+from tritonbundle.gateway.metering import ANONYMOUS, UNAUTHENTICATED, Meter, Usage
 from tritonbundle.gateway.openai_api import (
     ApiError,
     EmbeddingsRequest,
@@ -42,6 +49,7 @@ from tritonbundle.gateway.openai_api import (
     models_response,
     parse,
 )
+from tritonbundle.gateway.tenants import Admission, Refused, Tenant, Tenants
 
 #: Larger bodies are refused before they are read (2,048 texts of ~8 KB each).
 MAX_BODY_BYTES = 16 << 20
@@ -83,24 +91,29 @@ class Backend:
         for client in self.clients.values():
             await client.close()
 
-    async def embed(self, request: EmbeddingsRequest) -> tuple[np.ndarray[Any, Any], int]:
+    async def embed(self, request: EmbeddingsRequest, headers: Mapping[str, str] | None = None,
+                    ) -> tuple[np.ndarray[Any, Any], int]:
         """(vectors, tokens used) for a parsed request; :class:`ApiError` for anything that fails."""
         client = self.clients.get(request.model)
         if client is None:
-            raise ApiError(404, f"the model {request.model!r} does not exist here; served: {self.names}",
-                           code="model_not_found", param="model")
+            raise not_found(request.model, self.names)
         size = self.dims[request.model]
         if request.dimensions is not None and size is not None and request.dimensions != size:
             raise invalid(f"model {request.model!r} returns {size} dimensions; it cannot return {request.dimensions}",
                           "dimensions")
         try:
             if request.texts:
-                vectors, counts = await client.embed_counted(list(request.texts))
+                vectors, counts = await client.embed_counted(list(request.texts), headers=headers)
                 return vectors, int(counts.sum())
-            vectors = await client.embed_tokens([list(r) for r in request.token_rows])
+            vectors = await client.embed_tokens([list(r) for r in request.token_rows], headers=headers)
             return vectors, sum(len(r) for r in request.token_rows)
         except ClientError as e:
             raise api_error(e) from e
+
+
+def not_found(model: str, served: Sequence[str]) -> ApiError:
+    return ApiError(404, f"the model {model!r} does not exist here or this key may not use it; served to it: "
+                         f"{list(served)}", code="model_not_found", param="model")
 
 
 #: Triton's own texts for its two load answers (core's RequestQueue and its queue policy).
@@ -117,7 +130,7 @@ def api_error(e: ClientError) -> ApiError:
         return invalid(f"this model cannot take that input: {text}")
     if isinstance(e, ClientBusyError) or QUEUE_FULL in text or e.status == "RESOURCE_EXHAUSTED":
         return ApiError(429, f"the server is at capacity, retry later: {text}", kind="rate_limit_error",
-                        code="server_at_capacity", retry_after_s=1.0)
+                        code="server_at_capacity", retry_after_s=1.0, reason="server_busy")
     if isinstance(e, DeadlineExceededError) or QUEUE_TIMEOUT in text:
         return ApiError(504, f"the model did not answer in time: {text}", kind="server_error", code="timeout")
     if isinstance(e, ServerUnavailableError | ModelNotFoundError):
@@ -126,7 +139,14 @@ def api_error(e: ClientError) -> ApiError:
     return ApiError(500, f"the model server failed the request: {text}", kind="server_error")
 
 
-def create_app(backend: Backend) -> Any:
+def outcome(e: ApiError) -> str:
+    """A failed request's outcome in the metering: refused (a key or a limit), invalid or error."""
+    if e.reason:
+        return "refused"
+    return "error" if e.status >= 500 else "invalid"
+
+
+def create_app(backend: Backend, tenants: Tenants | None = None, meter: Meter | None = None) -> Any:
     """The ASGI application (Starlette is imported here: the gateway's extra, not the base install)."""
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
@@ -163,23 +183,73 @@ def create_app(backend: Backend) -> Any:
             raise ApiError(500, f"model {model!r} returned a vector that is not finite", kind="server_error")
         return json.dumps(embeddings_response(model, vectors, tokens, encoding), separators=(",", ":")).encode()
 
+    meter = meter or Meter()
+    admission = Admission(tenants.tenants) if tenants is not None else None
+
+    def authenticate(request: Request) -> Tenant | None:
+        """The caller's tenant (None without tenants); :class:`ApiError` 401 for a missing or unknown key."""
+        if tenants is None:
+            return None
+        scheme, _, key = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            raise ApiError(401, "no API key: send it as 'Authorization: Bearer <key>'", code="invalid_api_key",
+                           param=None, reason="unauthenticated")
+        tenant = tenants.find(key.strip())
+        if tenant is None:  # the key itself is never echoed or logged
+            raise ApiError(401, "the API key is not known here", code="invalid_api_key", param=None,
+                           reason="unauthenticated")
+        return tenant
+
+    def visible(tenant: Tenant | None) -> list[str]:
+        return [m for m in backend.names if tenant is None or tenant.may_use(m)]
+
     async def embeddings(request: Request) -> Response:
+        start, name, model = time.perf_counter(), ANONYMOUS if tenants is None else UNAUTHENTICATED, ANONYMOUS
+        tenant, admitted, tokens, texts = None, False, 0, 0
         try:
+            tenant = authenticate(request)
+            name = tenant.name if tenant is not None else name
             parsed = parse(await run_in_threadpool(decode, await read_body(request)))
-            vectors, tokens = await backend.embed(parsed)
+            model = parsed.model if parsed.model in backend.clients else ANONYMOUS  # never a caller's string
+            if tenant is not None and not tenant.may_use(parsed.model):
+                raise not_found(parsed.model, visible(tenant))
+            if admission is not None and tenant is not None:
+                try:  # after the body is read, so that refusals are metered per model too
+                    admission.admit(tenant)
+                except Refused as r:
+                    raise ApiError(429, r.message, kind="rate_limit_error", code="rate_limit_exceeded", param=None,
+                                   retry_after_s=r.retry_after_s, reason=r.reason) from None
+                admitted = True
+            headers = {TENANT_HEADER: tenant.name} if tenant is not None else None
+            vectors, tokens = await backend.embed(parsed, headers)
+            texts = parsed.count
             body = await run_in_threadpool(encode, parsed.model, vectors, tokens, parsed.encoding)
         except ApiError as e:
+            if admitted and admission is not None and tenant is not None:
+                admission.release(tenant, 0)
+            meter.record(Usage(time.time(), name, model, outcome(e), e.status, reason=e.reason,
+                               latency_ms=(time.perf_counter() - start) * 1000))
             return error(e)
+        if admitted and admission is not None and tenant is not None:
+            admission.release(tenant, tokens)
+        meter.record(Usage(time.time(), name, model, "ok", 200, texts, tokens, (time.perf_counter() - start) * 1000))
         return Response(body, media_type="application/json")
 
     async def models(request: Request) -> Response:
-        return JSONResponse(models_response(backend.names, backend.created))
+        try:
+            tenant = authenticate(request)
+        except ApiError as e:
+            return error(e)
+        return JSONResponse(models_response(visible(tenant), backend.created))
 
     async def model(request: Request) -> Response:
         name = request.path_params["name"]
-        if name not in backend.clients:
-            return error(ApiError(404, f"the model {name!r} does not exist here; served: {backend.names}",
-                                  code="model_not_found", param="model"))
+        try:
+            tenant = authenticate(request)
+            if name not in visible(tenant):
+                raise not_found(name, visible(tenant))
+        except ApiError as e:
+            return error(e)
         return JSONResponse(model_object(name, backend.created))
 
     async def health(request: Request) -> Response:

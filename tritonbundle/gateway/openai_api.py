@@ -26,10 +26,12 @@ class ApiError(Exception):
     """An OpenAI-shaped error: HTTP status, ``error.type``, ``error.code``, ``error.param``."""
 
     def __init__(self, status: int, message: str, *, kind: str = "invalid_request_error", code: str | None = None,
-                 param: str | None = None, retry_after_s: float | None = None) -> None:
+                 param: str | None = None, retry_after_s: float | None = None, reason: str = "") -> None:
         super().__init__(message)
         self.status, self.message, self.kind, self.code, self.param = status, message, kind, code, param
         self.retry_after_s = retry_after_s
+        #: Why a request was refused (metering: unauthenticated, rate, tokens, concurrency, server_busy).
+        self.reason = reason
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}

@@ -148,6 +148,11 @@ def shape_problem(name: str, shape: Sequence[int], dims: Sequence[int], *, max_b
 
 
 # -- parameter records ---------------------------------------------------------------------------------
+#: The request header that carries a caller's tenant (set by the gateway from the caller's key, never by
+#: the caller); tritonserver forwards it to the models as a request parameter of the same name.
+TENANT_HEADER = "tritonbundle-tenant"
+
+
 class ContractError(ValueError):
     """A config's parameters do not match the record its model reads."""
 

@@ -1,0 +1,63 @@
+"""Metering: the Prometheus counters, the usage log and ``tritonbundle usage`` agree on every record."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tritonbundle.cli import main
+from tritonbundle.cli.gateway import when
+from tritonbundle.errors import ConfigError
+from tritonbundle.gateway.metering import Meter, Usage, read, report
+
+
+def _sample(meter: Meter, name: str, **labels: str) -> float:
+    value = meter.registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+def test_records_reach_prometheus_the_log_and_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "usage.jsonl"
+    meter = Meter(log)
+    t = time.time()
+    records = [
+        Usage(t - 7200, "search", "minilm", "ok", 200, texts=2, tokens=30, latency_ms=12.0),  # outside --since 1h
+        Usage(t - 10, "search", "minilm", "ok", 200, texts=3, tokens=40, latency_ms=10.0),
+        Usage(t - 9, "search", "minilm", "ok", 200, texts=1, tokens=7, latency_ms=20.0),
+        Usage(t - 8, "search", "minilm", "refused", 429, reason="rate"),
+        Usage(t - 7, "ads", "minilm", "refused", 429, reason="tokens"),
+        Usage(t - 6, "(unauthenticated)", "-", "refused", 401, reason="unauthenticated"),
+        Usage(t - 5, "ads", "minilm", "invalid", 400),
+        Usage(t - 4, "ads", "minilm", "error", 503),
+    ]
+    for r in records:
+        meter.record(r)
+    meter.close()
+    assert _sample(meter, "tritonbundle_gateway_tokens_total", tenant="search", model="minilm") == 77
+    assert _sample(meter, "tritonbundle_gateway_texts_total", tenant="search", model="minilm") == 6
+    assert _sample(meter, "tritonbundle_gateway_requests_total", tenant="search", model="minilm", outcome="ok") == 3
+    assert _sample(meter, "tritonbundle_gateway_refusals_total", tenant="ads", model="minilm", reason="tokens") == 1
+    assert _sample(meter, "tritonbundle_gateway_request_seconds_count", tenant="search", model="minilm") == 3
+    with open(log, "a") as f:
+        f.write('{"time": 1, "tenant": "torn')  # a line cut by a crash is skipped
+    assert list(read(log)) == records
+    rows = {(r["tenant"], r["model"]): r for r in report(read(log, since=t - 3600))}
+    search = rows[("search", "minilm")]
+    assert (search["requests"], search["ok"], search["refused"], search["texts"], search["tokens"]) == (3, 2, 1, 4, 47)
+    assert search["refusals"] == {"rate": 1} and search["p50_ms"] == 15.0
+    assert (rows[("ads", "minilm")]["invalid"], rows[("ads", "minilm")]["error"]) == (1, 1)
+    assert main(["usage", "--log", str(log), "--since", "1h"]) == 0
+    table = capsys.readouterr().out
+    assert "search" in table and " 47 " in table and "rate 1" in table and "unauthenticated 1" in table
+    assert main(["usage", "--log", str(log), "--json"]) == 0
+    assert sum(r["tokens"] for r in json.loads(capsys.readouterr().out)) == 77
+
+
+def test_usage_windows_read_durations_and_iso_times() -> None:
+    assert abs(when("2h") - (time.time() - 7200)) < 5
+    assert when("2026-12-01T00:00:00") == when("2026-12-01T00:00:00+00:00") == 1796083200.0
+    with pytest.raises(ConfigError, match="neither a duration"):
+        when("yesterday")

@@ -1,0 +1,106 @@
+"""The tenants file and the limits each tenant is held to (no server: a clock the test moves)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tritonbundle.errors import ConfigError
+from tritonbundle.gateway.tenants import Admission, Limits, Refused, Tenant, key_hash, load, parse
+
+KEY_A, KEY_B = "a-key-of-tenant-a-0001", "b-key-of-tenant-b-0002"
+
+
+def test_a_tenants_file_maps_hashed_and_plain_keys_to_tenants(tmp_path: Path) -> None:
+    path = tmp_path / "tenants.yaml"
+    path.write_text(f"""
+tenants:
+  - name: search
+    keys: ["{key_hash(KEY_A)}"]
+    models: [minilm]
+    limits: {{requests_per_s: 20, burst: 40, tokens_per_min: 1000, concurrent_requests: 4}}
+  - name: ads
+    keys: ["{KEY_B}"]
+""")
+    tenants = load(path)
+    search = tenants.find(KEY_A)
+    assert search is not None and search.name == "search" and search.may_use("minilm") and not search.may_use("other")
+    assert search.limits == Limits(20.0, 40.0, 1000, 4)
+    ads = tenants.find(KEY_B)
+    assert ads is not None and ads.may_use("anything") and tenants.plain_keys == 1
+    assert tenants.find("not-a-key-at-all-000") is None and tenants.find(key_hash(KEY_A)) is None
+    assert KEY_B not in repr(tenants), "only hashes are kept"
+    tenants.check_models(["minilm"])
+    with pytest.raises(ConfigError, match=r"tenant 'search' may use \['minilm'\], which the gateway does not serve"):
+        tenants.check_models(["bert"])
+
+
+@pytest.mark.parametrize(("data", "words"), [
+    ({}, "non-empty list 'tenants'"),
+    ({"tenants": [{"name": "a b", "keys": [KEY_A]}]}, r"tenants\[0\].name: 'a b'"),
+    ({"tenants": [{"name": "a", "keys": []}]}, r"tenants\[0\].keys: expected a non-empty list"),
+    ({"tenants": [{"name": "a", "keys": ["short"]}]}, r"tenants\[0\].keys\[0\]: a plain key needs at least 16"),
+    ({"tenants": [{"name": "a", "keys": ["sha256:abc"]}]}, r"keys\[0\]: a sha256: key needs 64"),
+    ({"tenants": [{"name": "a", "keys": [KEY_A]}, {"name": "b", "keys": [key_hash(KEY_A)]}]},
+     r"tenants\[1\].keys\[0\]: the same key is also a key of tenant 'a'"),
+    ({"tenants": [{"name": "a", "keys": [KEY_A]}, {"name": "a", "keys": [KEY_B]}]}, r"tenants\[1\].name: 'a' is used twice"),
+    ({"tenants": [{"name": "a", "keys": [KEY_A], "limits": {"requests_per_s": 0}}]}, r"limits.requests_per_s: must be a number > 0"),
+    ({"tenants": [{"name": "a", "keys": [KEY_A], "limits": {"rps": 3}}]}, r"limits: unknown keys \['rps'\]"),
+    ({"tenants": [{"name": "a", "keys": [KEY_A], "limits": {"burst": 3}}]}, r"limits.burst: needs requests_per_s"),
+    ({"tenants": [{"name": "a", "keys": [KEY_A], "quota": 3}]}, r"tenants\[0\]: unknown keys \['quota'\]"),
+])
+def test_a_bad_tenants_file_is_refused_naming_the_entry(data: object, words: str) -> None:
+    with pytest.raises(ConfigError, match=words):
+        parse(data, where="tenants.yaml")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_requests_per_second_refuse_past_the_burst_and_say_when_to_retry() -> None:
+    clock, tenant = Clock(), Tenant("a", limits=Limits(requests_per_s=2, burst=3))
+    admission = Admission([tenant], clock)
+    for _ in range(3):
+        admission.admit(tenant)
+        admission.release(tenant, 5)
+    with pytest.raises(Refused) as refused:
+        admission.admit(tenant)
+    assert refused.value.reason == "rate" and refused.value.retry_after_s == 1.0 and "requests_per_s (2" in refused.value.message
+    clock.now += 0.5  # one request's worth at 2/s
+    admission.admit(tenant)
+    with pytest.raises(Refused):
+        admission.admit(tenant)
+
+
+def test_tokens_per_minute_are_debited_by_real_counts_and_refuse_once_spent() -> None:
+    clock, tenant = Clock(), Tenant("a", limits=Limits(tokens_per_min=600))  # 10 tokens a second
+    admission = Admission([tenant], clock)
+    admission.admit(tenant)
+    admission.release(tenant, 900)  # one answer may overshoot: the count is known only afterwards
+    with pytest.raises(Refused) as refused:
+        admission.admit(tenant)
+    assert refused.value.reason == "tokens" and refused.value.retry_after_s == 30.0  # 300 tokens owed at 10/s
+    clock.now += 31
+    admission.admit(tenant)
+
+
+def test_concurrency_counts_requests_in_flight_and_a_refusal_takes_nothing() -> None:
+    clock = Clock()
+    a, b = Tenant("a", limits=Limits(concurrent_requests=2, requests_per_s=100, burst=3)), Tenant("b")
+    admission = Admission([a, b], clock)
+    admission.admit(a)
+    admission.admit(a)
+    for _ in range(5):
+        with pytest.raises(Refused, match="2 requests in flight") as refused:
+            admission.admit(a)
+        assert refused.value.reason == "concurrency"
+    for _ in range(50):  # another tenant is not affected; no limits, no refusals
+        admission.admit(b)
+    admission.release(a, 0)
+    admission.admit(a)  # the refusals above did not spend the burst of 3
