@@ -142,3 +142,40 @@ def test_one_tenants_burst_leaves_the_other_served_and_metering_is_exact(
                     (("model", "minilm"), ("reason", "rate"), ("tenant", "team-a")))] == len(refused)
     assert samples[("tritonbundle_gateway_requests_total",
                     (("model", "-"), ("outcome", "refused"), ("tenant", "(unauthenticated)")))] >= 1
+
+
+ECHO_MODEL = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("P", np.array([r.parameters().encode()], dtype=object))])
+                for r in requests]
+'''
+
+
+def test_the_tenant_header_reaches_the_models_as_a_request_parameter(tmp_path: Path) -> None:
+    """tritonserver (as ``serve`` starts it) forwards ``tritonbundle-tenant`` and no other header."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    from tritonbundle.server import ServerOptions, TritonServer
+
+    (tmp_path / "repo" / "echo" / "1").mkdir(parents=True)
+    (tmp_path / "repo" / "echo" / "1" / "model.py").write_text(ECHO_MODEL)
+    (tmp_path / "repo" / "echo" / "config.pbtxt").write_text(
+        'name: "echo"\nbackend: "python"\nmax_batch_size: 0\ninput [{ name: "X", data_type: TYPE_INT32, dims: [1] }]\n'
+        'output [{ name: "P", data_type: TYPE_STRING, dims: [1] }]\n')
+    server = TritonServer(ServerOptions(tmp_path / "repo", http_port=0, grpc_port=0, metrics_port=0,
+                                        log_path=tmp_path / "tritonserver.log", exit_timeout_s=5)).start(ready_timeout_s=120)
+    try:
+        for module, url, tenant in ((grpcclient, server.grpc_url, "team-a"), (httpclient, server.http_url, "team-b")):
+            x = module.InferInput("X", [1], "INT32")
+            x.set_data_from_numpy(np.array([1], dtype=np.int32))
+            answer = module.InferenceServerClient(url).infer("echo", [x], headers={"tritonbundle-tenant": tenant,
+                                                                                   "x-other": "not forwarded"})
+            assert answer.as_numpy("P")[0] == f'{{"tritonbundle-tenant":"{tenant}"}}'.encode()
+    finally:
+        server.stop()
