@@ -4,6 +4,8 @@
 #
 #   TRITONBUNDLE_EDGE_TRITON_HTTP [triton:8000]  Triton's HTTP address (host:port)
 #   TRITONBUNDLE_EDGE_TRITON_GRPC [triton:8001]  Triton's gRPC address (host:port)
+#   TRITONBUNDLE_EDGE_GATEWAY [off]              the OpenAI API's gateway (host:port) that /v1/ goes to; off:
+#                                                /v1/ answers 404
 #   TRITONBUNDLE_EDGE_MAX_BODY [1m]              largest request body: bytes, or a number with k or m
 #   TRITONBUNDLE_EDGE_CAPACITY [derived]         inference requests at Triton at once, per protocol; empty:
 #                                                derived from the repository below by limits.py (the queue
@@ -32,6 +34,7 @@ rules="${TRITONBUNDLE_EDGE_RULES:-/etc/tritonbundle-edge}"
 conf_dir="${TRITONBUNDLE_EDGE_CONF_DIR:-/tmp/edge}"
 http="${TRITONBUNDLE_EDGE_TRITON_HTTP:-triton:8000}"
 grpc="${TRITONBUNDLE_EDGE_TRITON_GRPC:-triton:8001}"
+gateway="${TRITONBUNDLE_EDGE_GATEWAY:-off}"
 max_body="${TRITONBUNDLE_EDGE_MAX_BODY:-1m}"
 repository="${TRITONBUNDLE_EDGE_REPOSITORY:-/models/model_repository}"
 capacity="${TRITONBUNDLE_EDGE_CAPACITY:-}"
@@ -50,13 +53,15 @@ die() { echo "tritonbundle-edge: $*" >&2; exit 2; }
 case "$max_body" in
   '' | *[!0-9kKmM]* | [kKmM]* | *[kKmM]?*) die "TRITONBUNDLE_EDGE_MAX_BODY='$max_body' is not a size (bytes, or a number with k or m: 1m, 512k)" ;;
 esac
-for address in "$http" "$grpc"; do
+gateway_address=127.0.0.1:9
+[ "$gateway" = off ] || gateway_address="$gateway"
+for address in "$http" "$grpc" "$gateway_address"; do
   case "$address" in
-    '' | *[!]A-Za-z0-9.:_[-]* | *: | :*) die "Triton address '$address' is not host:port" ;;
+    '' | *[!]A-Za-z0-9.:_[-]* | *: | :*) die "address '$address' (Triton's or the gateway's) is not host:port" ;;
   esac
   case "$address" in
     *:*) ;;
-    *) die "Triton address '$address' has no port (host:port)" ;;
+    *) die "address '$address' has no port (host:port)" ;;
   esac
 done
 
@@ -94,6 +99,7 @@ render() {
   cp "$rules/nginx.conf" "$conf_dir/nginx.conf"
   sed -e "s|@TRITON_HTTP@|$http|g" -e "s|@TRITON_GRPC@|$grpc|g" -e "s|@MAX_BODY@|$max_body|g" \
       -e "s|@CAPACITY@|$capacity|g" -e "s|@CLIENT_REQUESTS@|$client_requests|g" -e "s|@REQUESTS@|$requests|g" \
+      -e "s|@GATEWAY_ADDRESS@|$gateway_address|g" -e "s|@GATEWAY@|$gateway|g" \
     "$rules/settings.conf.template" >"$conf_dir/settings.conf"
   sed -e "s|@CLIENT_CONNECTIONS@|$client_connections|g" -e "s|@CONNECTIONS@|$connections|g" \
     "$rules/stream-settings.conf.template" >"$conf_dir/stream-settings.conf"
@@ -110,6 +116,6 @@ if [ "$#" -gt 0 ]; then
 fi
 
 render
-echo "tritonbundle-edge: HTTP :8080 -> $http, gRPC :8081 -> $grpc, request bodies up to $max_body" >&2
+echo "tritonbundle-edge: HTTP :8080 -> $http (/v1/ -> gateway $gateway), gRPC :8081 -> $grpc, request bodies up to $max_body" >&2
 echo "tritonbundle-edge: inference requests: $capacity at Triton per protocol$capacity_from, $client_requests per client address, $requests in all; connections: $client_connections per client address, $connections in all" >&2
 exec nginx -c "$conf_dir/nginx.conf" -e stderr -g 'daemon off;'

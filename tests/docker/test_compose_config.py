@@ -87,7 +87,8 @@ def duration_s(text: str) -> float:
 
 def test_plain_compose_up_starts_the_gpu_stack_export_build_triton_edge(gpu: Config) -> None:
     assert gpu["name"] == "tritonbundle"
-    assert sorted(gpu["services"]) == ["build", "edge", "export", "triton"], "profiles keep loadtest and monitoring out"
+    assert sorted(gpu["services"]) == ["build", "edge", "export", "gateway", "triton"], \
+        "profiles keep loadtest and monitoring out"
     triton, build = gpu["services"]["triton"], gpu["services"]["build"]
     assert build["depends_on"]["export"]["condition"] == "service_completed_successfully"
     assert triton["depends_on"]["build"]["condition"] == "service_completed_successfully"
@@ -99,7 +100,8 @@ def test_plain_compose_up_starts_the_gpu_stack_export_build_triton_edge(gpu: Con
 
 def test_profiles_add_loadtest_prometheus_and_grafana(docker_engine: None) -> None:
     config = compose_config("--profile", "loadtest", "--profile", "monitoring")
-    assert sorted(config["services"]) == ["build", "edge", "export", "grafana", "loadtest", "prometheus", "triton"]
+    assert sorted(config["services"]) == ["build", "edge", "export", "gateway", "grafana", "loadtest", "prometheus",
+                                          "triton"]
     loadtest = config["services"]["loadtest"]
     # Load goes where clients go: through the edge; Triton's metrics are read directly.
     assert loadtest["depends_on"]["edge"]["condition"] == "service_healthy"
@@ -215,11 +217,25 @@ def test_engines_and_timing_cache_live_in_named_volumes(gpu: Config) -> None:
     assert {"artifacts", "model_repository"} <= set(gpu["volumes"])
 
 
+def test_the_gateway_serves_the_openai_api_behind_the_edge_with_usage_in_a_volume(gpu: Config) -> None:
+    gateway, edge = gpu["services"]["gateway"], gpu["services"]["edge"]
+    entry = gateway["entrypoint"]
+    assert entry[:3] == ["tritonbundle-entrypoint", "tritonbundle", "gateway"]
+    assert entry[entry.index("--url") + 1] == "triton:8001" and entry[entry.index("--port") + 1] == "8090"
+    assert entry[entry.index("--model") + 1] == "minilm" and entry[entry.index("--metrics-port") + 1] == "9091"
+    assert entry[entry.index("--usage-log") + 1] == "/var/lib/tritonbundle/usage/usage.jsonl"
+    assert any(v["type"] == "volume" and v["source"] == "usage" for v in gateway["volumes"])
+    assert gateway["depends_on"]["triton"]["condition"] == "service_healthy"
+    assert not gateway["environment"].get("TRITONBUNDLE_TENANTS"), "no tenants file unless one is set"
+    assert edge["environment"]["TRITONBUNDLE_EDGE_GATEWAY"] == "gateway:8090" and "gateway" in edge["depends_on"]
+    assert gateway["read_only"] is True and gateway["cap_drop"] == ["ALL"] and "ports" not in gateway
+
+
 def test_ports_are_published_on_loopback_unless_a_bind_address_is_set(gpu: Config, docker_engine: None) -> None:
     """HTTP and gRPC are the edge's (8080, 8081 in its container); only metrics are published from triton."""
     published = {name: sorted((p["target"], p["published"]) for p in service.get("ports", []))
                  for name, service in gpu["services"].items()}
-    assert published == {"export": [], "build": [], "triton": [(8002, "8002")],
+    assert published == {"export": [], "build": [], "gateway": [], "triton": [(8002, "8002")],
                          "edge": [(8080, "8000"), (8081, "8001")]}
     assert {p["host_ip"] for s in gpu["services"].values() for p in s.get("ports", [])} == {"127.0.0.1"}
     exposed = compose_config(env={"TRITONBUNDLE_BIND_ADDRESS": "0.0.0.0", "TRITONBUNDLE_HTTP_PORT": "9000",
@@ -304,6 +320,7 @@ def test_image_tags_are_the_project_version_and_the_ngc_release(gpu: Config, doc
         "export": f"tritonbundle-export:{version}",
         "build": f"tritonbundle-build:{version}-ngc{release}",
         "triton": f"tritonbundle-server:{version}-ngc{release}",
+        "gateway": f"tritonbundle-cpu:{version}",
     }
     # TRITONBUNDLE_TAG and TRITONBUNDLE_REGISTRY keep the release suffix.
     custom = compose_config(env={"TRITONBUNDLE_TAG": "1.2.3", "TRITONBUNDLE_REGISTRY": "reg.example/ml/"})
@@ -323,7 +340,7 @@ def test_image_builds_pass_the_ca_bundle_as_a_secret_and_use_the_host_network(gp
 
 
 def test_cpu_variant_swaps_the_gpu_services_for_the_cpu_image(cpu: Config) -> None:
-    assert sorted(cpu["services"]) == ["build", "edge", "export", "triton"]
+    assert sorted(cpu["services"]) == ["build", "edge", "export", "gateway", "triton"]
     for name, service in cpu["services"].items():
         assert not gpu_devices(service), f"{name} still reserves a GPU"
     build, triton = cpu["services"]["build"], cpu["services"]["triton"]
@@ -353,7 +370,8 @@ def test_edge_fronts_triton_hardened_and_healthy_only_when_triton_answers_throug
     assert edge["environment"] == {"TRITONBUNDLE_EDGE_TRITON_HTTP": "triton:8000", "TRITONBUNDLE_EDGE_TRITON_GRPC": "triton:8001",
                                    "TRITONBUNDLE_EDGE_MAX_BODY": EDGE_MAX_BODY, "TRITONBUNDLE_EDGE_CAPACITY": "",
                                    "TRITONBUNDLE_EDGE_CLIENT_REQUESTS": "", "TRITONBUNDLE_EDGE_REQUESTS": "",
-                                   "TRITONBUNDLE_EDGE_CLIENT_CONNECTIONS": "256", "TRITONBUNDLE_EDGE_CONNECTIONS": "4096"}
+                                   "TRITONBUNDLE_EDGE_CLIENT_CONNECTIONS": "256", "TRITONBUNDLE_EDGE_CONNECTIONS": "4096",
+                                   "TRITONBUNDLE_EDGE_GATEWAY": "gateway:8090"}
     assert "network_mode" not in edge, "the default network, where `triton` resolves"
     # Hardened like every container: read-only root, a tmpfs /tmp, no capabilities, no privilege gain.
     assert edge["read_only"] is True and edge["tmpfs"] == ["/tmp"] and edge["cap_drop"] == ["ALL"]
@@ -390,8 +408,8 @@ def test_edge_image_and_config_agree_with_compose() -> None:
 def test_prometheus_scrapes_triton_and_grafana_is_provisioned_with_the_dashboard() -> None:
     prometheus = yaml.safe_load((DOCKER_DIR / "monitoring" / "prometheus.yml").read_text())
     targets = [t for job in prometheus["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]]
-    assert targets == ["triton:8002"]
-    assert prometheus["scrape_configs"][0]["job_name"] == "triton"
+    assert targets == ["triton:8002", "gateway:9091"]
+    assert [job["job_name"] for job in prometheus["scrape_configs"]] == ["triton", "gateway"]
     provisioning = DOCKER_DIR / "monitoring" / "grafana" / "provisioning"
     datasource = yaml.safe_load((provisioning / "datasources" / "prometheus.yaml").read_text())
     assert datasource["datasources"][0]["url"] == "http://prometheus:9090"

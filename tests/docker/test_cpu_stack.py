@@ -62,6 +62,24 @@ def test_embeds_over_http_and_grpc_through_the_loopback_ports(cpu_stack: Stack) 
     assert similarity[0, 1] > 0.6 > similarity[0, 2], "the two guitar sentences are the nearest pair"
 
 
+def test_the_openai_api_answers_through_the_edge_and_meters_usage(cpu_stack: Stack) -> None:
+    """/v1/ on the edge's port reaches the gateway (OpenAI's own client), whose usage log counts it."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{cpu_stack.http_url}/v1", api_key="no-tenants-configured", max_retries=0, timeout=60)
+    result = client.embeddings.create(model="minilm", input=SENTENCES)
+    http, _ = embed_both(cpu_stack)
+    got = np.array([d.embedding for d in sorted(result.data, key=lambda d: d.index)], dtype=np.float32)
+    np.testing.assert_allclose(got, http, atol=1e-5)
+    with pytest.raises(openai.NotFoundError):
+        client.embeddings.create(model="not-served", input="hi")
+    log = run(["docker", "exec", cpu_stack.container("gateway"), "tritonbundle", "usage", "--log",
+               "/var/lib/tritonbundle/usage/usage.jsonl", "--json"]).stdout
+    rows = {r["model"]: r for r in json.loads(log)}
+    assert rows["minilm"]["ok"] >= 1 and rows["minilm"]["tokens"] >= result.usage.total_tokens
+    assert rows["-"]["invalid"] >= 1
+
+
 def test_ports_are_published_on_loopback_only(cpu_stack: Stack) -> None:
     """HTTP and gRPC reach Triton through the edge only (nginx, 8080/8081 in its container); metrics directly."""
     published = {}

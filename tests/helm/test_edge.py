@@ -88,7 +88,8 @@ def test_the_charts_edge_files_are_copies_of_the_compose_edges_stream_template_i
      {"TRITONBUNDLE_EDGE_CAPACITY": "7", "TRITONBUNDLE_EDGE_CLIENT_REQUESTS": "2", "TRITONBUNDLE_EDGE_REQUESTS": "300",
       "TRITONBUNDLE_EDGE_CLIENT_CONNECTIONS": "64", "TRITONBUNDLE_EDGE_CONNECTIONS": "1000",
       "TRITONBUNDLE_EDGE_MAX_BODY": "512k"}),
-], ids=["defaults", "capacity", "every-limit"])
+    ({"gateway.enabled": "true"}, {"TRITONBUNDLE_EDGE_GATEWAY": "127.0.0.1:8090"}),
+], ids=["defaults", "capacity", "every-limit", "gateway"])
 def test_the_chart_renders_the_limits_as_the_compose_entry_point_does(
     helm: Path, tmp_path: Path, sets: dict[str, str], env: dict[str, str],  # noqa: F811 - the fixture
 ) -> None:
@@ -289,10 +290,58 @@ def test_nginx_accepts_the_charts_and_the_compose_edges_configuration(helm: Path
     nginx = nginx_with_stream()
     chart, compose = tmp_path / "chart", tmp_path / "compose"
     chart.mkdir()
-    for name, text in edge_config(render(helm, sets={"edge.limits.capacity": "40"})).items():
+    for name, text in edge_config(render(helm, sets={"edge.limits.capacity": "40", "gateway.enabled": "true"})).items():
         (chart / name).write_text(text)
     compose_render(compose, {"TRITONBUNDLE_EDGE_CAPACITY": "40"})
     for folder in (chart, compose):
         result = subprocess.run([nginx, "-t", "-q", "-c", str(folder / "nginx.conf"), "-e", "stderr"],
                                 capture_output=True, text=True, timeout=30)
         assert result.returncode == 0, f"{folder.name}: {result.stderr}"
+
+
+# -- the OpenAI API's gateway behind the edge -------------------------------------------------------
+def test_without_a_gateway_v1_answers_404_at_the_edge_and_with_one_it_goes_to_the_gateway(helm: Path) -> None:  # noqa: F811
+    off = edge_config(render(helm))["settings.conf"]
+    assert "server 127.0.0.1:9;" in off and 'default "off";' in off
+    on = edge_config(render(helm, sets={"gateway.enabled": "true", "gateway.port": "8095"}))["settings.conf"]
+    assert "server 127.0.0.1:8095;" in on and 'default "127.0.0.1:8095";' in on
+    nginx = edge_config(render(helm))["nginx.conf"]
+    location = nginx[nginx.index("location /v1/ {"):]
+    assert location.index('if ($edge_gateway = "off")') < location.index("proxy_pass http://openai_gateway;")
+    assert '"code":"not_enabled"' in location
+
+
+def test_the_gateway_runs_beside_triton_with_its_tenants_secret_and_metrics_port(helm: Path) -> None:  # noqa: F811
+    docs = render(helm, sets={"gateway.enabled": "true", "gateway.tenants.existingSecret": "my-tenants",
+                              "gateway.models[0]": "minilm", "gateway.models[1]": "e5"})
+    spec = workload(docs)["spec"]["template"]["spec"]
+    gateway = next(c for c in spec["containers"] if c["name"] == "gateway")
+    args = gateway["command"]
+    assert args[:2] == ["tritonbundle", "gateway"] and args[args.index("--url") + 1] == "127.0.0.1:8001"
+    assert args[args.index("--host") + 1] == "127.0.0.1" and args[args.index("--metrics-host") + 1] == "0.0.0.0"
+    assert [args[i + 1] for i, a in enumerate(args) if a == "--model"] == ["minilm", "e5"]
+    assert {"name": "TRITONBUNDLE_TENANTS", "value": "/etc/tritonbundle/tenants/tenants.yaml"} in gateway["env"]
+    mounts = {m["mountPath"]: m["name"] for m in gateway["volumeMounts"]}
+    assert mounts["/etc/tritonbundle/tenants"] == "gateway-tenants"
+    volume = next(v for v in spec["volumes"] if v["name"] == "gateway-tenants")
+    assert volume["secret"]["secretName"] == "my-tenants"
+    assert gateway["ports"] == [{"name": "gateway-metrics", "containerPort": 9091, "protocol": "TCP"}]
+    assert gateway["securityContext"]["readOnlyRootFilesystem"] is True
+    none = workload(render(helm))["spec"]["template"]["spec"]["containers"]
+    assert "gateway" not in [c["name"] for c in none], "off by default"
+    refused = template(helm, sets={"gateway.enabled": "true", "edge.enabled": "false"}, check=False)
+    assert refused.returncode != 0 and "gateway.enabled needs edge.enabled" in refused.stderr
+
+
+def test_the_network_policy_opens_the_edge_ports_and_metrics_only_to_monitoring(helm: Path) -> None:  # noqa: F811
+    assert not objects(render(helm), "NetworkPolicy"), "off by default"
+    docs = render(helm, sets={"networkPolicy.enabled": "true", "gateway.enabled": "true",
+                              "networkPolicy.clients[0].namespaceSelector.matchLabels.team": "search"})
+    (policy,) = objects(docs, "NetworkPolicy")
+    inference, metrics = policy["spec"]["ingress"]
+    assert [p["port"] for p in inference["ports"]] == ["http", "grpc"]
+    assert inference["from"] == [{"namespaceSelector": {"matchLabels": {"team": "search"}}}]
+    assert [p["port"] for p in metrics["ports"]] == ["metrics", "gateway-metrics"]
+    assert metrics["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    named = {p["name"] for c in workload(docs)["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])}
+    assert {"http", "grpc", "metrics", "gateway-metrics"} <= named, "every port the policy names exists"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import secrets
 import time
@@ -20,6 +21,9 @@ from tritonbundle.errors import ConfigError
 
 if TYPE_CHECKING:
     from tritonbundle.gateway.app import Backend
+
+#: The tenants file, when --tenants is not given (compose and Helm set it).
+TENANTS_ENV = "TRITONBUNDLE_TENANTS"
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
@@ -40,7 +44,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     asyncio.run(_check(backend))  # a missing or wrong model stops here, in one line, before uvicorn starts
     meter = Meter(args.usage_log)
     if args.metrics_port:
-        meter.serve(args.metrics_port, args.host)
+        meter.serve(args.metrics_port, args.metrics_host or args.host)
     who = f"{len(tenants.tenants)} tenants from {args.tenants}" if tenants else "no tenants: open to every caller"
     print(f"OpenAI embeddings API on http://{args.host}:{args.port}/v1 for {backend.names} (Triton gRPC {args.url}); "
           f"{who}" + (f"; metrics on :{args.metrics_port}/metrics" if args.metrics_port else ""), flush=True)
@@ -122,9 +126,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--host", default=defaults.ADDRESS, help="address to bind (0.0.0.0 exposes the gateway)")
     p.add_argument("--port", type=int, default=defaults.GATEWAY_PORT, help="port to listen on")
     p.add_argument("--timeout-s", type=float, default=defaults.TIMEOUT_S, help="deadline per call to Triton, and for connecting at start")
-    p.add_argument("--tenants", help="tenants file (YAML: keys, models, limits; docs/tenants.md); without it every caller is served")
+    p.add_argument("--tenants", default=os.environ.get(TENANTS_ENV) or None,
+                   help=f"tenants file (YAML: keys, models, limits; docs/tenants.md; default ${TENANTS_ENV}); without it every "
+                        "caller is served")
     p.add_argument("--usage-log", help="append one JSON line per request here (tritonbundle usage reads it)")
     p.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics on this port (0: off)")
+    p.add_argument("--metrics-host", help="address the metrics bind to (default: --host's)")
     p.set_defaults(func=cmd_gateway)
 
     p = shared.parser(sub, "tenants", help="make a key for the gateway's tenants file, or check the file")

@@ -123,7 +123,13 @@ to 127.0.0.1. Its listening ports are fixed in its nginx.conf (files/edge-nginx.
 {{- .Files.Get "files/edge-settings.conf.template"
     | replace "@TRITON_HTTP@" (printf "127.0.0.1:%d" (int .Values.server.ports.http))
     | replace "@TRITON_GRPC@" (printf "127.0.0.1:%d" (int .Values.server.ports.grpc))
-    | replace "@MAX_BODY@" (toString .Values.edge.maxBodySize) }}
+    | replace "@MAX_BODY@" (toString .Values.edge.maxBodySize)
+    | replace "@GATEWAY_ADDRESS@" (ternary (printf "127.0.0.1:%d" (int .Values.gateway.port)) "127.0.0.1:9" .Values.gateway.enabled)
+    | replace "@GATEWAY@" (ternary (printf "127.0.0.1:%d" (int .Values.gateway.port)) "off" .Values.gateway.enabled) }}
+{{- end }}
+
+{{- define "tritonbundle.gatewayImage" -}}
+{{- include "tritonbundle.imageRef" (dict "image" .Values.gateway.image "defaultTag" .Chart.AppVersion "global" .Values.global) }}
 {{- end }}
 
 {{/*

@@ -418,6 +418,70 @@ spec:
         - name: edge-tmp
           mountPath: /tmp
     {{- end }}
+    {{- if $v.gateway.enabled }}
+    {{- if not $v.edge.enabled }}
+    {{- fail "gateway.enabled needs edge.enabled: the edge sends /v1/ to the gateway" }}
+    {{- end }}
+    {{- /* The OpenAI API (docs/openai.md, docs/tenants.md): on loopback, reached through the edge's /v1/; Triton's
+    gRPC port in the same pod. */}}
+    - name: gateway
+      image: {{ include "tritonbundle.gatewayImage" . }}
+      imagePullPolicy: {{ $v.gateway.image.pullPolicy }}
+      command:
+        - tritonbundle
+        - gateway
+        - --url
+        - {{ printf "127.0.0.1:%d" (int $v.server.ports.grpc) | quote }}
+        - --host
+        - 127.0.0.1
+        - --port
+        - {{ $v.gateway.port | quote }}
+        {{- range $v.gateway.models }}
+        - --model
+        - {{ . | quote }}
+        {{- end }}
+        - --usage-log
+        - /var/lib/tritonbundle/usage/usage.jsonl
+        - --metrics-port
+        - {{ $v.gateway.metricsPort | quote }}
+        - --metrics-host
+        - 0.0.0.0
+      {{- if $v.gateway.tenants.existingSecret }}
+      env:
+        - name: TRITONBUNDLE_TENANTS
+          value: /etc/tritonbundle/tenants/tenants.yaml
+      {{- end }}
+      ports:
+        - name: gateway-metrics
+          containerPort: {{ $v.gateway.metricsPort }}
+          protocol: TCP
+      readinessProbe:
+        exec:
+          command: ["python3", "-c", {{ printf "import urllib.request as u; u.urlopen('http://127.0.0.1:%d/health', timeout=3)" (int $v.gateway.port) | quote }}]
+        periodSeconds: 5
+        timeoutSeconds: 5
+        failureThreshold: 3
+      livenessProbe:
+        tcpSocket:
+          port: gateway-metrics
+        initialDelaySeconds: 30
+        periodSeconds: 10
+      securityContext:
+        {{- toYaml $v.securityContext | nindent 8 }}
+      resources:
+        {{- toYaml $v.gateway.resources | nindent 8 }}
+      volumeMounts:
+        - name: gateway-usage
+          mountPath: /var/lib/tritonbundle/usage
+        - name: edge-tmp
+          mountPath: /tmp
+          subPath: gateway
+        {{- if $v.gateway.tenants.existingSecret }}
+        - name: gateway-tenants
+          mountPath: /etc/tritonbundle/tenants
+          readOnly: true
+        {{- end }}
+    {{- end }}
     {{- with $v.extraContainers }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
@@ -441,6 +505,19 @@ spec:
     - name: edge-tmp
       emptyDir:
         sizeLimit: {{ $v.edge.tmpSizeLimit }}
+    {{- end }}
+    {{- if $v.gateway.enabled }}
+    - name: gateway-usage
+      emptyDir:
+        sizeLimit: 1Gi
+    {{- if $v.gateway.tenants.existingSecret }}
+    - name: gateway-tenants
+      secret:
+        secretName: {{ $v.gateway.tenants.existingSecret }}
+        items:
+          - key: tenants.yaml
+            path: tenants.yaml
+    {{- end }}
     {{- end }}
     {{- if $engineBuild }}
     - name: run
