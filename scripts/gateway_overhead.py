@@ -7,6 +7,7 @@ time, alternating direct and through the gateway (OpenAI's Python client, base64
 p50/p99 of each path and the gateway process's CPU time per request.
 
     .venv/bin/python scripts/gateway_overhead.py --requests 400
+    .venv/bin/python scripts/gateway_overhead.py --requests 400 --tenants   # keys, limits and metering on
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -33,6 +35,9 @@ def main() -> int:
     ap.add_argument("--url", help="gRPC address of a running Triton (default: start the CPU server here)")
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--tenants", action="store_true",
+                    help="run the gateway as a shared service: a tenants file (one tenant with limits it never meets), "
+                         "the usage log and the metrics port")
     args = ap.parse_args()
 
     import openai
@@ -49,8 +54,19 @@ def main() -> int:
         server.start(ready_timeout_s=180)
         args.url = server.grpc_url
     port = args.port or free_port()
-    gateway = subprocess.Popen([sys.executable, "-m", "tritonbundle", "gateway", "--url", args.url, "--port", str(port)],
-                               cwd=ROOT)
+    argv = [sys.executable, "-m", "tritonbundle", "gateway", "--url", args.url, "--port", str(port)]
+    key = "unused"
+    work = tempfile.TemporaryDirectory(prefix="gateway-overhead-")
+    if args.tenants:
+        from tritonbundle.gateway.tenants import key_hash
+
+        key = "tb-gateway-overhead-measurement-key"
+        tenants = Path(work.name) / "tenants.yaml"
+        tenants.write_text(f'tenants:\n  - name: bench\n    keys: ["{key_hash(key)}"]\n'
+                           "    limits: {requests_per_s: 100000, tokens_per_min: 1000000000, concurrent_requests: 1000}\n")
+        argv += ["--tenants", str(tenants), "--usage-log", str(Path(work.name) / "usage.jsonl"),
+                 "--metrics-port", str(free_port())]
+    gateway = subprocess.Popen(argv, cwd=ROOT)
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -63,7 +79,7 @@ def main() -> int:
                 time.sleep(0.2)
         factory = PayloadFactory(traffic.load(ROOT / "build" / "traffic" / "chat.jsonl"), seed=0, max_batch=1)
         texts = [factory.text(factory.draw()[0]) for _ in range(args.requests)]
-        ai = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+        ai = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0)
         times: dict[str, list[float]] = {"direct gRPC": [], "gateway, float": [], "gateway, base64": []}
         cpu = psutil.Process(gateway.pid)
         with GrpcClient(args.url) as client:
@@ -80,7 +96,8 @@ def main() -> int:
                 times[f"gateway, {encoding}"].append((time.perf_counter() - t0) * 1000)
             after = cpu.cpu_times()
         used_ms = (after.user + after.system - before.user - before.system) * 1000
-        print(f"{args.requests} one-text requests of the chat traffic's lengths, sequential, Triton at {args.url}")
+        print(f"{args.requests} one-text requests of the chat traffic's lengths, sequential, Triton at {args.url}"
+              + ("; gateway with tenants, usage log and metrics" if args.tenants else ""))
         for name, values in times.items():
             print(f"  {name:18s} p50 {statistics.median(values):7.2f} ms   p99 {_pct(values, 0.99):7.2f} ms   "
                   f"({len(values)} requests)")
@@ -91,6 +108,7 @@ def main() -> int:
     finally:
         gateway.terminate()
         gateway.wait(timeout=20)
+        work.cleanup()
         if server is not None:
             server.stop()
     return 0

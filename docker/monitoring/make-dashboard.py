@@ -5,7 +5,7 @@
 
 The chart's queries select series by Kubernetes labels (namespace, app_kubernetes_io_instance, pod). Here
 Prometheus scrapes the `triton` service itself (job "triton"), so those become job="triton" and the
-`instance` label (one per Triton container).
+`instance` label (one per Triton container); the gateway's series (tritonbundle_gateway_*) job="gateway".
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ SELECTOR = re.compile(r'namespace="\$namespace",\s*app_kubernetes_io_instance=~"
 
 
 def convert_text(text: str) -> str:
-    text = SELECTOR.sub('job="triton",instance=~"$instance"', text)
+    # The gateway's series come from the `gateway` service (job "gateway"), Triton's from `triton`.
+    job = "gateway" if "tritonbundle_gateway_" in text else "triton"
+    text = SELECTOR.sub(f'job="{job}",instance=~"$instance"', text)
     text = re.sub(r"\bpod\b", "instance", text)
     text = text.replace("Serving pods", "Serving instances").replace("per pod", "per instance")
     return text
