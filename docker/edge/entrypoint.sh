@@ -6,6 +6,8 @@
 #   TRITONBUNDLE_EDGE_TRITON_GRPC [triton:8001]  Triton's gRPC address (host:port)
 #   TRITONBUNDLE_EDGE_GATEWAY [off]              the OpenAI API's gateway (host:port) that /v1/ goes to; off:
 #                                                /v1/ answers 404
+#   TRITONBUNDLE_EDGE_TENANTS [off]              on: the gateway checks every inference request's key and
+#                                                limits (needs TRITONBUNDLE_EDGE_GATEWAY)
 #   TRITONBUNDLE_EDGE_MAX_BODY [1m]              largest request body: bytes, or a number with k or m
 #   TRITONBUNDLE_EDGE_CAPACITY [derived]         inference requests at Triton at once, per protocol; empty:
 #                                                derived from the repository below by limits.py (the queue
@@ -35,6 +37,7 @@ conf_dir="${TRITONBUNDLE_EDGE_CONF_DIR:-/tmp/edge}"
 http="${TRITONBUNDLE_EDGE_TRITON_HTTP:-triton:8000}"
 grpc="${TRITONBUNDLE_EDGE_TRITON_GRPC:-triton:8001}"
 gateway="${TRITONBUNDLE_EDGE_GATEWAY:-off}"
+tenants="${TRITONBUNDLE_EDGE_TENANTS:-off}"  # empty counts as off
 max_body="${TRITONBUNDLE_EDGE_MAX_BODY:-1m}"
 repository="${TRITONBUNDLE_EDGE_REPOSITORY:-/models/model_repository}"
 capacity="${TRITONBUNDLE_EDGE_CAPACITY:-}"
@@ -53,6 +56,11 @@ die() { echo "tritonbundle-edge: $*" >&2; exit 2; }
 case "$max_body" in
   '' | *[!0-9kKmM]* | [kKmM]* | *[kKmM]?*) die "TRITONBUNDLE_EDGE_MAX_BODY='$max_body' is not a size (bytes, or a number with k or m: 1m, 512k)" ;;
 esac
+case "$tenants" in
+  on | off) ;;
+  *) die "TRITONBUNDLE_EDGE_TENANTS='$tenants' is neither on nor off" ;;
+esac
+[ "$tenants" = off ] || [ "$gateway" != off ] || die "TRITONBUNDLE_EDGE_TENANTS=on needs the gateway (TRITONBUNDLE_EDGE_GATEWAY)"
 gateway_address=127.0.0.1:9
 [ "$gateway" = off ] || gateway_address="$gateway"
 for address in "$http" "$grpc" "$gateway_address"; do
@@ -99,7 +107,7 @@ render() {
   cp "$rules/nginx.conf" "$conf_dir/nginx.conf"
   sed -e "s|@TRITON_HTTP@|$http|g" -e "s|@TRITON_GRPC@|$grpc|g" -e "s|@MAX_BODY@|$max_body|g" \
       -e "s|@CAPACITY@|$capacity|g" -e "s|@CLIENT_REQUESTS@|$client_requests|g" -e "s|@REQUESTS@|$requests|g" \
-      -e "s|@GATEWAY_ADDRESS@|$gateway_address|g" -e "s|@GATEWAY@|$gateway|g" \
+      -e "s|@GATEWAY_ADDRESS@|$gateway_address|g" -e "s|@GATEWAY@|$gateway|g" -e "s|@TENANTS@|$tenants|g" \
     "$rules/settings.conf.template" >"$conf_dir/settings.conf"
   sed -e "s|@CLIENT_CONNECTIONS@|$client_connections|g" -e "s|@CONNECTIONS@|$connections|g" \
     "$rules/stream-settings.conf.template" >"$conf_dir/stream-settings.conf"
@@ -116,6 +124,6 @@ if [ "$#" -gt 0 ]; then
 fi
 
 render
-echo "tritonbundle-edge: HTTP :8080 -> $http (/v1/ -> gateway $gateway), gRPC :8081 -> $grpc, request bodies up to $max_body" >&2
+echo "tritonbundle-edge: HTTP :8080 -> $http (/v1/ -> gateway $gateway; tenants $tenants), gRPC :8081 -> $grpc, request bodies up to $max_body" >&2
 echo "tritonbundle-edge: inference requests: $capacity at Triton per protocol$capacity_from, $client_requests per client address, $requests in all; connections: $client_connections per client address, $connections in all" >&2
 exec nginx -c "$conf_dir/nginx.conf" -e stderr -g 'daemon off;'

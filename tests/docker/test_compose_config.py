@@ -227,6 +227,12 @@ def test_the_gateway_serves_the_openai_api_behind_the_edge_with_usage_in_a_volum
     assert any(v["type"] == "volume" and v["source"] == "usage" for v in gateway["volumes"])
     assert gateway["depends_on"]["triton"]["condition"] == "service_healthy"
     assert not gateway["environment"].get("TRITONBUNDLE_TENANTS"), "no tenants file unless one is set"
+    assert not edge["environment"]["TRITONBUNDLE_EDGE_TENANTS"]
+    with_tenants = compose_config(env={"TRITONBUNDLE_TENANTS_FILE": "/srv/tenants.yaml"})["services"]
+    assert with_tenants["gateway"]["environment"]["TRITONBUNDLE_TENANTS"] == "/etc/tritonbundle/tenants.yaml"
+    assert with_tenants["edge"]["environment"]["TRITONBUNDLE_EDGE_TENANTS"] == "on"
+    assert any(v["source"] == "/srv/tenants.yaml" and v["target"] == "/etc/tritonbundle/tenants.yaml"
+               for v in with_tenants["gateway"]["volumes"])
     assert edge["environment"]["TRITONBUNDLE_EDGE_GATEWAY"] == "gateway:8090" and "gateway" in edge["depends_on"]
     assert gateway["read_only"] is True and gateway["cap_drop"] == ["ALL"] and "ports" not in gateway
 
@@ -371,7 +377,7 @@ def test_edge_fronts_triton_hardened_and_healthy_only_when_triton_answers_throug
                                    "TRITONBUNDLE_EDGE_MAX_BODY": EDGE_MAX_BODY, "TRITONBUNDLE_EDGE_CAPACITY": "",
                                    "TRITONBUNDLE_EDGE_CLIENT_REQUESTS": "", "TRITONBUNDLE_EDGE_REQUESTS": "",
                                    "TRITONBUNDLE_EDGE_CLIENT_CONNECTIONS": "256", "TRITONBUNDLE_EDGE_CONNECTIONS": "4096",
-                                   "TRITONBUNDLE_EDGE_GATEWAY": "gateway:8090"}
+                                   "TRITONBUNDLE_EDGE_GATEWAY": "gateway:8090", "TRITONBUNDLE_EDGE_TENANTS": ""}
     assert "network_mode" not in edge, "the default network, where `triton` resolves"
     # Hardened like every container: read-only root, a tmpfs /tmp, no capabilities, no privilege gain.
     assert edge["read_only"] is True and edge["tmpfs"] == ["/tmp"] and edge["cap_drop"] == ["ALL"]

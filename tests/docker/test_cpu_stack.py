@@ -66,7 +66,7 @@ def test_the_openai_api_answers_through_the_edge_and_meters_usage(cpu_stack: Sta
     """/v1/ on the edge's port reaches the gateway (OpenAI's own client), whose usage log counts it."""
     import openai
 
-    client = openai.OpenAI(base_url=f"{cpu_stack.http_url}/v1", api_key="no-tenants-configured", max_retries=0, timeout=60)
+    client = openai.OpenAI(base_url=f"http://{cpu_stack.http_url}/v1", api_key="no-tenants-configured", max_retries=0, timeout=60)
     result = client.embeddings.create(model="minilm", input=SENTENCES)
     http, _ = embed_both(cpu_stack)
     got = np.array([d.embedding for d in sorted(result.data, key=lambda d: d.index)], dtype=np.float32)

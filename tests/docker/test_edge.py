@@ -461,7 +461,7 @@ def test_the_edge_runs_non_root_read_only_and_logs_to_stdout(stack: Stack) -> No
     assert info["HostConfig"]["ReadonlyRootfs"] is True and info["HostConfig"]["CapDrop"] == ["ALL"]
     assert info["Config"]["StopSignal"] == "SIGQUIT"
     assert info["State"]["Health"]["Status"] == "healthy"
-    assert "tritonbundle-edge: HTTP :8080 -> triton:8000, gRPC :8081 -> triton:8001, request bodies up to 1m" in stack.logs("edge")
+    assert "tritonbundle-edge: HTTP :8080 -> triton:8000 (/v1/ -> gateway gateway:8090; tenants off), gRPC :8081 -> triton:8001, request bodies up to 1m" in stack.logs("edge")
 
 
 def test_the_helm_charts_edge_config_runs_as_a_sidecar_of_triton(stack: Stack, tmp_path: Path) -> None:

@@ -89,7 +89,9 @@ def test_the_charts_edge_files_are_copies_of_the_compose_edges_stream_template_i
       "TRITONBUNDLE_EDGE_CLIENT_CONNECTIONS": "64", "TRITONBUNDLE_EDGE_CONNECTIONS": "1000",
       "TRITONBUNDLE_EDGE_MAX_BODY": "512k"}),
     ({"gateway.enabled": "true"}, {"TRITONBUNDLE_EDGE_GATEWAY": "127.0.0.1:8090"}),
-], ids=["defaults", "capacity", "every-limit", "gateway"])
+    ({"gateway.enabled": "true", "gateway.tenants.existingSecret": "t"},
+     {"TRITONBUNDLE_EDGE_GATEWAY": "127.0.0.1:8090", "TRITONBUNDLE_EDGE_TENANTS": "on"}),
+], ids=["defaults", "capacity", "every-limit", "gateway", "tenants"])
 def test_the_chart_renders_the_limits_as_the_compose_entry_point_does(
     helm: Path, tmp_path: Path, sets: dict[str, str], env: dict[str, str],  # noqa: F811 - the fixture
 ) -> None:
@@ -268,6 +270,9 @@ def test_limits_py_reads_config_pbtxt_as_protobuf_does() -> None:
     ({"TRITONBUNDLE_EDGE_CAPACITY": "lots"}, "TRITONBUNDLE_EDGE_CAPACITY='lots' is not a positive whole number"),
     ({"TRITONBUNDLE_EDGE_CLIENT_REQUESTS": "0"}, "TRITONBUNDLE_EDGE_CLIENT_REQUESTS='0' is not a positive whole number"),
     ({"TRITONBUNDLE_EDGE_CLIENT_CONNECTIONS": "99999999"}, "TRITONBUNDLE_EDGE_CLIENT_CONNECTIONS='99999999' is over"),
+    ({"TRITONBUNDLE_EDGE_TENANTS": "yes"}, "TRITONBUNDLE_EDGE_TENANTS='yes' is neither on nor off"),
+    ({"TRITONBUNDLE_EDGE_TENANTS": "on"}, "TRITONBUNDLE_EDGE_TENANTS=on needs the gateway"),
+    ({"TRITONBUNDLE_EDGE_GATEWAY": "gateway"}, "address 'gateway' has no port"),
 ])
 def test_the_entry_point_refuses_a_bad_limit_naming_it(tmp_path: Path, env: dict[str, str], says: str) -> None:
     result = entrypoint(tmp_path, env, "--render")
@@ -303,6 +308,9 @@ def test_nginx_accepts_the_charts_and_the_compose_edges_configuration(helm: Path
 def test_without_a_gateway_v1_answers_404_at_the_edge_and_with_one_it_goes_to_the_gateway(helm: Path) -> None:  # noqa: F811
     off = edge_config(render(helm))["settings.conf"]
     assert "server 127.0.0.1:9;" in off and 'default "off";' in off
+    tenants = edge_config(render(helm, sets={"gateway.enabled": "true", "gateway.tenants.existingSecret": "t"}))
+    assert "$edge_tenants {\n    default \"on\";" in tenants["settings.conf"]
+    assert "$edge_tenants {\n    default \"off\";" in edge_config(render(helm, sets={"gateway.enabled": "true"}))["settings.conf"]
     on = edge_config(render(helm, sets={"gateway.enabled": "true", "gateway.port": "8095"}))["settings.conf"]
     assert "server 127.0.0.1:8095;" in on and 'default "127.0.0.1:8095";' in on
     nginx = edge_config(render(helm))["nginx.conf"]

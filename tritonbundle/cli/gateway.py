@@ -39,8 +39,6 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
     backend = Backend(args.url, args.model or [defaults.MODEL], timeout_s=args.timeout_s)
     tenants = tenants_file.load(args.tenants) if args.tenants else None
-    if tenants is not None:
-        tenants.check_models(backend.names)
     asyncio.run(_check(backend))  # a missing or wrong model stops here, in one line, before uvicorn starts
     meter = Meter(args.usage_log)
     if args.metrics_port:
@@ -48,6 +46,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     who = f"{len(tenants.tenants)} tenants from {args.tenants}" if tenants else "no tenants: open to every caller"
     print(f"OpenAI embeddings API on http://{args.host}:{args.port}/v1 for {backend.names} (Triton gRPC {args.url}); "
           f"{who}" + (f"; metrics on :{args.metrics_port}/metrics" if args.metrics_port else ""), flush=True)
+    for line in tenants.unserved(backend.names) if tenants is not None else ():
+        print(f"warning: {line}", flush=True)
     if tenants is not None and tenants.plain_keys:
         print(f"warning: {args.tenants} holds {tenants.plain_keys} plain keys: store their sha256 instead "
               "(tritonbundle tenants key)", flush=True)

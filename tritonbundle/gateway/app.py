@@ -14,13 +14,21 @@ otherwise), sees only its tenant's models (another model is a 404, as one that d
 held to its tenant's limits (429 with ``Retry-After``); the tenant's name goes to Triton in the request
 header ``tritonbundle-tenant`` (whatever a caller sent under that name is dropped: only the key counts).
 Every ``/v1/embeddings`` request is metered (:mod:`.metering`).
+
+``GET /internal/authorize`` answers the edge's question for each KServe ``/v2`` inference request (nginx
+``auth_request``; docker/edge/nginx.conf): 204 with ``X-Tritonbundle-Tenant`` for a key that may go on,
+401 for a missing or unknown key, 403 with ``X-Tritonbundle-Refusal`` (``model``, ``rate``, ``tokens``) and
+``Retry-After`` otherwise, with the reason in ``X-Tritonbundle-Message`` (the edge turns rate and tokens
+into 429 / RESOURCE_EXHAUSTED). The edge never passes ``/internal/`` to callers.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -139,6 +147,16 @@ def api_error(e: ClientError) -> ApiError:
     return ApiError(500, f"the model server failed the request: {text}", kind="server_error")
 
 
+#: The model of a KServe HTTP inference path (the edge's X-Original-URI).
+KSERVE_MODEL = re.compile(r"^/v2/models/([^/?]+)")
+#: What may go into a header the edge echoes into its JSON answers unescaped.
+UNSAFE = re.compile(r'[^ !#-\[\]-~]')
+
+
+def header_text(text: str) -> str:
+    return UNSAFE.sub("?", text)[:400]
+
+
 def outcome(e: ApiError) -> str:
     """A failed request's outcome in the metering: refused (a key or a limit), invalid or error."""
     if e.reason:
@@ -235,6 +253,39 @@ def create_app(backend: Backend, tenants: Tenants | None = None, meter: Meter | 
         meter.record(Usage(time.time(), name, model, "ok", 200, texts, tokens, (time.perf_counter() - start) * 1000))
         return Response(body, media_type="application/json")
 
+    async def authorize(request: Request) -> Response:
+        """The edge's check of a KServe request (module docstring)."""
+        if tenants is None or admission is None:
+            return Response(status_code=204)
+        start = time.perf_counter()
+        match = KSERVE_MODEL.match(request.headers.get("x-original-uri", ""))
+        asked = urllib.parse.unquote(match.group(1)) if match else ""
+        model = asked if asked in backend.names or any(asked in t.models for t in tenants.tenants) else ANONYMOUS
+
+        def answer(status: int, name: str, result: str, reason: str = "", message: str = "",
+                   headers: dict[str, str] | None = None) -> Response:
+            meter.record(Usage(time.time(), name, model, result, status, reason=reason,
+                               latency_ms=(time.perf_counter() - start) * 1000))
+            extra = {"X-Tritonbundle-Message": header_text(message)} if message else {}
+            return Response(status_code=status, headers={**extra, **(headers or {})})
+
+        try:
+            tenant = authenticate(request)
+        except ApiError as e:
+            return answer(401, UNAUTHENTICATED, "refused", "unauthenticated", e.message,
+                          {"X-Tritonbundle-Refusal": "unauthenticated"})
+        assert tenant is not None
+        if asked and not tenant.may_use(asked):
+            return answer(403, tenant.name, "refused", "model",
+                          f"this key may not use the model {header_text(asked)!r}; it may use {sorted(tenant.models)}",
+                          {"X-Tritonbundle-Refusal": "model"})
+        try:
+            admission.admit(tenant, in_flight=False)
+        except Refused as r:
+            return answer(403, tenant.name, "refused", r.reason, r.message,
+                          {"X-Tritonbundle-Refusal": r.reason, "Retry-After": str(int(r.retry_after_s))})
+        return answer(204, tenant.name, "admitted", headers={"X-Tritonbundle-Tenant": tenant.name})
+
     async def models(request: Request) -> Response:
         try:
             tenant = authenticate(request)
@@ -277,4 +328,5 @@ def create_app(backend: Backend, tenants: Tenants | None = None, meter: Meter | 
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{name:path}", model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
+        Route("/internal/authorize", authorize, methods=["GET", "POST"]),
     ], lifespan=lifespan)

@@ -4,7 +4,9 @@ Every request the gateway answers on ``/v1/embeddings`` is one :class:`Usage` re
 without tenants, ``(unauthenticated)`` for a missing or unknown key), its model (a served model's name,
 or ``-``: a name a caller sent is never a label), its outcome (``ok``, ``refused``: a limit or a key,
 ``invalid``: the caller's mistake, ``error``: the server's), the reason of a refusal, its texts and tokens
-(the tokenizer's counts, from the model's ``tokens`` output) and its latency.
+(the tokenizer's counts, from the model's ``tokens`` output) and its latency. The edge asks the gateway
+about every KServe ``/v2`` inference request too (tenants on): those are ``admitted`` (no texts or tokens:
+the answer goes from Triton to the caller past the gateway) or ``refused``.
 
 - Prometheus (``--metrics-port``): ``tritonbundle_gateway_requests_total{tenant,model,outcome}``,
   ``..._texts_total``, ``..._tokens_total{tenant,model}``, ``..._refusals_total{tenant,model,reason}``,
@@ -28,7 +30,7 @@ import numpy as np
 
 ANONYMOUS = "-"
 UNAUTHENTICATED = "(unauthenticated)"
-OUTCOMES = ("ok", "refused", "invalid", "error")
+OUTCOMES = ("ok", "admitted", "refused", "invalid", "error")
 #: Seconds: the latency histogram's buckets (an embedding call takes milliseconds to a second).
 BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 
@@ -133,12 +135,12 @@ def report(records: Iterable[Usage]) -> list[dict[str, Any]]:
 def format_report(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "no requests in this window"
-    head = f"{'tenant':<20} {'model':<16} {'requests':>9} {'ok':>8} {'refused':>8} {'invalid':>8} {'error':>7} " \
-           f"{'texts':>9} {'tokens':>11} {'p50 ms':>8} {'p99 ms':>8}  refusals"
+    head = f"{'tenant':<20} {'model':<16} {'requests':>9} {'ok':>8} {'admitted':>8} {'refused':>8} {'invalid':>8} " \
+           f"{'error':>7} {'texts':>9} {'tokens':>11} {'p50 ms':>8} {'p99 ms':>8}  refusals"
     lines = [head]
     for r in rows:
         refusals = ", ".join(f"{k} {v}" for k, v in sorted(r["refusals"].items())) or "-"
-        lines.append(f"{r['tenant']:<20} {r['model']:<16} {r['requests']:>9} {r['ok']:>8} {r['refused']:>8} "
+        lines.append(f"{r['tenant']:<20} {r['model']:<16} {r['requests']:>9} {r['ok']:>8} {r['admitted']:>8} {r['refused']:>8} "
                      f"{r['invalid']:>8} {r['error']:>7} {r['texts']:>9} {r['tokens']:>11} "
                      f"{_ms(r['p50_ms']):>8} {_ms(r['p99_ms']):>8}  {refusals}")
     return "\n".join(lines)

@@ -83,13 +83,13 @@ class Tenants:
     def named(self, name: str) -> Tenant:
         return next(t for t in self.tenants if t.name == name)
 
-    def check_models(self, served: Iterable[str]) -> None:
+    def unserved(self, served: Iterable[str]) -> list[str]:
+        """One line per tenant allowed models the gateway's OpenAI API does not serve: fine for KServe
+        models reached through the edge, a typo otherwise (the gateway warns at start)."""
         served = set(served)
-        for t in self.tenants:
-            unknown = sorted(t.models - served)
-            if unknown:
-                raise ConfigError(f"tenant {t.name!r} may use {unknown}, which the gateway does not serve "
-                                  f"(it serves {sorted(served)})")
+        return [f"tenant {t.name!r} may use {sorted(t.models - served)}, which this gateway's OpenAI API does not "
+                f"serve (it serves {sorted(served)}): fine for KServe /v2 models through the edge, else check the names"
+                for t in self.tenants if t.models - served]
 
 
 def load(path: Path | str) -> Tenants:
@@ -199,12 +199,14 @@ class Admission:
         now = clock()
         self._state = {t.name: _State(t.limits, now) for t in tenants}
 
-    def admit(self, tenant: Tenant) -> None:
-        """Count one request in, or raise :class:`Refused` (nothing counted)."""
+    def admit(self, tenant: Tenant, *, in_flight: bool = True) -> None:
+        """Count one request in, or raise :class:`Refused` (nothing counted). ``in_flight=False``: a request
+        whose end this process never sees (the edge's KServe requests): its rate and the tokens left are
+        checked, it is not counted in flight, and no :meth:`release` follows."""
         s = self._state[tenant.name]
         s.refill(self.clock())
         limits = s.limits
-        if limits.concurrent_requests and s.in_flight >= limits.concurrent_requests:
+        if in_flight and limits.concurrent_requests and s.in_flight >= limits.concurrent_requests:
             raise Refused("concurrency", f"tenant {tenant.name!r} has {s.in_flight} requests in flight, its limit "
                                          f"(concurrent_requests {limits.concurrent_requests})", 1.0)
         if limits.tokens_per_min and s.tokens <= 0:
@@ -215,7 +217,8 @@ class Admission:
                                   f"burst {s.burst:g})", (1 - s.requests) / limits.requests_per_s)
         if limits.requests_per_s:
             s.requests -= 1
-        s.in_flight += 1
+        if in_flight:
+            s.in_flight += 1
 
     def release(self, tenant: Tenant, tokens: int) -> None:
         """One admitted request is done; ``tokens`` it used (0 when it failed)."""

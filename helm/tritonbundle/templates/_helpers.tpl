@@ -125,7 +125,8 @@ to 127.0.0.1. Its listening ports are fixed in its nginx.conf (files/edge-nginx.
     | replace "@TRITON_GRPC@" (printf "127.0.0.1:%d" (int .Values.server.ports.grpc))
     | replace "@MAX_BODY@" (toString .Values.edge.maxBodySize)
     | replace "@GATEWAY_ADDRESS@" (ternary (printf "127.0.0.1:%d" (int .Values.gateway.port)) "127.0.0.1:9" .Values.gateway.enabled)
-    | replace "@GATEWAY@" (ternary (printf "127.0.0.1:%d" (int .Values.gateway.port)) "off" .Values.gateway.enabled) }}
+    | replace "@GATEWAY@" (ternary (printf "127.0.0.1:%d" (int .Values.gateway.port)) "off" .Values.gateway.enabled)
+    | replace "@TENANTS@" (ternary "on" "off" (and .Values.gateway.enabled (ne .Values.gateway.tenants.existingSecret ""))) }}
 {{- end }}
 
 {{- define "tritonbundle.gatewayImage" -}}

@@ -1,0 +1,165 @@
+"""Tenants at the edge: the real nginx with the edge's rules (docker/edge, rendered by its entry point),
+the real tritonserver and the gateway process. Every KServe inference request, HTTP and gRPC, is checked
+against the tenants before Triton sees it; Triton gets the tenant the key names, never the caller's own."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from tests.gateway.conftest import ROOT, running_gateway
+from tests.gateway.test_tenants_served import ECHO_MODEL
+from tests.helm.test_edge import nginx_with_stream
+from tritonbundle.gateway.metering import read, report
+from tritonbundle.gateway.tenants import key_hash
+from tritonbundle.server import free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+A_KEY, B_KEY = "tb-edge-tenant-a-key-000000001", "tb-edge-tenant-b-key-000000002"
+ECHO_CONFIG = ('name: "echo"\nbackend: "python"\nmax_batch_size: 0\ninput [{ name: "X", data_type: TYPE_INT32, dims: [1] }]\n'
+               'output [{ name: "P", data_type: TYPE_STRING, dims: [1] }]\n')
+
+
+def _edge_config(folder: Path, env: dict[str, str], ports: dict[str, int]) -> Path:
+    """The compose edge's configuration (its entry point's --render), moved to free ports and this folder."""
+    full = {"PATH": os.environ["PATH"], "TRITONBUNDLE_EDGE_RULES": str(ROOT / "docker" / "edge"),
+            "TRITONBUNDLE_EDGE_CONF_DIR": str(folder), "TRITONBUNDLE_EDGE_REPOSITORY": str(folder / "none"), **env}
+    done = subprocess.run(["/bin/sh", str(ROOT / "docker" / "edge" / "entrypoint.sh"), "--render"], env=full,
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    conf = folder / "nginx.conf"
+    text = conf.read_text()
+    for fixed, port in (("18080", ports["http_inner"]), ("18081", ports["grpc_inner"])):
+        text = text.replace(f"127.0.0.1:{fixed}", f"127.0.0.1:{port}")
+    text = text.replace("listen 8080 ", f"listen 127.0.0.1:{ports['http']} ").replace(
+        "listen 8081 ", f"listen 127.0.0.1:{ports['grpc']} ")
+    text = text.replace("/tmp/nginx.pid", str(folder / "nginx.pid")).replace("/tmp/nginx-", str(folder / "nginx-"))
+    conf.write_text(text)
+    return conf
+
+
+@pytest.fixture(scope="module")
+def edge(exported_minilm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
+    from tritonbundle.server import ServerOptions, TritonServer
+
+    nginx = nginx_with_stream()
+    folder = tmp_path_factory.mktemp("edge-tenants")
+    repo = folder / "repo"
+    shutil.copytree(ROOT / "model_repository", repo)
+    (repo / "echo" / "1").mkdir(parents=True)
+    (repo / "echo" / "1" / "model.py").write_text(ECHO_MODEL)
+    (repo / "echo" / "config.pbtxt").write_text(ECHO_CONFIG)
+    (folder / "tenants.yaml").write_text(f"""
+tenants:
+  - name: team-a
+    keys: ["{key_hash(A_KEY)}"]
+    limits: {{requests_per_s: 1, burst: 3}}
+  - name: team-b
+    keys: ["{key_hash(B_KEY)}"]
+    models: [echo]
+""")
+    server = TritonServer(ServerOptions(repo, http_port=0, grpc_port=0, metrics_port=0, log_path=folder / "tritonserver.log",
+                                        exit_timeout_s=5)).start(ready_timeout_s=180)
+    try:
+        with running_gateway(server, folder, "--tenants", str(folder / "tenants.yaml"),
+                             "--usage-log", str(folder / "usage.jsonl")) as url:
+            ports = {name: free_port() for name in ("http", "grpc", "http_inner", "grpc_inner")}
+            conf = _edge_config(folder / "nginx", {
+                "TRITONBUNDLE_EDGE_TRITON_HTTP": server.http_url.removeprefix("http://"),
+                "TRITONBUNDLE_EDGE_TRITON_GRPC": server.grpc_url, "TRITONBUNDLE_EDGE_CAPACITY": "40",
+                "TRITONBUNDLE_EDGE_GATEWAY": url.removeprefix("http://"), "TRITONBUNDLE_EDGE_TENANTS": "on"}, ports)
+            log = open(folder / "nginx.log", "w")  # noqa: SIM115 - closed below
+            proc = subprocess.Popen([nginx, "-c", str(conf), "-e", "stderr", "-g", "daemon off;"], stdout=log,
+                                    stderr=subprocess.STDOUT)
+            try:
+                deadline = time.monotonic() + 20
+                while True:
+                    try:
+                        socket.create_connection(("127.0.0.1", ports["http"]), timeout=1).close()
+                        break
+                    except OSError:
+                        assert proc.poll() is None and time.monotonic() < deadline, (folder / "nginx.log").read_text()
+                        time.sleep(0.1)
+                yield SimpleNamespace(http=f"127.0.0.1:{ports['http']}", grpc=f"127.0.0.1:{ports['grpc']}", folder=folder)
+            finally:
+                proc.terminate()
+                proc.wait(timeout=20)
+                log.close()
+    finally:
+        server.stop()
+
+
+def _http(edge: SimpleNamespace, model: str, key: str | None, headers: dict[str, str] | None = None,
+          ) -> tuple[int, dict[str, object], dict[str, str]]:
+    body = {"inputs": [{"name": "X", "shape": [1], "datatype": "INT32", "data": [1]}]} if model == "echo" else \
+        {"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": ["a short text"]}]}
+    request = urllib.request.Request(f"http://{edge.http}/v2/models/{model}/infer", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json", **(headers or {}),
+                                              **({"Authorization": f"Bearer {key}"} if key else {})})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, json.loads(answer.read()), dict(answer.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}"), dict(e.headers)
+
+
+def _grpc(edge: SimpleNamespace, key: str | None, forged: str = "") -> str:
+    import tritonclient.grpc as grpcclient
+
+    x = grpcclient.InferInput("X", [1], "INT32")
+    x.set_data_from_numpy(np.array([1], dtype=np.int32))
+    headers = {**({"authorization": f"Bearer {key}"} if key else {}), **({"tritonbundle-tenant": forged} if forged else {})}
+    answer = grpcclient.InferenceServerClient(edge.grpc).infer("echo", [x], headers=headers)
+    return answer.as_numpy("P")[0].decode()
+
+
+def test_a_key_is_needed_on_http_and_grpc_and_triton_gets_the_keys_tenant(edge: SimpleNamespace) -> None:
+    from tritonclient.utils import InferenceServerException
+
+    status, body, headers = _http(edge, "echo", None)
+    assert status == 401 and "no API key" in str(body["error"]) and headers.get("WWW-Authenticate") == "Bearer"
+    status, body, _ = _http(edge, "echo", "tb-a-key-nobody-was-ever-given")
+    assert status == 401 and "not known here" in str(body["error"]) and "tb-a-key-nobody" not in str(body)
+    with pytest.raises(InferenceServerException, match="no API key") as refused:
+        _grpc(edge, None)
+    assert refused.value.status() == "StatusCode.UNAUTHENTICATED"
+    # The tenant Triton sees is the key's, whatever the caller claims.
+    status, body, _ = _http(edge, "echo", B_KEY, {"tritonbundle-tenant": "team-a"})
+    assert status == 200 and json.loads(body["outputs"][0]["data"][0]) == {"tritonbundle-tenant": "team-b"}  # type: ignore[index]
+    assert json.loads(_grpc(edge, B_KEY, forged="team-a")) == {"tritonbundle-tenant": "team-b"}
+
+
+def test_a_model_the_key_may_not_use_is_403(edge: SimpleNamespace) -> None:
+    status, body, _ = _http(edge, "minilm", B_KEY)
+    assert status == 403 and "may not use the model 'minilm'" in str(body["error"])
+
+
+def test_a_tenant_over_its_rate_gets_429_and_resource_exhausted_and_the_usage_log_counts_it(edge: SimpleNamespace) -> None:
+    from tritonclient.utils import InferenceServerException
+
+    statuses = [_http(edge, "minilm", A_KEY) for _ in range(6)]
+    refused = [s for s in statuses if s[0] == 429]
+    assert [s[0] for s in statuses if s[0] != 429] == [200] * (6 - len(refused)) and len(refused) >= 2
+    assert all(s[2].get("Retry-After") == "1" and "requests_per_s" in str(s[1]["error"]) for s in refused)
+    with pytest.raises(InferenceServerException, match="requests_per_s") as exhausted:
+        for _ in range(6):
+            _grpc(edge, A_KEY)
+    assert exhausted.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+    rows = {(r["tenant"], r["model"]): r for r in report(read(edge.folder / "usage.jsonl"))}
+    assert rows[("team-a", "minilm")]["admitted"] == 6 - len(refused)
+    assert rows[("team-a", "minilm")]["refusals"] == {"rate": len(refused)}
+    assert rows[("team-b", "minilm")]["refusals"] == {"model": 1}
+    assert rows[("(unauthenticated)", "echo")]["refused"] >= 2
