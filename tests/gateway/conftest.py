@@ -16,9 +16,15 @@ from tritonbundle.server import free_port
 ROOT = Path(__file__).resolve().parents[2]
 
 
+class GatewayURL(str):
+    """The gateway's base URL (``http://127.0.0.1:<port>``), and its process id."""
+
+    pid: int
+
+
 @contextmanager
-def running_gateway(server: Any, folder: Path, *options: str, models: Sequence[str] = ("minilm",)) -> Iterator[str]:
-    """The gateway's base URL (``http://127.0.0.1:<port>``) while it runs; its output in ``folder/gateway.log``."""
+def running_gateway(server: Any, folder: Path, *options: str, models: Sequence[str] = ("minilm",)) -> Iterator[GatewayURL]:
+    """The gateway's base URL while it runs; its output in ``folder/gateway.log``."""
     port = free_port()
     log = folder / "gateway.log"
     argv = [sys.executable, "-m", "tritonbundle", "gateway", "--url", server.grpc_url, "--port", str(port)]
@@ -26,7 +32,8 @@ def running_gateway(server: Any, folder: Path, *options: str, models: Sequence[s
         argv += ["--model", model]
     with open(log, "w") as out:
         proc = subprocess.Popen([*argv, *options], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-    url = f"http://127.0.0.1:{port}"
+    url = GatewayURL(f"http://127.0.0.1:{port}")
+    url.pid = proc.pid
     try:
         deadline = time.monotonic() + 60
         while True:

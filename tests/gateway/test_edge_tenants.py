@@ -93,7 +93,8 @@ tenants:
                     except OSError:
                         assert proc.poll() is None and time.monotonic() < deadline, (folder / "nginx.log").read_text()
                         time.sleep(0.1)
-                yield SimpleNamespace(http=f"127.0.0.1:{ports['http']}", grpc=f"127.0.0.1:{ports['grpc']}", folder=folder)
+                yield SimpleNamespace(http=f"127.0.0.1:{ports['http']}", grpc=f"127.0.0.1:{ports['grpc']}", folder=folder,
+                                      triton_http=server.http_url.removeprefix("http://"), gateway_pid=url.pid)
             finally:
                 proc.terminate()
                 proc.wait(timeout=20)
@@ -163,3 +164,39 @@ def test_a_tenant_over_its_rate_gets_429_and_resource_exhausted_and_the_usage_lo
     assert rows[("team-a", "minilm")]["refusals"] == {"rate": len(refused)}
     assert rows[("team-b", "minilm")]["refusals"] == {"model": 1}
     assert rows[("(unauthenticated)", "echo")]["refused"] >= 2
+
+
+def test_what_the_tenants_check_adds_per_request(edge: SimpleNamespace) -> None:
+    """Figures, not a gate: sequential requests to a model that does nothing (echo), straight to Triton and
+    through the edge with a tenant's key (the edge's own work plus the gateway's check), and the gateway's
+    CPU per check. Printed, and kept in docs/tenants.md."""
+    import statistics
+
+    import psutil
+
+    def call(address: str, key: str | None) -> float:
+        body = json.dumps({"inputs": [{"name": "X", "shape": [1], "datatype": "INT32", "data": [1]}]}).encode()
+        request = urllib.request.Request(f"http://{address}/v2/models/echo/infer", data=body,
+                                         headers={"Content-Type": "application/json",
+                                                  **({"Authorization": f"Bearer {key}"} if key else {})})
+        t0 = time.perf_counter()
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            assert answer.status == 200
+            answer.read()
+        return (time.perf_counter() - t0) * 1000
+
+    gateway = psutil.Process(edge.gateway_pid)
+    for _ in range(20):  # warm both paths
+        call(edge.triton_http, None), call(edge.http, B_KEY)
+    direct, through = [], []
+    before = gateway.cpu_times()
+    for _ in range(300):
+        direct.append(call(edge.triton_http, None))
+        through.append(call(edge.http, B_KEY))
+    after = gateway.cpu_times()
+    cpu_ms = (after.user + after.system - before.user - before.system) * 1000 / 300
+    p50_direct, p50_through = statistics.median(direct), statistics.median(through)
+    print(f"\nKServe HTTP, echo model, 300 sequential requests: direct p50 {p50_direct:.2f} ms, through the edge with "
+          f"a tenant's key p50 {p50_through:.2f} ms (+{p50_through - p50_direct:.2f} ms); gateway CPU per check "
+          f"{cpu_ms:.2f} ms")
+    assert len(through) == 300
