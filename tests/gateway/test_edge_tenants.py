@@ -4,6 +4,7 @@ against the tenants before Triton sees it; Triton gets the tenant the key names,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -13,6 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -51,6 +53,27 @@ def _edge_config(folder: Path, env: dict[str, str], ports: dict[str, int]) -> Pa
     return conf
 
 
+@contextmanager
+def _running_nginx(nginx: str, conf: Path, port: int) -> Iterator[subprocess.Popen[bytes]]:
+    """nginx in the foreground with ``conf``, once it accepts connections on ``port``; its output next to it."""
+    with open(conf.parent / "nginx.log", "w") as log:
+        proc = subprocess.Popen([nginx, "-c", str(conf), "-e", "stderr", "-g", "daemon off;"], stdout=log,
+                                stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    assert proc.poll() is None and time.monotonic() < deadline, (conf.parent / "nginx.log").read_text()
+                    time.sleep(0.1)
+            yield proc
+        finally:
+            proc.terminate()
+            proc.wait(timeout=20)
+
+
 @pytest.fixture(scope="module")
 def edge(exported_minilm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
     from tritonbundle.server import ServerOptions, TritonServer
@@ -76,29 +99,14 @@ tenants:
     try:
         with running_gateway(server, folder, "--tenants", str(folder / "tenants.yaml"),
                              "--usage-log", str(folder / "usage.jsonl")) as url:
+            env = {"TRITONBUNDLE_EDGE_TRITON_HTTP": server.http_url.removeprefix("http://"),
+                   "TRITONBUNDLE_EDGE_TRITON_GRPC": server.grpc_url, "TRITONBUNDLE_EDGE_CAPACITY": "40",
+                   "TRITONBUNDLE_EDGE_GATEWAY": url.removeprefix("http://"), "TRITONBUNDLE_EDGE_TENANTS": "on"}
             ports = {name: free_port() for name in ("http", "grpc", "http_inner", "grpc_inner")}
-            conf = _edge_config(folder / "nginx", {
-                "TRITONBUNDLE_EDGE_TRITON_HTTP": server.http_url.removeprefix("http://"),
-                "TRITONBUNDLE_EDGE_TRITON_GRPC": server.grpc_url, "TRITONBUNDLE_EDGE_CAPACITY": "40",
-                "TRITONBUNDLE_EDGE_GATEWAY": url.removeprefix("http://"), "TRITONBUNDLE_EDGE_TENANTS": "on"}, ports)
-            log = open(folder / "nginx.log", "w")  # noqa: SIM115 - closed below
-            proc = subprocess.Popen([nginx, "-c", str(conf), "-e", "stderr", "-g", "daemon off;"], stdout=log,
-                                    stderr=subprocess.STDOUT)
-            try:
-                deadline = time.monotonic() + 20
-                while True:
-                    try:
-                        socket.create_connection(("127.0.0.1", ports["http"]), timeout=1).close()
-                        break
-                    except OSError:
-                        assert proc.poll() is None and time.monotonic() < deadline, (folder / "nginx.log").read_text()
-                        time.sleep(0.1)
+            with _running_nginx(nginx, _edge_config(folder / "nginx", env, ports), ports["http"]) as proc:
                 yield SimpleNamespace(http=f"127.0.0.1:{ports['http']}", grpc=f"127.0.0.1:{ports['grpc']}", folder=folder,
-                                      triton_http=server.http_url.removeprefix("http://"), gateway_pid=url.pid)
-            finally:
-                proc.terminate()
-                proc.wait(timeout=20)
-                log.close()
+                                      triton_http=server.http_url.removeprefix("http://"), gateway_pid=url.pid,
+                                      nginx=nginx, nginx_pid=proc.pid, env=env)
     finally:
         server.stop()
 
@@ -166,10 +174,38 @@ def test_a_tenant_over_its_rate_gets_429_and_resource_exhausted_and_the_usage_lo
     assert rows[("(unauthenticated)", "echo")]["refused"] >= 2
 
 
-def test_what_the_tenants_check_adds_per_request(edge: SimpleNamespace) -> None:
-    """Figures, not a gate: sequential requests to a model that does nothing (echo), straight to Triton and
-    through the edge with a tenant's key (the edge's own work plus the gateway's check), and the gateway's
-    CPU per check. Printed, and kept in docs/tenants.md."""
+NJS_CHECK = """
+var table = %s;
+function tenant(r) {
+    var header = r.headersIn['Authorization'] || '';
+    if (header.slice(0, 7).toLowerCase() !== 'bearer ') { return ''; }
+    var digest = require('crypto').createHash('sha256').update(header.slice(7).trim()).digest('hex');
+    return table['sha256:' + digest] || '';
+}
+export default {tenant};
+"""
+
+
+def _njs_variant(edge: SimpleNamespace, folder: Path, ports: dict[str, int]) -> Path:
+    """The same edge with the key checked inside nginx by njs (a table of key hashes, no rate state) in place
+    of the gateway's auth_request: the alternative mechanism, for the figures below."""
+    conf = _edge_config(folder, edge.env, ports)
+    table = {key_hash(A_KEY): "team-a", key_hash(B_KEY): "team-b"}
+    (folder / "tenants.js").write_text(NJS_CHECK % json.dumps(table))
+    text = conf.read_text()
+    text = text.replace("http {\n", f"http {{\n    js_import tenants from {folder / 'tenants.js'};\n"
+                                     "    js_set $edge_njs_tenant tenants.tenant;\n", 1)
+    text = text.replace("auth_request /_tritonbundle_edge/authorize;", 'if ($edge_njs_tenant = "") { return 401; }')
+    text = text.replace("proxy_set_header tritonbundle-tenant $edge_tenant;", "proxy_set_header tritonbundle-tenant $edge_njs_tenant;")
+    conf.write_text(text)
+    return conf
+
+
+def test_what_the_tenants_check_adds_per_request(edge: SimpleNamespace, tmp_path: Path) -> None:
+    """Figures, not a gate: sequential requests to a model that does nothing (echo), straight to Triton,
+    through the edge whose check is the gateway's (auth_request), and, where nginx has njs, through the same
+    edge checking the key itself (njs); the gateway's and nginx's CPU per request. Printed, and kept in
+    docs/tenants.md."""
     import statistics
 
     import psutil
@@ -185,18 +221,37 @@ def test_what_the_tenants_check_adds_per_request(edge: SimpleNamespace) -> None:
             answer.read()
         return (time.perf_counter() - t0) * 1000
 
-    gateway = psutil.Process(edge.gateway_pid)
-    for _ in range(20):  # warm both paths
-        call(edge.triton_http, None), call(edge.http, B_KEY)
-    direct, through = [], []
-    before = gateway.cpu_times()
-    for _ in range(300):
-        direct.append(call(edge.triton_http, None))
-        through.append(call(edge.http, B_KEY))
-    after = gateway.cpu_times()
-    cpu_ms = (after.user + after.system - before.user - before.system) * 1000 / 300
-    p50_direct, p50_through = statistics.median(direct), statistics.median(through)
-    print(f"\nKServe HTTP, echo model, 300 sequential requests: direct p50 {p50_direct:.2f} ms, through the edge with "
-          f"a tenant's key p50 {p50_through:.2f} ms (+{p50_through - p50_direct:.2f} ms); gateway CPU per check "
-          f"{cpu_ms:.2f} ms")
-    assert len(through) == 300
+    def cpu_ms(pids: list[int]) -> float:
+        total = 0.0
+        for pid in pids:
+            process = psutil.Process(pid)
+            for proc in [process, *process.children(recursive=True)]:
+                times = proc.cpu_times()
+                total += times.user + times.system
+        return total * 1000
+
+    paths = {"direct": (edge.triton_http, None, []), "edge, auth_request": (edge.http, B_KEY, [edge.gateway_pid, edge.nginx_pid])}
+    njs = Path("/usr/lib/nginx/modules/ngx_http_js_module.so").exists()
+    with contextlib.ExitStack() as stack:
+        if njs:
+            ports = {name: free_port() for name in ("http", "grpc", "http_inner", "grpc_inner")}
+            proc = stack.enter_context(_running_nginx(edge.nginx, _njs_variant(edge, tmp_path, ports), ports["http"]))
+            paths["edge, njs"] = (f"127.0.0.1:{ports['http']}", B_KEY, [proc.pid])
+            assert call(paths["edge, njs"][0], B_KEY) > 0
+            with pytest.raises(urllib.error.HTTPError, match="401"):
+                call(paths["edge, njs"][0], "tb-a-key-nobody-was-ever-given")
+        times: dict[str, list[float]] = {name: [] for name in paths}
+        for _ in range(20):  # warm every path
+            for address, key, _ in paths.values():
+                call(address, key)
+        before = {name: cpu_ms(pids) for name, (_, _, pids) in paths.items()}  # each path's processes are its own
+        for _ in range(300):
+            for name, (address, key, _) in paths.items():
+                times[name].append(call(address, key))
+        used = {name: cpu_ms(pids) - before[name] for name, (_, _, pids) in paths.items()}
+    direct = statistics.median(times["direct"])
+    line = ", ".join(f"{name} p50 {statistics.median(t):.2f} ms (+{statistics.median(t) - direct:.2f}), "
+                     f"CPU {used[name] / 300:.2f} ms" for name, t in times.items() if name != "direct")
+    print(f"\nKServe HTTP, echo model, 300 sequential requests each: direct p50 {direct:.2f} ms; {line} "
+          "(CPU: the gateway's and nginx's processes per request)")
+    assert all(len(t) == 300 for t in times.values())
