@@ -38,7 +38,9 @@ SCENARIOS = sorted(p.name for p in (CHART / "ci").glob("*-values.yaml"))
 #: The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest kubectl it is fetched with.
 K8S_VERSIONS = ("1.29", "1.35")
 #: Custom resources: kubernetes-validate ships only the core API schemas, so these are checked structurally.
-CUSTOM_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule", "ScaledObject"}
+CUSTOM_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule", "ScaledObject", "Rollout", "AnalysisTemplate"}
+#: What the monitors copy from the pods onto the series (the last only with an Argo Rollout).
+POD_TARGET_LABELS = {"app.kubernetes.io/name", "app.kubernetes.io/instance"}
 RELEASE, NAMESPACE = "emb", "inference"
 FULLNAME = f"{RELEASE}-tritonbundle"
 GPU = "nvidia.com/gpu"
@@ -220,11 +222,11 @@ def test_custom_resources_have_the_fields_their_operators_read(rendered: dict[st
                                                           "app.kubernetes.io/instance": RELEASE}
                 assert spec["namespaceSelector"]["matchNames"] == [NAMESPACE]
                 assert [e["port"] for e in spec["endpoints"]] == ["metrics"]
-                assert set(spec["podTargetLabels"]) == {"app.kubernetes.io/name", "app.kubernetes.io/instance"}
+                assert set(spec["podTargetLabels"]) - {"rollouts-pod-template-hash"} == POD_TARGET_LABELS
             elif kind == "PodMonitor":
                 assert doc["apiVersion"] == "monitoring.coreos.com/v1"
                 assert [e["port"] for e in spec["podMetricsEndpoints"]] == ["metrics"]
-                assert set(spec["podTargetLabels"]) == {"app.kubernetes.io/name", "app.kubernetes.io/instance"}
+                assert set(spec["podTargetLabels"]) - {"rollouts-pod-template-hash"} == POD_TARGET_LABELS
             elif kind == "PrometheusRule":
                 assert doc["apiVersion"] == "monitoring.coreos.com/v1"
                 for group in spec["groups"]:

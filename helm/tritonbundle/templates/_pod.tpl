@@ -235,6 +235,10 @@ spec:
         - --allow-metrics=true
         - --allow-gpu-metrics={{ $v.server.gpuMetrics }}
         - --metrics-interval-ms={{ $v.server.metricsIntervalMs }}
+        {{- if and (ne $v.rollout.strategy "none") $v.rollout.analysis.enabled }}
+        {{- /* p99 per model for the Rollout's analysis (nv_inference_request_summary_us). */}}
+        - --metrics-config=summary_latencies=true
+        {{- end }}
         - --log-verbose={{ $v.server.logVerbose }}
         - --log-format={{ $v.server.logFormat }}
         {{- if $v.restrictedApi.enabled }}

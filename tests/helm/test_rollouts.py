@@ -1,0 +1,141 @@
+"""Releases through Argo Rollouts: the rendered Rollout and AnalysisTemplate validate against the Argo
+Rollouts v1.9.1 CRDs' own schemas (tests/helm/crds: manifests/crds of argoproj/argo-rollouts at v1.9.1,
+gzipped), and the values switch between the Deployment's rolling update, blue-green and canary."""
+
+from __future__ import annotations
+
+import functools
+import gzip
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from tests.helm.test_chart import (
+    FULLNAME,
+    NAMESPACE,
+    Obj,
+    helm,  # noqa: F401 - the session fixture
+    objects,
+    render,
+    template,
+    workload,
+)
+
+CRDS = Path(__file__).with_name("crds")
+#: Every scenario with a Rollout renders it from the same values a user would set.
+SHARED = {"replicaCount": "2", "modelRepository.pvc.accessModes[0]": "ReadWriteMany"}
+
+
+@functools.cache
+def crd_schema(kind: str) -> dict[str, Any]:
+    name = {"Rollout": "rollout-crd.yaml", "AnalysisTemplate": "analysis-template-crd.yaml"}[kind]
+    crd = yaml.safe_load(gzip.decompress((CRDS / f"argo-rollouts-v1.9.1-{name}.gz").read_bytes()))
+    assert crd["spec"]["names"]["kind"] == kind
+    (version,) = [v for v in crd["spec"]["versions"] if v["served"]]
+    assert version["name"] == "v1alpha1"
+    return dict(version["schema"]["openAPIV3Schema"])
+
+
+def validate(doc: Obj) -> None:
+    """The object against its CRD's schema; unknown fields are errors, as the API server prunes them."""
+    def closed(schema: Any) -> Any:
+        if isinstance(schema, dict):
+            out = {k: closed(v) for k, v in schema.items()}
+            if schema.get("type") == "object" and "properties" in schema and not schema.get("x-kubernetes-preserve-unknown-fields"):
+                out.setdefault("additionalProperties", False)
+            return out
+        if isinstance(schema, list):
+            return [closed(v) for v in schema]
+        return schema
+
+    schema = closed(crd_schema(doc["kind"]))
+    schema["properties"]["metadata"] = {"type": "object"}
+    jsonschema.validate(doc, schema, cls=jsonschema.Draft7Validator)
+
+
+def rendered(helm_path: Path, **sets: str) -> list[Obj]:
+    return render(helm_path, sets={**SHARED, **sets})
+
+
+@pytest.mark.parametrize("strategy", ["blueGreen", "canary"])
+def test_the_rollout_and_its_analysis_validate_against_the_argo_rollouts_crds(helm: Path, strategy: str) -> None:  # noqa: F811
+    docs = rendered(helm, **{"rollout.strategy": strategy})
+    (rollout,) = objects(docs, "Rollout")
+    (analysis,) = objects(docs, "AnalysisTemplate")
+    validate(rollout)
+    validate(analysis)
+    assert rollout["apiVersion"] == analysis["apiVersion"] == "argoproj.io/v1alpha1"
+    assert rollout["spec"]["workloadRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": FULLNAME,
+                                              "scaleDown": "never"}
+    assert workload(docs)["spec"]["replicas"] == 0, "the Deployment only holds the pod template"
+    assert rollout["spec"]["replicas"] == 2 and rollout["spec"]["progressDeadlineAbort"] is True
+
+
+def test_broken_objects_fail_the_crd_schema_so_the_check_can_fail(helm: Path) -> None:  # noqa: F811
+    (rollout,) = objects(rendered(helm, **{"rollout.strategy": "canary"}), "Rollout")
+    rollout["spec"]["strategy"]["canary"]["stepz"] = []
+    with pytest.raises(jsonschema.ValidationError, match="stepz"):
+        validate(rollout)
+    (analysis,) = objects(rendered(helm, **{"rollout.strategy": "canary"}), "AnalysisTemplate")
+    analysis["spec"]["metrics"][0]["provider"]["prometheus"]["adress"] = "x"
+    with pytest.raises(jsonschema.ValidationError, match="adress"):
+        validate(analysis)
+
+
+def test_blue_green_previews_the_new_pods_and_gates_promotion_on_the_analysis(helm: Path) -> None:  # noqa: F811
+    docs = rendered(helm, **{"rollout.strategy": "blueGreen"})
+    blue_green = objects(docs, "Rollout")[0]["spec"]["strategy"]["blueGreen"]
+    assert blue_green["activeService"] == FULLNAME and blue_green["previewService"] == f"{FULLNAME}-preview"
+    assert f"{FULLNAME}-preview" in [s["metadata"]["name"] for s in objects(docs, "Service")]
+    gate = blue_green["prePromotionAnalysis"]
+    assert gate["templates"] == [{"templateName": FULLNAME}]
+    args = {a["name"]: a for a in gate["args"]}
+    assert args["pod-template-hash"]["valueFrom"] == {"podTemplateHashValue": "Latest"}
+    assert args["canary-url"]["value"] == f"{FULLNAME}-preview.{NAMESPACE}.svc:8000"
+
+
+def test_canary_steps_come_from_values_and_the_analysis_runs_beside_them(helm: Path) -> None:  # noqa: F811
+    docs = rendered(helm, **{"rollout.strategy": "canary", "rollout.canary.steps[0].setWeight": "10"})
+    canary = objects(docs, "Rollout")[0]["spec"]["strategy"]["canary"]
+    assert canary["steps"] == [{"setWeight": 10}]
+    assert canary["analysis"]["templates"] == [{"templateName": FULLNAME}] and canary["analysis"]["startingStep"] == 1
+    assert not [s for s in objects(docs, "Service") if s["metadata"]["name"].endswith("-preview")]
+
+
+def test_the_analysis_reads_the_new_pods_error_ratio_and_p99_and_runs_the_canary(helm: Path) -> None:  # noqa: F811
+    docs = rendered(helm, **{"rollout.strategy": "canary", "rollout.analysis.maxP99Ms": "250",
+                             "rollout.analysis.models": "minilm|reranker", "metrics.podMonitor.enabled": "true"})
+    metrics = {m["name"]: m for m in objects(docs, "AnalysisTemplate")[0]["spec"]["metrics"]}
+    errors, p99, canary = metrics["error-ratio"], metrics["p99-ms"], metrics["canary"]
+    selector = f'namespace="{NAMESPACE}",rollouts_pod_template_hash="{{{{args.pod-template-hash}}}}",model=~"minilm|reranker"'
+    assert selector in errors["provider"]["prometheus"]["query"] and "nv_inference_request_failure" in errors["provider"]["prometheus"]["query"]
+    assert errors["successCondition"] == "result[0] <= 0.01"
+    assert 'quantile="0.99"' in p99["provider"]["prometheus"]["query"] and p99["successCondition"] == "result[0] <= 250"
+    command = canary["provider"]["job"]["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[:5] == ["python3", "/scripts/canary.py", "--url", "http://{{args.canary-url}}", "--timeout-s"]
+    assert [command[i + 1] for i, a in enumerate(command) if a == "--model"] == ["minilm", "reranker"]
+    # What the queries need: Triton's summary quantiles, and the pods' hash label on the series.
+    args = next(c for c in workload(docs)["spec"]["template"]["spec"]["containers"] if c["name"] == "tritonserver")["args"]
+    assert "--metrics-config=summary_latencies=true" in args
+    (monitor,) = objects(docs, "PodMonitor")
+    assert "rollouts-pod-template-hash" in monitor["spec"]["podTargetLabels"]
+
+
+def test_autoscaling_scales_the_rollout_and_the_default_is_a_plain_deployment(helm: Path) -> None:  # noqa: F811
+    docs = rendered(helm, **{"rollout.strategy": "canary", "autoscaling.enabled": "true"})
+    (hpa,) = objects(docs, "HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout", "name": FULLNAME}
+    plain = render(helm)
+    assert not objects(plain, "Rollout") and not objects(plain, "AnalysisTemplate")
+    assert workload(plain)["spec"]["replicas"] == 1
+    no_gate = rendered(helm, **{"rollout.strategy": "blueGreen", "rollout.analysis.enabled": "false"})
+    assert not objects(no_gate, "AnalysisTemplate")
+    assert "prePromotionAnalysis" not in objects(no_gate, "Rollout")[0]["spec"]["strategy"]["blueGreen"]
+
+
+def test_a_rollout_of_a_statefulset_is_refused(helm: Path) -> None:  # noqa: F811
+    result = template(helm, sets={"rollout.strategy": "canary", "workload.kind": "StatefulSet"}, check=False)
+    assert result.returncode != 0 and "rollout.strategy needs workload.kind Deployment" in result.stderr
