@@ -6,6 +6,8 @@
 * ``tune.md``: the same as a table, with the reason in plain words
 * ``tune.png``: p99 against offered load for every point, and the throughput/latency front
 * ``winner.yaml``: the winning overrides, as manifest keys
+* ``autoscaling-values.yaml``: Helm values scaling on requests/s per pod from the winner's rate
+  (:mod:`tritonbundle.tune.capacity`)
 
 and, beside the manifest, a copy of it with the winner written into the tuned model's entry.
 """
@@ -21,6 +23,7 @@ import yaml
 
 from tritonbundle.errors import ConfigError
 from tritonbundle.files import write_json
+from tritonbundle.tune.capacity import autoscaling_values
 from tritonbundle.tune.search import Point, Result, reason
 from tritonbundle.tune.space import Config, Space, describe
 
@@ -50,6 +53,12 @@ def write(result: dict[str, Any], out: Path) -> None:
     winner = result.get("winner")
     if winner:
         (out / "winner.yaml").write_text(yaml.safe_dump(_yaml_config(winner["config"]), sort_keys=False))
+    if winner and winner.get("rate"):
+        # The chart's autoscaling target from what one replica served at the SLO (helm -f this file).
+        (out / "autoscaling-values.yaml").write_text(
+            "# From this tune run: autoscale on requests/s per pod, a share (headroom) of one pod's capacity at\n"
+            "# the SLO. helm upgrade ... -f autoscaling-values.yaml (docs/tuning.md, \"Autoscaling\").\n"
+            + yaml.safe_dump(autoscaling_values(result), sort_keys=False))
 
 
 def _yaml_config(config: Config) -> dict[str, Any]:

@@ -282,7 +282,11 @@ namespace="{{ include "tritonbundle.namespace" . }}",app_kubernetes_io_instance=
 {{- else }}
 {{- $sel := printf "%s,model=~\"%s\"" (include "tritonbundle.promSelector" .) .Values.autoscaling.models }}
 {{- $w := .Values.autoscaling.rateWindow }}
+{{- if eq .Values.autoscaling.target "requestsPerSecond" }}
+{{- printf "sum(rate(nv_inference_request_success{%s}[%s]))" $sel $w }}
+{{- else }}
 {{- printf "sum(sum by (pod) (rate(nv_inference_queue_duration_us{%s}[%s])) / clamp_min(sum by (pod) (rate(nv_inference_compute_infer_duration_us{%s}[%s])), 1))" $sel $w $sel $w }}
+{{- end }}
 {{- end }}
 {{- end }}
 
