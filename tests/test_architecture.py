@@ -18,7 +18,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"plan", "recipes", "server", "clients"}),
     frozenset({"runtimes", "measure"}),
     frozenset({"tasks", "served"}),
-    frozenset({"build", "loadtests", "gateway"}),
+    frozenset({"build", "loadtests", "gateway", "release"}),
     frozenset({"bench", "demo", "tune"}),
     frozenset({"cli"}),
     frozenset({"__main__"}),

@@ -13,12 +13,12 @@ import sys
 from collections.abc import Sequence
 
 from tritonbundle import __version__
-from tritonbundle.cli import bench, build, client, demo, gateway, loadtest, serve, tune
+from tritonbundle.cli import bench, build, client, demo, gateway, loadtest, release, serve, tune
 from tritonbundle.errors import TritonBundleError
 from tritonbundle.log import setup
 
 #: Argument groups, in the order ``--help`` lists them.
-STAGES = (build, serve, client, gateway, demo, loadtest, tune, bench)
+STAGES = (build, serve, client, gateway, release, demo, loadtest, tune, bench)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -1,0 +1,120 @@
+"""``tritonbundle release`` on the real CPU server with explicit model control: a new encoder version
+whose answers agree is promoted while a load test runs, with no failed request; one whose answers differ
+is refused and the serving version keeps serving, unchanged."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.conftest import API_KEY
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def explicit_server(exported_minilm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]]:
+    from tests.conftest import ARTIFACTS, MANIFEST
+    from tritonbundle.build.stage import BuildOptions, build
+    from tritonbundle.server import ServerOptions, TritonServer
+
+    repo = tmp_path_factory.mktemp("release") / "model_repository"
+    build(BuildOptions(manifest=MANIFEST, artifacts=ARTIFACTS, repository=repo, export=False,
+                       overrides={"queue_timeout_us": 20_000_000}))
+    server = TritonServer(ServerOptions(repo, http_port=0, grpc_port=0, metrics_port=0, log_path=repo.parent / "log",
+                                        model_control_mode="explicit", load_models=("*",), restricted_api_key=API_KEY))
+    server.start(ready_timeout_s=120)
+    yield server, repo
+    server.stop()
+
+
+def _version(repo: Path, version: int, *, noise: float = 0.0) -> None:
+    """A copy of version 1 of the encoder; with ``noise``, its largest weight (the word embeddings) perturbed."""
+    target = repo / "minilm_encoder" / str(version)
+    shutil.copytree(repo / "minilm_encoder" / "1", target)
+    if noise:
+        import onnx
+        from onnx import numpy_helper
+
+        model = onnx.load(str(target / "model.onnx"))
+        largest = max(model.graph.initializer, key=lambda t: int(np.prod(t.dims)))
+        array = numpy_helper.to_array(largest)
+        perturbed = array + noise * np.random.default_rng(0).standard_normal(array.shape).astype(array.dtype)
+        largest.CopyFrom(numpy_helper.from_array(perturbed, largest.name))
+        onnx.save(model, str(target / "model.onnx"))
+
+
+def _release(server: Any, version: int, report: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tritonbundle", "release", "--url", server.http_url, "--model", "minilm",
+                           "--version", str(version), "--texts", "12", "--rounds", "2", "--report", str(report)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={"PATH": "/usr/bin:/bin", "TRITONBUNDLE_API_KEY": API_KEY, "HOME": str(report.parent)})
+
+
+def _ensemble_step_version(client: Any) -> int:
+    config = client._config_json("minilm")
+    return int(config["ensemble_scheduling"]["step"][-1].get("model_version", -1))
+
+
+def test_a_version_that_agrees_is_promoted_under_load_with_no_failed_request(
+    explicit_server: tuple[Any, Path], tmp_path: Path
+) -> None:
+    from tritonbundle.clients import HttpClient
+    from tritonbundle.loadtests import runner
+    from tritonbundle.loadtests.settings import LoadSettings
+    from tritonbundle.measure.latency import Slo
+
+    server, repo = explicit_server
+    settings = LoadSettings(http_url=server.http_url, grpc_url=server.grpc_url, users=4, duration_s=40, retries=0,
+                            report_dir=str(tmp_path / "load"), slo=Slo(max_failure_ratio=0.0))
+    outcome: dict[str, Any] = {}
+    load = threading.Thread(target=lambda: outcome.update(result=runner.run(settings)))
+    load.start()
+    time.sleep(5)
+    _version(repo, 2)
+    done = _release(server, 2, tmp_path / "release.json")
+    load.join(timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    verdict = json.loads((tmp_path / "release.json").read_text())
+    assert verdict["promoted"] and verdict["min_cosine"] >= 0.9999 and "PROMOTED" in done.stdout
+    summary = outcome["result"].summary
+    print(f"\n{done.stdout}load test during the release: {summary['total']['requests']} requests, "
+          f"{summary['total']['failures']} failed")
+    assert summary["total"]["requests"] > 40
+    assert summary["total"]["failures"] == 0, summary["errors"]
+    with HttpClient(server.http_url, api_key=API_KEY) as client:
+        assert client.model_info("minilm_encoder").version == "2"
+        assert _ensemble_step_version(client) == -1, "the ensemble ends unpinned"
+
+
+def test_a_version_whose_answers_differ_is_refused_and_the_serving_one_stays(
+    explicit_server: tuple[Any, Path], tmp_path: Path
+) -> None:
+    from tritonbundle.clients import HttpClient
+
+    server, repo = explicit_server
+    with HttpClient(server.http_url, api_key=API_KEY) as client:
+        serving = client.model_info("minilm_encoder").version
+        before = client.embed(["unchanged by a refused release"])
+    _version(repo, 7, noise=0.5)
+    done = _release(server, 7, tmp_path / "release.json")
+    assert done.returncode == 1, done.stdout + done.stderr
+    verdict = json.loads((tmp_path / "release.json").read_text())
+    assert not verdict["promoted"] and "answers differ" in verdict["reason"] and verdict["min_cosine"] < 0.999
+    assert "REFUSED" in done.stdout and "move it out" in done.stdout
+    with HttpClient(server.http_url, api_key=API_KEY) as client:
+        assert client.model_info("minilm_encoder").version == serving
+        np.testing.assert_allclose(client.embed(["unchanged by a refused release"]), before, atol=1e-6)
+        assert _ensemble_step_version(client) == -1
+    shutil.rmtree(repo / "minilm_encoder" / "7")

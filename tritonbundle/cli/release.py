@@ -1,0 +1,48 @@
+"""``tritonbundle release``: release a new version of a text model's encoder inside one running server
+(compare it with the serving version on the traffic sample's texts, then promote or refuse it)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from tritonbundle.cli import args as shared
+from tritonbundle.cli import defaults
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    from tritonbundle import traffic
+    from tritonbundle.payloads import PayloadFactory
+    from tritonbundle.release import Release
+
+    url = shared.url(args)
+    factory = PayloadFactory(traffic.load(args.traffic), seed=0, max_batch=1)
+    texts = [factory.text(factory.draw()[0]) for _ in range(args.texts)]
+    release = Release(url, args.model, args.version, api_key=shared.read_key(args, url.removeprefix("http://")),
+                      timeout_s=args.timeout_s)
+    verdict = release.run(texts, min_cosine=args.min_cosine, max_p99_ratio=args.max_p99_ratio, rounds=args.rounds)
+    for line in verdict.steps:
+        print(f"  {line}")
+    word = "PROMOTED" if verdict.promoted else "REFUSED"
+    print(f"{word}: {verdict.encoder} version {verdict.candidate} (serving {verdict.serving}): {verdict.reason}")
+    if not verdict.promoted:
+        print(f"  version {verdict.candidate} stays in the repository: move it out, or a restart (latest version) "
+              "would serve it")
+    if args.report:
+        Path(args.report).write_text(json.dumps(verdict.to_json(), indent=2))
+    return 0 if verdict.promoted else 1
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = shared.parser(sub, "release", help="compare a new encoder version with the serving one inside the server, then "
+                                           "promote or refuse it (explicit model control)")
+    shared.server(p)
+    p.add_argument("--version", type=int, required=True, help="the encoder's new version (its folder in the repository)")
+    p.add_argument("--traffic", type=Path, default=defaults.TRAFFIC, help="texts to compare on are drawn from this sample")
+    p.add_argument("--texts", type=int, default=50, help="how many texts")
+    p.add_argument("--rounds", type=int, default=3, help="times each text is sent to each version (latency)")
+    p.add_argument("--min-cosine", type=float, default=0.999, help="least cosine between the versions' answers")
+    p.add_argument("--max-p99-ratio", type=float, default=1.5, help="new p99 at most this times the serving one (+5 ms)")
+    p.add_argument("--report", help="write the verdict as JSON here")
+    p.set_defaults(func=cmd_release)

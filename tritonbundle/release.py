@@ -1,0 +1,187 @@
+"""``tritonbundle release``: a new version of a text model's encoder, released inside one running server.
+
+The server runs with explicit model control (``serve --model-control-mode explicit``) and the key of its
+restricted APIs. For the text model ``<name>`` (the tokenizer + encoder ensemble) and its encoder's new
+version folder N+1 in the repository:
+
+1. the encoder is reloaded serving N alone, then the ensemble with its encoder step pinned to N, so callers
+   stay on N (in that order: loading an ensemble reloads a composing model whose folder changed since its
+   last load from its config.pbtxt, which would serve the newest version, N+1, alone);
+2. the encoder is reloaded serving N and N+1 side by side (``version_policy: specific``);
+3. the traffic sample's texts are tokenized by the server's tokenizer and sent to both versions in turn:
+   the answers are compared (cosine of each pair) and so are the latencies (p99);
+4. **promote** when every cosine is at least ``min_cosine`` and N+1's p99 is within ``max_p99_ratio`` of
+   N's: the ensemble moves to N+1, then the encoder serves N+1 alone; **refuse** otherwise: the encoder
+   serves N alone again. Either way the ensemble ends unpinned (its latest version), and a report says why.
+
+Every step is a reload through Triton's repository API with a configuration override (the model's own
+configuration with one field changed): Triton loads the new configuration before it lets the old one go,
+and requests in flight finish where they started, so callers see no failure (tested under load).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tritonbundle.contract import RESTRICTED_HEADER, TEXT_INPUT
+from tritonbundle.errors import ClientError, ConfigError
+
+
+@dataclass
+class Verdict:
+    model: str
+    encoder: str
+    serving: int
+    candidate: int
+    promoted: bool
+    reason: str
+    texts: int = 0
+    min_cosine: float = 0.0
+    p99_ms: dict[str, float] = field(default_factory=dict)
+    p50_ms: dict[str, float] = field(default_factory=dict)
+    steps: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Release:
+    """One release of ``model``'s encoder from the serving version to ``candidate`` (module docstring)."""
+
+    def __init__(self, url: str, model: str, candidate: int, *, api_key: str | None, timeout_s: float = 120.0) -> None:
+        import tritonclient.http as httpclient
+
+        self.url = url.removeprefix("http://")
+        self.client = httpclient.InferenceServerClient(self.url, network_timeout=timeout_s, connection_timeout=timeout_s)
+        self.model, self.candidate = model, candidate
+        self.headers = {RESTRICTED_HEADER: api_key} if api_key else {}
+        self.log: list[str] = []
+
+    # -- the server ------------------------------------------------------------------------------------
+    def _config(self, name: str) -> dict[str, Any]:
+        config: dict[str, Any] = self.client.get_model_config(name)
+        return config
+
+    def _load(self, name: str, config: dict[str, Any], what: str) -> None:
+        started = time.monotonic()
+        try:
+            self.client.load_model(name, headers=self.headers, config=json.dumps(config))
+        except Exception as e:  # noqa: BLE001 - tritonclient's own error: said in one line
+            raise ClientError(f"release of {self.model!r}: {what} failed: {e}", model=name, protocol="http") from e
+        self.log.append(f"{what} ({time.monotonic() - started:.1f} s)")
+
+    def _steps(self) -> tuple[dict[str, Any], dict[str, Any], str]:
+        """The ensemble's configuration, its encoder step and the encoder's name."""
+        ensemble = self._config(self.model)
+        steps = (ensemble.get("ensemble_scheduling") or {}).get("step") or []
+        if ensemble.get("platform") != "ensemble" or len(steps) < 2:
+            raise ConfigError(f"model {self.model!r} is not a tokenizer + encoder ensemble: release works on the "
+                              "text models the build stage writes")
+        step = steps[-1]
+        return ensemble, step, str(step["model_name"])
+
+    def _serving(self, encoder: str) -> int:
+        versions = [int(v) for v in self.client.get_model_metadata(encoder).get("versions", [])]
+        if not versions:
+            raise ClientError(f"model {encoder!r} serves no version", model=encoder, protocol="http")
+        return max(versions)
+
+    # -- comparing ----------------------------------------------------------------------------------------
+    def _tokens(self, tokenizer: str, texts: list[str]) -> dict[str, np.ndarray[Any, Any]]:
+        import tritonclient.http as httpclient
+
+        data = np.array([[t.encode()] for t in texts], dtype=object)
+        tensor = httpclient.InferInput(TEXT_INPUT, list(data.shape), "BYTES")
+        tensor.set_data_from_numpy(data)
+        out = self.client.infer(tokenizer, [tensor])
+        config = self._config(tokenizer)
+        return {o["name"]: out.as_numpy(o["name"]) for o in config["output"] if o["name"] != "tokens"}
+
+    def _embed(self, encoder: str, version: int, feeds: dict[str, np.ndarray[Any, Any]], output: str,
+               ) -> tuple[np.ndarray[Any, Any], float]:
+        import tritonclient.http as httpclient
+
+        tensors = []
+        for name, array in feeds.items():
+            t = httpclient.InferInput(name, list(array.shape), "INT64")
+            t.set_data_from_numpy(array.astype(np.int64))
+            tensors.append(t)
+        started = time.perf_counter()
+        out = self.client.infer(encoder, tensors, model_version=str(version))
+        return out.as_numpy(output), (time.perf_counter() - started) * 1000
+
+    def compare(self, tokenizer: str, encoder: str, serving: int, texts: list[str], rounds: int,
+                ) -> tuple[float, dict[str, list[float]]]:
+        """The least cosine between the two versions' answers, and each version's latencies (interleaved)."""
+        output = self._config(encoder)["output"][0]["name"]
+        worst = 1.0
+        times: dict[str, list[float]] = {str(serving): [], str(self.candidate): []}
+        for r in range(rounds):
+            for text in texts:
+                feeds = self._tokens(tokenizer, [text])
+                old, t_old = self._embed(encoder, serving, feeds, output)
+                new, t_new = self._embed(encoder, self.candidate, feeds, output)
+                if r == 0:
+                    a, b = old.reshape(-1), new.reshape(-1)
+                    worst = min(worst, float(a @ b / max(1e-12, float(np.linalg.norm(a) * np.linalg.norm(b)))))
+                times[str(serving)].append(t_old)
+                times[str(self.candidate)].append(t_new)
+        return worst, times
+
+    # -- the release ---------------------------------------------------------------------------------------
+    def run(self, texts: list[str], *, min_cosine: float = 0.999, max_p99_ratio: float = 1.5, slack_ms: float = 5.0,
+            rounds: int = 3) -> Verdict:
+        ensemble, step, encoder = self._steps()
+        tokenizer = str(ensemble["ensemble_scheduling"]["step"][0]["model_name"])
+        serving = self._serving(encoder)
+        if self.candidate == serving:
+            raise ConfigError(f"{encoder!r} already serves version {serving}")
+        verdict = Verdict(self.model, encoder, serving, self.candidate, False, "")
+        encoder_config = self._config(encoder)
+        encoder_config.pop("version_policy", None)
+
+        def pin(version: int) -> dict[str, Any]:
+            config: dict[str, Any] = json.loads(json.dumps(ensemble))
+            config["ensemble_scheduling"]["step"][-1]["model_version"] = version
+            return config
+
+        def versions(*numbers: int) -> dict[str, Any]:
+            return {**encoder_config, "version_policy": {"specific": {"versions": list(numbers)}}}
+
+        # Loading an ensemble reloads a composing model whose folder changed since its last load, from its
+        # config.pbtxt (which would serve the newest version alone): so the encoder is loaded first, as it
+        # serves now, and only then is the ensemble pinned to it.
+        self._load(encoder, versions(serving), f"{encoder} serves version {serving} (its repository read again)")
+        self._load(self.model, pin(serving), f"pinned {self.model} to {encoder} version {serving}")
+        try:
+            self._load(encoder, versions(serving, self.candidate), f"loaded {encoder} version {self.candidate} beside {serving}")
+        except ClientError as e:
+            self._load(self.model, pin(-1), f"unpinned {self.model}")
+            verdict.reason = f"version {self.candidate} did not load: {e}"
+            verdict.steps = self.log
+            return verdict
+        worst, times = self.compare(tokenizer, encoder, serving, texts, rounds)
+        verdict.texts, verdict.min_cosine = len(texts), round(worst, 6)
+        verdict.p50_ms = {v: round(float(np.percentile(t, 50)), 2) for v, t in times.items()}
+        verdict.p99_ms = {v: round(float(np.percentile(t, 99)), 2) for v, t in times.items()}
+        old_p99, new_p99 = verdict.p99_ms[str(serving)], verdict.p99_ms[str(self.candidate)]
+        if worst < min_cosine:
+            verdict.reason = f"answers differ: least cosine {worst:.6f} < {min_cosine}"
+        elif new_p99 > max_p99_ratio * old_p99 + slack_ms:
+            verdict.reason = f"slower: p99 {new_p99:.1f} ms > {max_p99_ratio} x {old_p99:.1f} + {slack_ms} ms"
+        else:
+            verdict.promoted = True
+            verdict.reason = f"answers agree (least cosine {worst:.6f}), p99 {new_p99:.1f} vs {old_p99:.1f} ms"
+        if verdict.promoted:
+            self._load(self.model, pin(self.candidate), f"moved {self.model} to {encoder} version {self.candidate}")
+            self._load(encoder, versions(self.candidate), f"{encoder} serves version {self.candidate} alone")
+        else:
+            self._load(encoder, versions(serving), f"{encoder} serves version {serving} alone again")
+        self._load(self.model, pin(-1), f"unpinned {self.model}")
+        verdict.steps = self.log
+        return verdict
