@@ -75,13 +75,13 @@ def _running_nginx(nginx: str, conf: Path, port: int) -> Iterator[subprocess.Pop
 
 
 @pytest.fixture(scope="module")
-def edge(exported_minilm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
+def edge(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
     from tritonbundle.server import ServerOptions, TritonServer
 
     nginx = nginx_with_stream()
     folder = tmp_path_factory.mktemp("edge-tenants")
     repo = folder / "repo"
-    shutil.copytree(ROOT / "model_repository", repo)
+    shutil.copytree(repository, repo)  # the session's built repository (a clean clone has no tokenizer.json in the example)
     (repo / "echo" / "1").mkdir(parents=True)
     (repo / "echo" / "1" / "model.py").write_text(ECHO_MODEL)
     (repo / "echo" / "config.pbtxt").write_text(ECHO_CONFIG)

@@ -98,17 +98,31 @@ def test_a_version_that_agrees_is_promoted_under_load_with_no_failed_request(
         assert _ensemble_step_version(client) == -1, "the ensemble ends unpinned"
 
 
-def test_a_version_whose_answers_differ_is_refused_and_the_serving_one_stays(
+def test_a_version_whose_answers_differ_is_refused_under_load_and_the_serving_one_stays(
     explicit_server: tuple[Any, Path], tmp_path: Path
 ) -> None:
     from tritonbundle.clients import HttpClient
+    from tritonbundle.loadtests import runner
+    from tritonbundle.loadtests.settings import LoadSettings
+    from tritonbundle.measure.latency import Slo
 
     server, repo = explicit_server
     with HttpClient(server.http_url, api_key=API_KEY) as client:
         serving = client.model_info("minilm_encoder").version
         before = client.embed(["unchanged by a refused release"])
+    settings = LoadSettings(http_url=server.http_url, grpc_url=server.grpc_url, users=4, duration_s=40, retries=0,
+                            report_dir=str(tmp_path / "load"), slo=Slo(max_failure_ratio=0.0))
+    outcome: dict[str, Any] = {}
+    load = threading.Thread(target=lambda: outcome.update(result=runner.run(settings)))
+    load.start()
+    time.sleep(5)
     _version(repo, 7, noise=0.5)
     done = _release(server, 7, tmp_path / "release.json")
+    load.join(timeout=180)
+    summary = outcome["result"].summary
+    print(f"\n{done.stdout}load test during the release: {summary['total']['requests']} requests, "
+          f"{summary['total']['failures']} failed")
+    assert summary["total"]["requests"] > 40 and summary["total"]["failures"] == 0, summary["errors"]
     assert done.returncode == 1, done.stdout + done.stderr
     verdict = json.loads((tmp_path / "release.json").read_text())
     assert not verdict["promoted"] and "answers differ" in verdict["reason"] and verdict["min_cosine"] < 0.999

@@ -62,6 +62,8 @@ ENVIRONMENT = {
     "TRITONBUNDLE_STUB_BIN": "bin/ of the environment the Python-backend stubs run in, for `bench gpu` "
                              "(the wheel's stubs need numpy < 2)",
     "TRITONBUNDLE_STATS_DIR": "set by `bench gpu`: the pytorch model writes its counters there",
+    "TRITONBUNDLE_TENANTS": "`tritonbundle gateway`'s tenants file when `--tenants` is not given (compose and the chart "
+                            "set it; docs/tenants.md)",
     "TRITONBUNDLE_GPU_WAIT": "`spin`: the pytorch runtime waits for the GPU the CUDA default way (spinning a core) "
                              "instead of asleep (`block`, the default); for A/B measurements",
     "TRITONBUNDLE_LOADTEST": "set by `loadtest`: the settings the locustfile reads",

@@ -37,9 +37,12 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     from tritonbundle.gateway.app import Backend, create_app
     from tritonbundle.gateway.metering import Meter
 
-    backend = Backend(args.url, args.model or [defaults.MODEL], timeout_s=args.timeout_s)
+    backend = Backend(args.url, args.model or [defaults.MODEL], timeout_s=args.timeout_s, missing=args.missing_models)
     tenants = tenants_file.load(args.tenants) if args.tenants else None
-    asyncio.run(_check(backend))  # a missing or wrong model stops here, in one line, before uvicorn starts
+    served, warnings = asyncio.run(_check(backend))  # a missing or wrong model stops here, in one line
+    for line in warnings:
+        print(f"warning: {line}", flush=True)
+    backend.names = served
     meter = Meter(args.usage_log)
     if args.metrics_port:
         meter.serve(args.metrics_port, args.metrics_host or args.host)
@@ -60,14 +63,15 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _check(backend: Backend) -> None:
+async def _check(backend: Backend) -> tuple[list[str], list[str]]:
     from tritonbundle.gateway.app import Backend as Probe
 
-    probe = Probe(backend.url, backend.names, timeout_s=backend.timeout_s)
+    probe = Probe(backend.url, backend.names, timeout_s=backend.timeout_s, missing=backend.missing)
     try:
         await probe.start()
     finally:
         await probe.close()
+    return probe.names, probe.warnings
 
 
 def cmd_tenants_key(args: argparse.Namespace) -> int:
@@ -126,6 +130,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--host", default=defaults.ADDRESS, help="address to bind (0.0.0.0 exposes the gateway)")
     p.add_argument("--port", type=int, default=defaults.GATEWAY_PORT, help="port to listen on")
     p.add_argument("--timeout-s", type=float, default=defaults.TIMEOUT_S, help="deadline per call to Triton, and for connecting at start")
+    p.add_argument("--missing-models", choices=("fail", "warn"), default="fail",
+                   help="a --model Triton does not serve as a text-embedding model: stop the start, or leave it out "
+                        "with a warning and serve the others (compose: a stack whose manifest has none)")
     p.add_argument("--tenants", default=os.environ.get(TENANTS_ENV) or None,
                    help=f"tenants file (YAML: keys, models, limits; docs/tenants.md; default ${TENANTS_ENV}); without it every "
                         "caller is served")

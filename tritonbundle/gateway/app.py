@@ -66,31 +66,41 @@ MAX_BODY_BYTES = 16 << 20
 class Backend:
     """The served embedding models, one gRPC client each (connected and checked at start)."""
 
-    def __init__(self, url: str, models: Sequence[str], *, timeout_s: float = 30.0) -> None:
+    def __init__(self, url: str, models: Sequence[str], *, timeout_s: float = 30.0, missing: str = "fail") -> None:
         if not models:
             raise ConfigError("the gateway needs at least one model (--model)")
         self.url, self.names, self.timeout_s = url, list(dict.fromkeys(models)), timeout_s
+        #: "fail": a model that is not served (or is no text-embedding model) stops the start; "warn": it is
+        #: left out with a warning, and the gateway serves the rest (none: /v1/models is empty).
+        self.missing = missing
+        self.warnings: list[str] = []
         self.clients: dict[str, AsyncGrpcClient] = {}
         #: The embedding's size per model (None when its config leaves it dynamic).
         self.dims: dict[str, int | None] = {}
         self.created = int(time.time())
 
     async def start(self) -> None:
-        for name in self.names:
+        for name in list(self.names):
             client = AsyncGrpcClient(self.url, model=name, timeout_s=self.timeout_s, retry=RetryPolicy(max_attempts=1),
                                      connect_timeout_s=self.timeout_s)
             try:
                 await client.connect()
                 info = await client.model_info(name)
+                outputs = {t.name: t for t in info.outputs}
+                if info.task != "text-embedding" or TOKENS_OUTPUT not in outputs:
+                    raise ConfigError(f"model {name!r} at {self.url} is not a text-embedding model with token counts "
+                                      f"(task {info.task!r}, outputs {sorted(outputs)}): serve one the build stage wrote "
+                                      "(rebuild older repositories)")
+            except (ConfigError, ModelNotFoundError, MetadataMismatchError) as e:
+                await client.close()
+                if self.missing != "warn":
+                    raise
+                self.names.remove(name)
+                self.warnings.append(f"left out: {e}")
+                continue
             except BaseException:
                 await client.close()
                 raise
-            outputs = {t.name: t for t in info.outputs}
-            if info.task != "text-embedding" or TOKENS_OUTPUT not in outputs:
-                await client.close()
-                raise ConfigError(f"model {name!r} at {self.url} is not a text-embedding model with token counts "
-                                  f"(task {info.task!r}, outputs {sorted(outputs)}): serve one the build stage wrote "
-                                  "(rebuild older repositories)")
             size = int(info.outputs[0].shape[-1])
             self.dims[name] = size if size > 0 else None
             self.clients[name] = client
