@@ -8,9 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,27 +16,10 @@ import numpy as np
 import pytest
 
 from tests.conftest import API_KEY
+from tests.reliability.conftest import load_test
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 REPORT = Path(__file__).resolve().parents[2] / "reports" / "reliability"
-
-
-@pytest.fixture(scope="module")
-def explicit_server(exported_minilm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]]:
-    from tests.conftest import ARTIFACTS, MANIFEST
-    from tritonbundle.build.stage import BuildOptions, build
-    from tritonbundle.server import ServerOptions, TritonServer
-
-    # A long queue timeout: on a busy 2-core machine the reload itself slows serving, and overload
-    # rejections (tested elsewhere) must not be mistaken for requests dropped by the reload.
-    repo = tmp_path_factory.mktemp("explicit") / "model_repository"
-    build(BuildOptions(manifest=MANIFEST, artifacts=ARTIFACTS, repository=repo, export=False,
-                       overrides={"queue_timeout_us": 20_000_000}))
-    server = TritonServer(ServerOptions(repo, http_port=0, grpc_port=0, metrics_port=0, log_path=repo.parent / "log",
-                                        model_control_mode="explicit", load_models=("*",), restricted_api_key=API_KEY))
-    server.start(ready_timeout_s=120)
-    yield server, repo
-    server.stop()
 
 
 def _new_version(repo: Path, version: int, *, broken: bool = False) -> None:
@@ -52,25 +33,17 @@ def _new_version(repo: Path, version: int, *, broken: bool = False) -> None:
 
 def test_loading_a_new_version_during_a_load_test_drops_nothing(explicit_server: tuple[Any, Path], tmp_path: Path) -> None:
     from tritonbundle.clients import HttpClient
-    from tritonbundle.loadtests import runner
-    from tritonbundle.loadtests.settings import LoadSettings
-    from tritonbundle.measure.latency import Slo
 
     server, repo = explicit_server
-    settings = LoadSettings(http_url=server.http_url, grpc_url=server.grpc_url, users=4, duration_s=20, retries=1,
-                            report_dir=str(tmp_path / "load"), slo=Slo(max_failure_ratio=0.0))
-    outcome: dict[str, Any] = {}
-    load = threading.Thread(target=lambda: outcome.update(result=runner.run(settings)))
-    load.start()
-    time.sleep(6)
-    _new_version(repo, 2)
-    with HttpClient(server.http_url, api_key=API_KEY) as client:
-        started = time.monotonic()
-        client.load_model("minilm_encoder")
-        reload_s = time.monotonic() - started
-        assert client.model_info("minilm_encoder").version == "2"
-    load.join(timeout=120)
-    summary = outcome["result"].summary
+    with load_test(server, tmp_path / "load", duration_s=20, retries=1) as outcome:
+        time.sleep(6)
+        _new_version(repo, 2)
+        with HttpClient(server.http_url, api_key=API_KEY) as client:
+            started = time.monotonic()
+            client.load_model("minilm_encoder")
+            reload_s = time.monotonic() - started
+            assert client.model_info("minilm_encoder").version == "2"
+    summary = outcome["summary"]
     REPORT.mkdir(parents=True, exist_ok=True)
     (REPORT / "reload.json").write_text(json.dumps({"reloads": 1, "reload_s": round(reload_s, 2),
                                                    "requests": summary["total"]["requests"],

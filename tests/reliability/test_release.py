@@ -8,9 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,25 +16,10 @@ import numpy as np
 import pytest
 
 from tests.conftest import API_KEY
+from tests.reliability.conftest import load_test
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def explicit_server(exported_minilm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]]:
-    from tests.conftest import ARTIFACTS, MANIFEST
-    from tritonbundle.build.stage import BuildOptions, build
-    from tritonbundle.server import ServerOptions, TritonServer
-
-    repo = tmp_path_factory.mktemp("release") / "model_repository"
-    build(BuildOptions(manifest=MANIFEST, artifacts=ARTIFACTS, repository=repo, export=False,
-                       overrides={"queue_timeout_us": 20_000_000}))
-    server = TritonServer(ServerOptions(repo, http_port=0, grpc_port=0, metrics_port=0, log_path=repo.parent / "log",
-                                        model_control_mode="explicit", load_models=("*",), restricted_api_key=API_KEY))
-    server.start(ready_timeout_s=120)
-    yield server, repo
-    server.stop()
 
 
 def _version(repo: Path, version: int, *, noise: float = 0.0) -> None:
@@ -71,24 +54,16 @@ def test_a_version_that_agrees_is_promoted_under_load_with_no_failed_request(
     explicit_server: tuple[Any, Path], tmp_path: Path
 ) -> None:
     from tritonbundle.clients import HttpClient
-    from tritonbundle.loadtests import runner
-    from tritonbundle.loadtests.settings import LoadSettings
-    from tritonbundle.measure.latency import Slo
 
     server, repo = explicit_server
-    settings = LoadSettings(http_url=server.http_url, grpc_url=server.grpc_url, users=4, duration_s=40, retries=0,
-                            report_dir=str(tmp_path / "load"), slo=Slo(max_failure_ratio=0.0))
-    outcome: dict[str, Any] = {}
-    load = threading.Thread(target=lambda: outcome.update(result=runner.run(settings)))
-    load.start()
-    time.sleep(5)
-    _version(repo, 2)
-    done = _release(server, 2, tmp_path / "release.json")
-    load.join(timeout=180)
+    with load_test(server, tmp_path / "load", duration_s=40, retries=0) as outcome:
+        time.sleep(5)
+        _version(repo, 2)
+        done = _release(server, 2, tmp_path / "release.json")
     assert done.returncode == 0, done.stdout + done.stderr
     verdict = json.loads((tmp_path / "release.json").read_text())
     assert verdict["promoted"] and verdict["min_cosine"] >= 0.9999 and "PROMOTED" in done.stdout
-    summary = outcome["result"].summary
+    summary = outcome["summary"]
     print(f"\n{done.stdout}load test during the release: {summary['total']['requests']} requests, "
           f"{summary['total']['failures']} failed")
     assert summary["total"]["requests"] > 40
@@ -102,24 +77,16 @@ def test_a_version_whose_answers_differ_is_refused_under_load_and_the_serving_on
     explicit_server: tuple[Any, Path], tmp_path: Path
 ) -> None:
     from tritonbundle.clients import HttpClient
-    from tritonbundle.loadtests import runner
-    from tritonbundle.loadtests.settings import LoadSettings
-    from tritonbundle.measure.latency import Slo
 
     server, repo = explicit_server
     with HttpClient(server.http_url, api_key=API_KEY) as client:
         serving = client.model_info("minilm_encoder").version
         before = client.embed(["unchanged by a refused release"])
-    settings = LoadSettings(http_url=server.http_url, grpc_url=server.grpc_url, users=4, duration_s=40, retries=0,
-                            report_dir=str(tmp_path / "load"), slo=Slo(max_failure_ratio=0.0))
-    outcome: dict[str, Any] = {}
-    load = threading.Thread(target=lambda: outcome.update(result=runner.run(settings)))
-    load.start()
-    time.sleep(5)
-    _version(repo, 7, noise=0.5)
-    done = _release(server, 7, tmp_path / "release.json")
-    load.join(timeout=180)
-    summary = outcome["result"].summary
+    with load_test(server, tmp_path / "load", duration_s=40, retries=0) as outcome:
+        time.sleep(5)
+        _version(repo, 7, noise=0.5)
+        done = _release(server, 7, tmp_path / "release.json")
+    summary = outcome["summary"]
     print(f"\n{done.stdout}load test during the release: {summary['total']['requests']} requests, "
           f"{summary['total']['failures']} failed")
     assert summary["total"]["requests"] > 40 and summary["total"]["failures"] == 0, summary["errors"]
