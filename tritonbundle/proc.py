@@ -202,3 +202,28 @@ def tail(path: Path, lines: int = 15) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
+
+
+def signal_descendants(pid: int, name: str, sig: int) -> int:
+    """Send ``sig`` to every descendant of ``pid`` whose executable is called ``name`` (Linux /proc);
+    returns how many were signalled."""
+    children: dict[int, list[int]] = {}
+    names: dict[int, str] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        head, _, rest = text.rpartition(")")  # "pid (comm) state ppid ...": comm may hold spaces
+        child = int(head.split(" (", 1)[0])
+        names[child] = head.split(" (", 1)[1] if " (" in head else ""
+        children.setdefault(int(rest.split()[1]), []).append(child)
+    sent, todo = 0, list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        todo += children.get(child, [])
+        if names.get(child, "") == name[:15]:  # the kernel keeps 15 characters of a process's name
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, sig)
+                sent += 1
+    return sent

@@ -13,6 +13,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from tritonbundle import proc
+from tritonbundle.canary import Canary
 from tritonbundle.log import LOG
 from tritonbundle.measure import triton_metrics
 from tritonbundle.measure.latency import Slo
@@ -21,7 +23,13 @@ from tritonbundle.measure.loadgen import LoadPool
 from tritonbundle.measure.probes import CpuMeter, GpuSampler
 from tritonbundle.measure.search import Sweep
 from tritonbundle.runtimes.pytorch.stats import STATS_DIR_ENV, read_stats, read_stats_info
+from tritonbundle.runtimes.stacks import STACKS_SIGNAL
 from tritonbundle.server import ServerOptions, TritonServer
+
+#: Seconds one small request may take after a level before the measured model counts as stalled.
+STALL_S = 10.0
+#: The Python backend's stub process (what ``ps`` shows; the kernel keeps its first 15 characters).
+STUB_NAME = "triton_python_backend_stub"
 
 
 class ServedRepository:
@@ -44,6 +52,9 @@ class ServedRepository:
         #: connect()'s arguments, for the load generators' setup after a restart.
         self._connected: dict[str, Any] = {}
         self._meter: CpuMeter | None = None
+        #: The model the load generators call (connect()); the one a stall is looked for in.
+        self.model: str | None = None
+        self.stall_s = STALL_S
 
     def __enter__(self) -> ServedRepository:
         return self
@@ -114,6 +125,7 @@ class ServedRepository:
         pool.setup(kind="grpc", url=self.server.grpc_url, model=model, traffic=str(traffic), seed=seed,
                    timeout_s=timeout_s, ready_timeout_s=ready_timeout_s, requests=requests)
         self._pool = pool
+        self.model = model
         self._connected = {"model": model, "traffic": traffic, "seed": seed, "timeout_s": timeout_s,
                            "ready_timeout_s": ready_timeout_s, "requests": requests}
         self._meter = CpuMeter({"server": self.server.process.pid, **{f"load{i}": p for i, p in enumerate(pool.pids)}})
@@ -143,7 +155,27 @@ class ServedRepository:
         def drain(max_s: float) -> float:
             return wait_idle(lambda: triton_metrics.pending_requests(metrics_url), max_s, 0.0)
 
-        return Probes(observe=observe, finish=finish, drain=drain, down=self.server.down_reason, restart=self.restart)
+        return Probes(observe=observe, finish=finish, drain=drain, down=self.down_reason, restart=self.restart)
+
+    def down_reason(self) -> str:
+        """Why the server is down ('' while it serves): it exited or its metrics went quiet
+        (:meth:`TritonServer.down_reason`), or it is up but the measured model answers nothing, not even
+        one small request within ``stall_s`` (:data:`STALL_S`) while requests are pending (the canary's "hung"; a dead
+        Python stub counts too). A hung server's Python stubs first write every thread's stack to the
+        server log (:mod:`tritonbundle.runtimes.stacks`), so the report can say where they stopped."""
+        why = self.server.down_reason()
+        model = self.model
+        if why or not model:
+            return why
+        canary = Canary(url=f"http://{self.server.http_url}", models=[model], timeout_s=self.stall_s,
+                        metrics_url=self.server.metrics_url)
+        fatal = [problem for problem in canary.check() if problem.fatal]
+        if not fatal:
+            return ""
+        assert self.server.process is not None
+        stubs = proc.signal_descendants(self.server.process.pid, STUB_NAME, STACKS_SIGNAL)
+        time.sleep(1.0)  # the stubs write from their signal handlers
+        return f"{model}: {fatal[0].message} ({stubs} Python stub(s) wrote every thread's stack to {self.server.options.log_path})"
 
     def measure(self, *, system: str, slo: Slo, timing: Timing, ladder: Ladder, deadline: float, seed: int,
                 gpu: GpuSampler | None = None) -> Sweep:

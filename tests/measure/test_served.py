@@ -3,11 +3,13 @@ on the same ports, the level fails naming the crash, and the search goes on (ben
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,3 +50,64 @@ def test_a_server_that_crashes_during_a_level_is_restarted_and_measured_again(re
     later = result.steps[1:]
     assert later and all(s.extra.get("down") is None for s in later)
     assert any(s.passed and s.completed > 0 for s in later), [(s.offered_rps, s.reason) for s in later]
+
+
+STALLING_MODEL = '''
+import threading
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from tritonbundle.runtimes.stacks import dump_stacks_on_signal
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        dump_stacks_on_signal()
+
+    def execute(self, requests):
+        texts = [pb_utils.get_input_tensor_by_name(r, "TEXT").as_numpy().reshape(-1)[0] for r in requests]
+        if b"stall" in texts:
+            threading.Event().wait()  # never returns: the instance is stuck, the server still up
+        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUT", np.ones((1,), np.float32))])
+                for _ in requests]
+'''
+
+
+def test_a_server_whose_model_stops_answering_is_down_with_every_stubs_stack(tmp_path: Path) -> None:
+    """Up (process alive, metrics answering) but its model stuck: the level's probe calls it down, and
+    the stub's threads' stacks are in the server log, the stuck ``execute`` among them."""
+    import sys
+
+    import numpy as np
+
+    from tritonbundle.clients import ClientError, connect
+    from tritonbundle.modelconfig import InstanceGroup, ModelConfig, TensorSpec, write_config
+
+    repo = tmp_path / "repo"
+    version = repo / "stall" / "1"
+    version.mkdir(parents=True)
+    (version / "model.py").write_text(STALLING_MODEL)
+    (version / "tritonbundle" / "runtimes").mkdir(parents=True)  # vendored as the build does
+    for package in (version / "tritonbundle", version / "tritonbundle" / "runtimes"):
+        (package / "__init__.py").write_text("")
+    source = Path(sys.modules["tritonbundle"].__file__ or "").parent / "runtimes" / "stacks.py"
+    (version / "tritonbundle" / "runtimes" / "stacks.py").write_text(source.read_text())
+    write_config(ModelConfig(name="stall", backend="python", max_batch_size=0,
+                             inputs=(TensorSpec("TEXT", "STRING", (1,)),), outputs=(TensorSpec("OUT", "FP32", (1,)),),
+                             instance_groups=(InstanceGroup(1, "KIND_CPU"),)), repo / "stall")
+    def call(text: bytes, client: Any) -> None:
+        with contextlib.suppress(ClientError):
+            client.infer({"TEXT": np.array([text], dtype=object)}, model="stall", timeout_s=20)
+
+    with ServedRepository(repo, tmp_path / "served") as served:
+        served.start(timeout_s=120)
+        served.model, served.stall_s = "stall", 3.0
+        with connect(served.grpc_url, protocol="grpc", model="stall", timeout_s=20) as client:
+            call(b"ok", client)
+            assert served.down_reason() == ""
+            threading.Thread(target=call, args=(b"stall", client), daemon=True).start()
+            time.sleep(1.0)
+            why = served.down_reason()
+        log = served.server.start_log() or ""
+    assert "hung" in why and "1 Python stub(s) wrote every thread's stack" in why, why
+    assert "most recent call first" in log and "in execute" in log, log[-2000:]

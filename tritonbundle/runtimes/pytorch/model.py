@@ -60,6 +60,7 @@ from tritonbundle.contract import (  # noqa: E402
 from tritonbundle.runtimes.pytorch.engine import GPU_WAIT_ENV, Engine  # noqa: E402
 from tritonbundle.runtimes.pytorch.launch import used_lengths  # noqa: E402
 from tritonbundle.runtimes.pytorch.stats import new_stats, writer_for  # noqa: E402
+from tritonbundle.runtimes.stacks import dump_stacks_on_signal  # noqa: E402
 from tritonbundle.runtimes.text import TextError, load_tokenizer, read_texts, tokenize  # noqa: E402
 
 try:
@@ -83,6 +84,7 @@ LANE_REPORT_S = 30.0
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
+        dump_stacks_on_signal()  # a stalled model can be read: runtimes/stacks.py
         config = json.loads(args["model_config"])
         version_dir = Path(args["model_repository"]) / args["model_version"]
         self.input_names = [i["name"] for i in config["input"]]

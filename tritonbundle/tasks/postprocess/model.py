@@ -26,6 +26,7 @@ if (_HERE / "tritonbundle").is_dir() and sys.path[:1] != [str(_HERE)]:
 import numpy as np  # noqa: E402
 
 from tritonbundle.contract import LABEL_OUTPUT, SCORE_OUTPUT, PostprocessParameters, shape_problem  # noqa: E402
+from tritonbundle.runtimes.stacks import dump_stacks_on_signal  # noqa: E402
 
 try:
     import triton_python_backend_utils as pb_utils
@@ -59,6 +60,7 @@ def relevance(logits: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
+        dump_stacks_on_signal()  # a stalled model can be read: runtimes/stacks.py
         config = json.loads(args["model_config"])
         params = PostprocessParameters.from_config(config)
         self.input = config["input"][0]["name"]
