@@ -65,23 +65,32 @@ class TritonPythonModel:
         dump_stacks_on_signal()
 
     def execute(self, requests):
-        texts = [pb_utils.get_input_tensor_by_name(r, "TEXT").as_numpy().reshape(-1)[0] for r in requests]
-        if b"stall" in texts:
+        texts = [pb_utils.get_input_tensor_by_name(r, "TEXT").as_numpy() for r in requests]
+        if any(b"stall" in t.reshape(-1) for t in texts):
             threading.Event().wait()  # never returns: the instance is stuck, the server still up
-        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUT", np.ones((1,), np.float32))])
-                for _ in requests]
+        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUT", np.ones(t.shape, np.float32))])
+                for t in texts]
 '''
 
 
-def test_a_server_whose_model_stops_answering_is_down_with_every_stubs_stack(tmp_path: Path) -> None:
+@pytest.mark.parametrize("queue", ["unbounded", "full"])
+def test_a_server_whose_model_stops_answering_is_down_with_every_stubs_stack(tmp_path: Path, queue: str) -> None:
     """Up (process alive, metrics answering) but its model stuck: the level's probe calls it down, and
-    the stub's threads' stacks are in the server log, the stuck ``execute`` among them."""
+    the stub's threads' stacks are in the server log, the stuck ``execute`` among them. With a bounded
+    queue that the stuck model leaves full, the probe's request is refused at once, not timed out."""
     import sys
 
     import numpy as np
 
     from tritonbundle.clients import ClientError, connect
-    from tritonbundle.modelconfig import InstanceGroup, ModelConfig, TensorSpec, write_config
+    from tritonbundle.modelconfig import (
+        DynamicBatching,
+        InstanceGroup,
+        ModelConfig,
+        QueuePolicy,
+        TensorSpec,
+        write_config,
+    )
 
     repo = tmp_path / "repo"
     version = repo / "stall" / "1"
@@ -92,12 +101,16 @@ def test_a_server_whose_model_stops_answering_is_down_with_every_stubs_stack(tmp
         (package / "__init__.py").write_text("")
     source = Path(sys.modules["tritonbundle"].__file__ or "").parent / "runtimes" / "stacks.py"
     (version / "tritonbundle" / "runtimes" / "stacks.py").write_text(source.read_text())
-    write_config(ModelConfig(name="stall", backend="python", max_batch_size=0,
+    batched = queue == "full"
+    write_config(ModelConfig(name="stall", backend="python", max_batch_size=4 if batched else 0,
                              inputs=(TensorSpec("TEXT", "STRING", (1,)),), outputs=(TensorSpec("OUT", "FP32", (1,)),),
-                             instance_groups=(InstanceGroup(1, "KIND_CPU"),)), repo / "stall")
+                             instance_groups=(InstanceGroup(1, "KIND_CPU"),),
+                             dynamic_batching=DynamicBatching(queue_policy=QueuePolicy(max_queue_size=1)) if batched else None),
+                 repo / "stall")
+
     def call(text: bytes, client: Any) -> None:
         with contextlib.suppress(ClientError):
-            client.infer({"TEXT": np.array([text], dtype=object)}, model="stall", timeout_s=20)
+            client.infer({"TEXT": np.array([[text]] if batched else [text], dtype=object)}, model="stall", timeout_s=20)
 
     with ServedRepository(repo, tmp_path / "served") as served:
         served.start(timeout_s=120)
@@ -107,7 +120,11 @@ def test_a_server_whose_model_stops_answering_is_down_with_every_stubs_stack(tmp
             assert served.down_reason() == ""
             threading.Thread(target=call, args=(b"stall", client), daemon=True).start()
             time.sleep(1.0)
+            if batched:  # one more waits behind the stuck one: the queue is full
+                threading.Thread(target=call, args=(b"ok", client), daemon=True).start()
+                time.sleep(0.5)
             why = served.down_reason()
         log = served.server.start_log() or ""
     assert "hung" in why and "1 Python stub(s) wrote every thread's stack" in why, why
+    assert ("refused or timed out" in why) == batched, why  # a full queue answers at once: no timeout
     assert "most recent call first" in log and "in execute" in log, log[-2000:]
