@@ -22,6 +22,12 @@ Lanes (``lanes``, the manifest's ``batches_in_flight``): with more than one, eac
 stream and its own captured graphs (their static inputs and outputs, in a memory pool of its own), so
 several threads may call :meth:`Engine.embed` at once, each with its own ``lane``: one thread's host work
 (planning, filling, reading results back) overlaps another's kernels in one process and one CUDA context.
+Each lane's graphs are captured on the lane's own stream. PyTorch gives cuBLAS one workspace per (handle,
+stream) (``aten/src/ATen/cuda/CublasHandlePool.cpp``, ``cublas_handle_stream_to_workspace``) and a
+captured GEMM keeps the workspace of its capture stream; ``torch.cuda.graph`` captures on one stream
+shared by every capture unless given one (``torch/cuda/graphs.py``, ``default_capture_stream``). Captured
+there, both lanes' GEMMs shared one workspace, and on the H200 two lanes replaying at once left a kernel
+running forever (GPU 100 % busy, both lanes waiting on their results: the stacks the served model logs).
 """
 
 from __future__ import annotations
@@ -173,12 +179,14 @@ class Engine:
                     self._forward(*inputs)
         torch.cuda.current_stream(self.device).wait_stream(side)
         torch.cuda.synchronize(self.device)
-        for graphs in self.lane_graphs:
+        for graphs, stream in zip(self.lane_graphs, self.streams):
             pool = torch.cuda.graph_pool_handle()  # one per lane: lanes run at the same time
             for shape in shapes:  # largest first, so smaller graphs reuse the shared pool's memory
                 statics = self._dummy(*shape)
                 graph = torch.cuda.CUDAGraph()
-                with torch.no_grad(), torch.cuda.graph(graph, pool=pool):
+                # Captured on the lane's own stream (module docstring, "Lanes"): a graph keeps the cuBLAS
+                # workspace of the stream it was captured on.
+                with torch.no_grad(), torch.cuda.graph(graph, pool=pool, stream=stream):
                     out = self._forward(*statics)
                 graphs[shape] = _Graph(graph, statics, out)
         torch.cuda.synchronize(self.device)
