@@ -55,6 +55,9 @@ def test_bench_on_the_cpu_measures_four_systems_and_cleans_up(tmp_path: Path) ->
     assert systems["naive"]["sweep"]["steps"], "the naive server was measured at least once"
     assert systems["peer"]["sweep"]["steps"] and systems["peer"]["correctness"]["min_cosine"] > 0.99
     assert systems["bundle"]["sweep"]["steps"], "the bundle was measured at least once"
+    correctness = systems["bundle"]["correctness"]  # one text per request, 16 callers at once, before and after
+    assert correctness["at_once"]["texts"] == correctness["after_sweep"]["texts"] == 8 * correctness["texts"]
+    assert min(correctness["at_once"]["min_cosine"], correctness["after_sweep"]["min_cosine"]) > 0.99
     assert systems["ceiling"]["best_rps"] > 0
     bundle_step = systems["bundle"]["sweep"]["steps"][0]
     assert bundle_step["extra"]["encoder"]["useful_tokens"] > 0  # the encoder's own statistics arrived

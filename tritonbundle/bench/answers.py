@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -36,6 +38,18 @@ def check_answers(system: str, got: Any, expected: Any) -> dict[str, Any]:
         raise TritonBundleError(f"{system} answers differ from the FP32 reference (min cosine {worst:.4f} < {MIN_COSINE}): "
                                 "its throughput would mean nothing")
     return {"texts": int(got.shape[0]), "min_cosine": worst}
+
+
+def check_answers_at_once(system: str, embed: Callable[[list[str]], Any], texts: list[str], expected: Any, *,
+                          callers: int = 16, rounds: int = 8) -> dict[str, Any]:
+    """:func:`check_answers` for one text per request from ``callers`` threads at once, every text
+    ``rounds`` times: batches formed from concurrent requests, several in flight where the server allows
+    it (``batches_in_flight``, whose lanes once shared a cuBLAS workspace and answered wrong only then)."""
+    order = [i for _ in range(rounds) for i in range(len(texts))]
+    with ThreadPoolExecutor(callers) as pool:
+        got = list(pool.map(lambda i: np.asarray(embed([texts[i]]))[0], order))
+    result = check_answers(f"{system} (requests at once)", np.stack(got), np.asarray(expected)[order])
+    return {**result, "callers": callers}
 
 
 def references(ctx: Context, built: Built) -> tuple[list[str], Any]:

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from tritonbundle.bench.accounting import tokens_ratio
-from tritonbundle.bench.answers import check_answers, references
+from tritonbundle.bench.answers import check_answers, check_answers_at_once, references
 from tritonbundle.bench.breakdown import breakdown
 from tritonbundle.bench.options import client_timeout_s, setup_timeout_s
 from tritonbundle.bench.phase import Context, sweep
@@ -32,11 +32,14 @@ def run_bundle(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> d
 
         with GrpcClient(served.grpc_url, model=name, timeout_s=60.0) as client:
             correctness = check_answers("the bundle", client.embed(texts), expected)
+            correctness["at_once"] = check_answers_at_once("the bundle", client.embed, texts, expected)
         with LoadPool(procs, ctx.logs, f"bundle-{name}") as pool:
             served.connect(pool, model=name, traffic=ctx.traffic_path, seed=o.seed, timeout_s=client_timeout_s(o),
                            ready_timeout_s=setup_timeout_s(deadline),
                            requests="tokens" if o.input == "tokens" else "auto")
             result = sweep(ctx, pool, deadline, "bundle", served.probes())
+        with GrpcClient(served.grpc_url, model=name, timeout_s=60.0) as client:  # after every level: still right?
+            correctness["after_sweep"] = check_answers_at_once("the bundle after the sweep", client.embed, texts, expected)
     ref_step = result.best or (max(result.steps, key=lambda s: s.offered_rps) if result.steps else None)
     padding = tokens_ratio(ref_step.extra.get("encoder", {})) if ref_step else {}
     return {

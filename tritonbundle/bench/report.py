@@ -152,8 +152,11 @@ def markdown(result: dict[str, Any]) -> str:
         for system in ("naive", "peer", "bundle"):
             c = (entry.get("systems", {}).get(system) or {}).get("correctness")
             if c:
+                at_once = "".join(f"; {what}: {a['texts']} requests from {a['callers']} callers at once, min cosine "
+                                  f"{_f(a['min_cosine'], '.5f')}" for what, a in
+                                  (("before the sweep", c.get("at_once")), ("after it", c.get("after_sweep"))) if a)
                 md.append(f"\n{system}: answers checked against the FP32 reference on {c['texts']} texts, "
-                          f"min cosine {_f(c['min_cosine'], '.5f')}.")
+                          f"min cosine {_f(c['min_cosine'], '.5f')}{at_once}.")
         peer = entry.get("systems", {}).get("peer") or {}
         if peer.get("settings"):
             md.append(f"\npeer: {peer.get('system')} with " + ", ".join(f"{k}={v}" for k, v in peer["settings"].items())
