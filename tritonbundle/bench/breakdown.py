@@ -10,6 +10,7 @@ from tritonbundle.bench.accounting import tokens_ratio
 from tritonbundle.bench.options import BenchOptions
 from tritonbundle.measure.latency import StepResult
 from tritonbundle.recipes import Recipe
+from tritonbundle.runtimes.pytorch.stats import HISTOGRAMS, quantile_ms
 
 
 def breakdown(recipe: Recipe, s: StepResult, options: BenchOptions) -> dict[str, Any]:
@@ -42,6 +43,8 @@ def breakdown(recipe: Recipe, s: StepResult, options: BenchOptions) -> dict[str,
         out["encoder_launches_per_execute"] = enc.get("launches", 0) / executes
         if requests:
             out["encoder_execute_ms_per_request"] = 1000.0 * enc.get("t_execute_s", 0.0) / requests
+        out["encoder_call_ms"] = {name: {f"p{round(100 * q)}": quantile_ms(enc, name, q) for q in (0.5, 0.99)}
+                                  for name in HISTOGRAMS}
     out["padding"] = tokens_ratio(enc)
     out["cpu_cores"] = s.extra.get("cpu_cores", {})
     out["cpu_processes"] = s.extra.get("cpu_processes", {})

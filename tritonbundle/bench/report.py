@@ -186,6 +186,10 @@ def markdown(result: dict[str, Any]) -> str:
                 md.append("- encoder execute() per call (ms): " + ", ".join(f"{k} {_f(val, '.3f')}" for k, val in e.items())
                           + f"; {_f(b.get('encoder_rows_per_execute'), '.1f')} rows and "
                           f"{_f(b.get('encoder_launches_per_execute'), '.1f')} graph launches per call")
+            calls = b.get("encoder_call_ms") or {}
+            if any(v.get("p50") is not None for v in calls.values()):
+                md.append("- encoder per call, p50 / p99 (up to the histogram's bucket edge, ms): " + ", ".join(
+                    f"{name.removesuffix('_ms')} {_f(v.get('p50'), 'g')} / {_f(v.get('p99'), 'g')}" for name, v in calls.items()))
             p = b.get("padding") or {}
             md.append(f"- tokens: computed/useful {_f(p.get('computed_per_useful'), '.3f')} "
                       f"(sequence padding alone {_f(p.get('seq_padded_per_useful'), '.3f')})")

@@ -155,7 +155,7 @@ def test_token_input_the_embedding_table_cannot_take_is_refused_by_name(
 
 def test_the_encoder_writes_its_statistics_for_the_benchmark(pytorch_server: Any) -> None:
     from tritonbundle.clients import GrpcClient
-    from tritonbundle.runtimes.pytorch.stats import read_stats, read_stats_info
+    from tritonbundle.runtimes.pytorch.stats import quantile_ms, read_stats, read_stats_info
 
     with GrpcClient(pytorch_server.grpc_url) as client:
         client.embed(["one two three", "four five six seven"])
@@ -165,6 +165,9 @@ def test_the_encoder_writes_its_statistics_for_the_benchmark(pytorch_server: Any
     # Packed launches may compute fewer tokens than padding each text to its target would.
     assert stats["computed_tokens"] >= stats["useful_tokens"] and stats["seq_tokens"] >= stats["useful_tokens"]
     assert stats["t_execute_s"] > 0
+    # Every call in the execute-time histogram; no GPU time on the CPU.
+    assert sum(v for k, v in stats.items() if k.startswith("h_execute_ms_")) == stats["executes"]
+    assert quantile_ms(stats, "execute_ms", 0.99) is not None and quantile_ms(stats, "gpu_ms", 0.5) is None
     info = read_stats_info(pytorch_server.stats_dir)
     assert info and info[0]["device"] == "cpu" and info[0]["cuda_graphs"] is False
 

@@ -59,7 +59,7 @@ from tritonbundle.contract import (  # noqa: E402
 )
 from tritonbundle.runtimes.pytorch.engine import GPU_WAIT_ENV, Engine  # noqa: E402
 from tritonbundle.runtimes.pytorch.launch import used_lengths  # noqa: E402
-from tritonbundle.runtimes.pytorch.stats import new_stats, writer_for  # noqa: E402
+from tritonbundle.runtimes.pytorch.stats import new_stats, observe, writer_for  # noqa: E402
 from tritonbundle.runtimes.stacks import dump_stacks_on_signal  # noqa: E402
 from tritonbundle.runtimes.text import TextError, load_tokenizer, read_texts, tokenize  # noqa: E402
 
@@ -221,7 +221,7 @@ class TritonPythonModel:
             if batch is not None:
                 self._run(indices, batch, responses, stats, 0)
             stats["t_execute_s"] += time.perf_counter() - t0
-            self._count(stats)
+            self._count(stats, t0)
             return responses
         senders = [request.get_response_sender() for request in requests]
         for index, response in enumerate(responses):
@@ -229,10 +229,10 @@ class TritonPythonModel:
                 self._send(senders[index], response, stats)
         stats["t_execute_s"] += time.perf_counter() - t0
         if batch is None:
-            self._count(stats)
+            self._count(stats, t0)
             return None
         lane = self._take_lane()
-        self._workers.submit(self._run_in_lane, lane, indices, batch, senders, stats)
+        self._workers.submit(self._run_in_lane, lane, indices, batch, senders, stats, t0)
         self._free.put(self._take_lane())  # return once a lane is free: the batcher gathers meanwhile
         return None
 
@@ -257,7 +257,7 @@ class TritonPythonModel:
             self._log(f"{self.name}: a response could not be sent: {type(e).__name__}: {e}")
 
     def _run_in_lane(self, lane: int, indices: list[int], batch: Any, senders: list[Any],
-                     stats: dict[str, float]) -> None:
+                     stats: dict[str, float], called: float) -> None:
         t0 = time.perf_counter()
         responses: list[Any] = [None] * len(senders)
         try:
@@ -272,7 +272,7 @@ class TritonPythonModel:
                     output_tensors=[], error=_error(f"{self.name}: inference failed", "INTERNAL"))
                 self._send(senders[index], response, stats)
             stats["t_execute_s"] += time.perf_counter() - t0
-            self._count(stats)
+            self._count(stats, called)
 
     def _run(self, indices: list[int], batch: Any, responses: list[Any], stats: dict[str, float],
              lane: int) -> None:
@@ -299,8 +299,12 @@ class TritonPythonModel:
         stats["t_respond_s"] += time.perf_counter() - t2
         stats["rows"] += int(all_ids.shape[0])
 
-    def _count(self, stats: dict[str, float]) -> None:
-        """Add one call's statistics to the instance's (lanes add theirs from their own threads)."""
+    def _count(self, stats: dict[str, float], called: float) -> None:
+        """Add one call's statistics, and its time since ``called`` (perf_counter) and GPU time to the
+        histograms, to the instance's (lanes add theirs from their own threads)."""
+        observe(stats, "execute_ms", 1000.0 * (time.perf_counter() - called))
+        if stats["gpu_s"] > 0:
+            observe(stats, "gpu_ms", 1000.0 * stats["gpu_s"])
         with self._stats_lock:
             for key, value in stats.items():
                 self.stats[key] += value

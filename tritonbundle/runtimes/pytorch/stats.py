@@ -1,14 +1,17 @@
 """The pytorch model's statistics: cumulative counters written as JSON for the benchmark.
 
-Rows, useful / padded / computed tokens, time per execute phase and GPU time go to
+Rows, useful / padded / computed tokens, time per execute phase and GPU time, and histograms of the
+time one call takes and of its GPU time (:data:`HISTOGRAMS`: the tail the sums hide) go to
 ``$TRITONBUNDLE_STATS_DIR/<model>.<pid>.json`` every 0.25 s when that variable is set; nothing is
 written otherwise. The benchmark sums the files of all instances (:func:`read_stats`).
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
+import math
 import os
 import threading
 import time
@@ -16,14 +19,39 @@ from pathlib import Path
 from typing import Any
 
 STATS_DIR_ENV = "TRITONBUNDLE_STATS_DIR"
+#: Per-call histograms: ``execute_ms`` (from execute() being called to the call's last answer sent)
+#: and ``gpu_ms`` (first launch to last result, on the GPU: other processes' work time-sliced in
+#: included). Bucket ``i`` counts values up to ``HISTOGRAM_EDGES_MS[i]``; the last one, the rest.
+HISTOGRAMS = ("execute_ms", "gpu_ms")
+HISTOGRAM_EDGES_MS = (0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 50.0, 75.0, 100.0, 200.0, 500.0)
 STAT_KEYS = (
     "executes", "requests", "errors", "rows", "launches", "useful_tokens", "seq_tokens", "computed_tokens",
     "t_execute_s", "t_read_s", "t_plan_s", "t_fill_s", "t_launch_s", "t_wait_s", "t_respond_s", "gpu_s",
-)
+) + tuple(f"h_{name}_{i}" for name in HISTOGRAMS for i in range(len(HISTOGRAM_EDGES_MS) + 1))
 
 
 def new_stats() -> dict[str, float]:
     return {key: 0.0 if key.endswith("_s") else 0 for key in STAT_KEYS}
+
+
+def observe(stats: dict[str, float], name: str, ms: float) -> None:
+    """Count one call's ``ms`` in histogram ``name``."""
+    stats[f"h_{name}_{bisect.bisect_left(HISTOGRAM_EDGES_MS, ms)}"] += 1
+
+
+def quantile_ms(stats: dict[str, float], name: str, q: float) -> float | None:
+    """The upper edge of the bucket holding the ``q`` quantile of histogram ``name`` (inf past the last
+    edge; None when it counted nothing). Counters subtracted between two readings give a level's."""
+    counts = [stats.get(f"h_{name}_{i}", 0.0) for i in range(len(HISTOGRAM_EDGES_MS) + 1)]
+    total = sum(counts)
+    if total <= 0:
+        return None
+    seen = 0.0
+    for edge, count in zip((*HISTOGRAM_EDGES_MS, math.inf), counts):
+        seen += count
+        if seen >= q * total:
+            return edge
+    return math.inf
 
 
 class StatsWriter:
