@@ -113,6 +113,7 @@ class LaunchPlanner:
         self._best: dict[int, list[float]] = {}
         self._choice: dict[int, list[int]] = {}
         self._top_cost: dict[int, float] = {}
+        self._cost_tables: dict[int, list[float]] = {}
         if self.buckets:
             if cost is None:
                 cost = {(b, s): eager_cost[0] + eager_cost[1] * b * s for b in self.buckets for s in self.targets}
@@ -157,6 +158,14 @@ class LaunchPlanner:
         full = n // top if n > top else 0
         return full * self._top_cost[target] + self._best[target][n - full * top]
 
+    def _costs(self, target: int, n: int) -> list[float]:
+        """``cost(k, target)`` for k = 0..n at least, as a list kept between calls (the planner's inner
+        loop reads it instead of calling :meth:`cost`: a third of its time on 52-row batches)."""
+        table = self._cost_tables.setdefault(target, [0.0])
+        for k in range(len(table), n + 1):
+            table.append(self.cost(k, target))
+        return table
+
     def plan(self, lengths: npt.ArrayLike) -> list[Launch]:
         """Launches for rows of these lengths."""
         lengths = np.asarray(lengths, dtype=np.int64)
@@ -183,8 +192,9 @@ class LaunchPlanner:
         lengths = np.asarray(lengths, dtype=np.int64)
         if lengths.size == 0:
             return 0.0
-        groups, sizes = np.unique(target_index(lengths, self.targets), return_counts=True)
-        return self._segments(groups.tolist(), sizes.tolist())[0]
+        counts = np.bincount(target_index(lengths, self.targets), minlength=len(self.targets))
+        groups = np.flatnonzero(counts)
+        return self._segments(groups.tolist(), counts[groups].tolist())[0]
 
     def _segments(self, groups: list[int], counts: list[int]) -> tuple[float, list[tuple[list[int], int]]]:
         """Least cost of running length groups (target indices, ascending, with their row counts) and
@@ -192,14 +202,17 @@ class LaunchPlanner:
         # f[i]: least cost of groups[:i]; a segment groups[j:i] runs at the target of groups[i - 1].
         f = [0.0] + [math.inf] * len(groups)
         back = [0] * (len(groups) + 1)
+        total = sum(counts)
         for i in range(1, len(groups) + 1):
             n = 0
-            target = self.targets[groups[i - 1]]
+            costs = self._costs(self.targets[groups[i - 1]], total)
+            best, arg = math.inf, 0
             for j in range(i, 0, -1):
                 n += counts[j - 1]
-                c = f[j - 1] + self.cost(n, target)
-                if c < f[i]:
-                    f[i], back[i] = c, j - 1
+                c = f[j - 1] + costs[n]
+                if c < best:
+                    best, arg = c, j - 1
+            f[i], back[i] = best, arg
         segments = []
         i = len(groups)
         while i > 0:
