@@ -14,7 +14,7 @@ from types import TracebackType
 from typing import Any
 
 from tritonbundle import proc
-from tritonbundle.canary import HUNG, Canary
+from tritonbundle.canary import Canary
 from tritonbundle.log import LOG
 from tritonbundle.measure import triton_metrics
 from tritonbundle.measure.latency import Slo
@@ -159,47 +159,24 @@ class ServedRepository:
 
     def down_reason(self) -> str:
         """Why the server is down ('' while it serves): it exited or its metrics went quiet
-        (:meth:`TritonServer.down_reason`); or it is up but the measured model is stuck: its stub is dead
-        (the canary's fatal problems), or the canary's one small request is refused or times out and
-        Triton counts no answer from the model for ``stall_s`` (:data:`STALL_S`). A stuck model's queue
-        stays full, so every request is refused at once while nothing is answered: that is the H200's
-        lane stall, whose levels read "0 answered" until the run ended. Before the server is called down,
-        its Python stubs write every thread's stack to its log (:mod:`tritonbundle.runtimes.stacks`)."""
+        (:meth:`TritonServer.down_reason`), or the measured model is stuck: the canary's one small
+        request finds a dead stub, or is refused or times out while Triton counts no answer from the
+        model for ``stall_s`` (:data:`STALL_S`; :mod:`tritonbundle.canary`, "hung"). Before the server is
+        called down, its Python stubs write every thread's stack to its log
+        (:mod:`tritonbundle.runtimes.stacks`), so the report can say where they stopped."""
         why = self.server.down_reason()
         model = self.model
         if why or not model:
             return why
         canary = Canary(url=f"http://{self.server.http_url}", models=[model], timeout_s=self.stall_s,
                         metrics_url=self.server.metrics_url)
-        problems = canary.check()
-        stuck = [problem.message for problem in problems if problem.fatal]
-        if problems and not stuck:
-            stuck = self._unanswered(model)
+        stuck = [problem.message for problem in canary.check() if problem.fatal]
         if not stuck:
             return ""
         assert self.server.process is not None
         stubs = proc.signal_descendants(self.server.process.pid, STUB_NAME, STACKS_SIGNAL)
         time.sleep(1.0)  # the stubs write from their signal handlers
         return f"{model}: {stuck[0]} ({stubs} Python stub(s) wrote every thread's stack to {self.server.options.log_path})"
-
-    def _unanswered(self, model: str) -> list[str]:
-        """[why] when Triton counts no successful request of ``model`` for ``stall_s``, else []."""
-        def answered() -> float | None:
-            try:
-                return triton_metrics.scrape(self.server.metrics_url).get(model, {}).get("nv_inference_request_success", 0.0)
-            except OSError:
-                return None
-
-        first = answered()
-        deadline = time.monotonic() + self.stall_s
-        while first is not None and time.monotonic() < deadline:
-            time.sleep(0.5)
-            now = answered()
-            if now is None or now > first:
-                return []
-        if first is None:
-            return []
-        return [f"refused or timed out, and no request answered in {self.stall_s:g} s: {HUNG} (the model is stuck)"]
 
     def measure(self, *, system: str, slo: Slo, timing: Timing, ladder: Ladder, deadline: float, seed: int,
                 gpu: GpuSampler | None = None) -> Sweep:

@@ -126,5 +126,5 @@ def test_a_server_whose_model_stops_answering_is_down_with_every_stubs_stack(tmp
             why = served.down_reason()
         log = served.server.start_log() or ""
     assert "hung" in why and "1 Python stub(s) wrote every thread's stack" in why, why
-    assert ("refused or timed out" in why) == batched, why  # a full queue answers at once: no timeout
+    assert ("(the model is stuck)" in why) == batched, why  # a full queue refuses at once: no timeout
     assert "most recent call first" in log and "in execute" in log, log[-2000:]
