@@ -37,6 +37,7 @@ import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
 from tritonbundle.contract import OnnxRuntimeParameters, shape_problem, token_ids_problem  # noqa: E402
+from tritonbundle.runtimes.stacks import dump_stacks_on_signal  # noqa: E402
 
 try:
     import triton_python_backend_utils as pb_utils
@@ -95,6 +96,7 @@ def _sequence_first(name: str, inputs: list[tuple[str, Any, list[int]]], exact: 
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
+        dump_stacks_on_signal()  # a stalled model can be read: runtimes/stacks.py
         config = json.loads(args["model_config"])
         params = OnnxRuntimeParameters.from_config(config)
         version_dir = Path(args["model_repository"]) / args["model_version"]

@@ -39,6 +39,7 @@ from tritonbundle.contract import (  # noqa: E402
     shape_problem,
     token_counts,
 )
+from tritonbundle.runtimes.stacks import dump_stacks_on_signal  # noqa: E402
 from tritonbundle.runtimes.text import Row, TextError, load_tokenizer, pairs, read_texts, tokenize  # noqa: E402
 
 try:
@@ -56,6 +57,7 @@ def _error(message: str) -> Any:
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
+        dump_stacks_on_signal()  # a stalled model can be read: runtimes/stacks.py
         config = json.loads(args["model_config"])
         params = TokenizerParameters.from_config(config)
         version_dir = Path(args["model_repository"]) / args["model_version"]
