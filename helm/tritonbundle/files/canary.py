@@ -100,8 +100,8 @@ class Canary:
                 self._infer(model)
             except (OSError, ValueError) as e:
                 problem = Problem(model, _describe(e), _fatal(e))
-                if not problem.fatal and _timed_out(e) and self.metrics_url:
-                    problem = self._hung(model, problem, before)
+                if not problem.fatal and self.metrics_url:
+                    problem = self._hung(model, problem, before) if _timed_out(e) else self._stuck(model, problem)
                 problems.append(problem)
                 if HUNG in problem.message:  # the whole server: the other models are not asked
                     problems += [Problem(m, f"not probed: {HUNG}", True) for m in self.models[len(problems):]]
@@ -129,6 +129,33 @@ class Canary:
             return Problem(model, f"{busy.message}; no inference answered since the probe began while "
                                   f"{after[1]:.0f} request(s) are pending: {HUNG}", fatal=True)
         return busy
+
+    def _stuck(self, model: str, refused: Problem) -> Problem:
+        """A refusal (503, the queue full) is busy unless Triton counts no answer from ``model`` for
+        ``timeout_s``: a model stuck in its ``execute()`` keeps its queue full, so every request is
+        refused at once and a timeout never comes (the H200's stalled lanes, docs/benchmarks.md)."""
+        first = self._answered(model)
+        deadline = time.monotonic() + self.timeout_s
+        while first is not None and time.monotonic() < deadline:
+            time.sleep(0.2)
+            now = self._answered(model)
+            if now is None or now > first:
+                return refused
+        if first is None:
+            return refused
+        return Problem(model, f"{refused.message}, and no request of it answered in {self.timeout_s:g} s: {HUNG} "
+                              "(the model is stuck)", fatal=True)
+
+    def _answered(self, model: str) -> float | None:
+        """Requests of ``model`` Triton has answered so far (its metrics); None: no answer from them."""
+        assert self.metrics_url is not None
+        try:
+            with urllib.request.urlopen(self.metrics_url, timeout=self.timeout_s) as r:  # noqa: S310 - the server's own address
+                text = r.read().decode("utf-8", "replace")
+        except OSError:
+            return None
+        label = f'model="{model}"'
+        return metric_sum("\n".join(line for line in text.splitlines() if label in line), "nv_inference_request_success")
 
     def _infer(self, model: str) -> None:
         try:  # 2.51 says ready with a dead stub; NGC 26.04+ says not ready (then requests get a 4xx)

@@ -103,7 +103,8 @@ def test_the_config_is_the_pytorch_runtimes(pytorch_repository: Path) -> None:
     vendored = sorted(str(p.relative_to(version)) for p in version.glob("tritonbundle/**/*.py") if p.name != "__init__.py")
     assert vendored == ["tritonbundle/contract.py", "tritonbundle/errors.py", "tritonbundle/recipes.py",
                         "tritonbundle/runtimes/pytorch/engine.py", "tritonbundle/runtimes/pytorch/launch.py",
-                        "tritonbundle/runtimes/pytorch/stats.py", "tritonbundle/runtimes/text.py"]
+                        "tritonbundle/runtimes/pytorch/stats.py", "tritonbundle/runtimes/stacks.py",
+                        "tritonbundle/runtimes/text.py"]
 
 
 def test_embeddings_match_onnx_runtime_in_one_batch_and_one_by_one(pytorch_server: Any) -> None:
