@@ -110,15 +110,20 @@ class Canary:
 
     def _progress(self) -> tuple[float, float] | None:
         """(inferences answered so far, requests pending now) from Triton's metrics; None: no answer."""
+        text = self._metrics()
+        if text is None:
+            return None
+        return metric_sum(text, "nv_inference_request_success"), metric_sum(text, "nv_inference_pending_request_count")
+
+    def _metrics(self) -> str | None:
+        """Triton's metrics page (``metrics_url``); None without one, or when it does not answer."""
         if not self.metrics_url:
             return None
         try:
-            req = urllib.request.Request(self.metrics_url)
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as r:  # noqa: S310 - the server's own address
-                text = r.read().decode("utf-8", "replace")
+            with urllib.request.urlopen(self.metrics_url, timeout=self.timeout_s) as r:  # noqa: S310 - the server's own address
+                return str(r.read().decode("utf-8", "replace"))
         except OSError:
             return None
-        return metric_sum(text, "nv_inference_request_success"), metric_sum(text, "nv_inference_pending_request_count")
 
     def _hung(self, model: str, busy: Problem, before: tuple[float, float] | None) -> Problem:
         after = self._progress()
@@ -148,11 +153,8 @@ class Canary:
 
     def _answered(self, model: str) -> float | None:
         """Requests of ``model`` Triton has answered so far (its metrics); None: no answer from them."""
-        assert self.metrics_url is not None
-        try:
-            with urllib.request.urlopen(self.metrics_url, timeout=self.timeout_s) as r:  # noqa: S310 - the server's own address
-                text = r.read().decode("utf-8", "replace")
-        except OSError:
+        text = self._metrics()
+        if text is None:
             return None
         label = f'model="{model}"'
         return metric_sum("\n".join(line for line in text.splitlines() if label in line), "nv_inference_request_success")
