@@ -3,6 +3,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -98,7 +99,23 @@ def test_earlier_spellings_still_work_as_hidden_aliases() -> None:
     assert (old.window_s, old.traffic_shape, old.load_shape, old.slo_p99_ms, old.search) == (7.0, "bimodal", "spike",
                                                                                              30.0, "5")
     bench = parser().parse_args(["bench", "gpu", "--slo-ms", "40", "--ladder-start", "3", "--ladder-factor", "2"])
-    assert (bench.slo_p99_ms, bench.start_rate, bench.rate_factor) == (40.0, 3.0, 2.0)
+    from tritonbundle.cli.bench import _start_rates
+
+    assert (bench.slo_p99_ms, _start_rates(bench.start_rate), bench.rate_factor) == (40.0, (3.0, {}), 2.0)
+
+
+def test_bench_starts_each_named_system_at_its_own_rate(tmp_path: Path) -> None:
+    from tritonbundle.bench.options import BenchOptions
+    from tritonbundle.cli.bench import _start_rates
+    from tritonbundle.errors import ConfigError
+
+    assert _start_rates("6400,peer=200") == (6400.0, {"peer": 200.0})
+    assert _start_rates("peer=200") == (50.0, {"peer": 200.0})
+    options = BenchOptions(out=tmp_path, ladder_start=6400, start_rates={"peer": 200}, max_rate=25600, ladder_factor=2)
+    assert (options.start_rate("peer"), options.start_rate("bundle")) == (200.0, 6400.0)
+    for bad in ({"perr": 200.0}, {"peer": 0.0}):
+        with pytest.raises(ConfigError, match="--start-rate"):
+            BenchOptions(out=tmp_path, start_rates=bad)
 
 
 def test_health_against_a_closed_port_answers_at_once_naming_the_address(capsys: pytest.CaptureFixture[str]) -> None:

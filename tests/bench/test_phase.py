@@ -83,3 +83,12 @@ def test_the_crash_line_comes_from_this_start_of_the_log(tmp_path: Path) -> None
     server = TritonServer(ServerOptions(tmp_path, log_path=log, unrestricted=True))
     log.write_text("I1201 started\nE1201 interceptor_common.h:239] ASSERTION FAILED: ops_\nSignal (6) received.\n")
     assert server.crash_line().endswith("ASSERTION FAILED: ops_")
+
+
+def test_a_system_named_in_start_rates_climbs_its_ladder_from_there(tmp_path: Path) -> None:
+    ctx = _context(tmp_path)
+    ctx.options.start_rates = {"peer": 100.0}
+    peer, bundle = Pool(), Pool()
+    sweep(ctx, peer, time.monotonic() + 60, "peer", Probes())  # type: ignore[arg-type]
+    sweep(ctx, bundle, time.monotonic() + 60, "bundle", Probes())  # type: ignore[arg-type]
+    assert peer.rates[0] == 100 and bundle.rates[0] == 10

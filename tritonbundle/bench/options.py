@@ -38,6 +38,8 @@ class BenchOptions:
     tokenizer_queue_delay_us: int = 200
     load_procs: int = 0
     ladder_start: float = 50.0
+    #: Where the ladder starts for the systems named here (``--start-rate 6400,peer=200``), else ``ladder_start``.
+    start_rates: dict[str, float] = field(default_factory=dict)
     ladder_factor: float = 4.0
     refine: int = 3
     max_rate: float = 60000.0
@@ -71,9 +73,15 @@ class BenchOptions:
             raise ConfigError(f"--input must be text or tokens, not {self.input!r}")
         if self.repeat < 1:
             raise ConfigError("--repeat must be at least 1")
+        if any(s not in SYSTEMS for s in self.start_rates) or any(r <= 0 for r in self.start_rates.values()):
+            raise ConfigError(f"--start-rate: name systems of {', '.join(SYSTEMS)}, each with a rate > 0 "
+                              f"(got {self.start_rates})")
         missing = [s for s in self.systems if not self.shares.get(s, 0) > 0]
         if missing:
             raise ConfigError(f"--shares: give each system a share > 0 (missing: {', '.join(missing)})")
+
+    def start_rate(self, system: str) -> float:
+        return self.start_rates.get(system, self.ladder_start)
 
     @property
     def encoder_queue_delay_us(self) -> int:
@@ -120,6 +128,6 @@ def setup_timeout_s(deadline: float) -> float:
 
 
 def expected_steps(options: BenchOptions, system: str) -> int:
-    ladder = max(1, int(math.log(options.max_rate / options.ladder_start) / math.log(options.ladder_factor)) + 1)
+    ladder = max(1, int(math.log(options.max_rate / options.start_rate(system)) / math.log(options.ladder_factor)) + 1)
     guess = 3 if system in ("naive", "peer") else 5
     return min(ladder, guess) + options.refine

@@ -46,6 +46,6 @@ def sweep(ctx: Context, pool: LoadPool, phase_deadline: float, system: str, prob
     timing = step_timing(o, phase_deadline - time.monotonic(), expected_steps(o, system))
     LOG.info("    %s: levels of %.1f s (+%.1f s warm-up), p99 SLO %g ms", system, timing.window_s, timing.warmup_s,
              o.slo_ms)
-    ladder = Ladder(start=o.ladder_start, factor=o.ladder_factor, refine=o.refine, max_rate=o.max_rate)
+    ladder = Ladder(start=o.start_rate(system), factor=o.ladder_factor, refine=o.refine, max_rate=o.max_rate)
     return measure_rates(pool, system=system, slo=ctx.slo, timing=timing, ladder=ladder, probes=probes,
                          deadline=phase_deadline, seed=o.seed * 100, gpu=ctx.gpu)

@@ -114,7 +114,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"- command: `{result.get('command')}`",
         f"- traffic: {t.get('source')}: {int(t.get('requests', 0))} requests, mean {_f(t.get('mean_tokens'))} tokens, "
         f"P50 {_f(t.get('p50_tokens'), '.0f')}, P95 {_f(t.get('p95_tokens'), '.0f')}, max {_f(t.get('max_tokens'), '.0f')}",
-        f"- SLO: p99 <= {opts.get('slo_ms')} ms; open model (Poisson arrivals), ladder from {opts.get('ladder_start')} req/s "
+        f"- SLO: p99 <= {opts.get('slo_ms')} ms; open model (Poisson arrivals), ladder from {opts.get('ladder_start')} req/s"
+        + "".join(f" ({k} from {val})" for k, val in (opts.get("start_rates") or {}).items()) + " "
         f"x{opts.get('ladder_factor')} then {opts.get('refine')} bisections",
         "- the bundle's clients send " + ("token rows straight to the encoder (tokenized on the client side; no "
                                           "tokenizer stage)" if opts.get("input") == "tokens" else "texts (the ensemble tokenizes)"),

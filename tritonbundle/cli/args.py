@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import Any
 
 from tritonbundle.cli import defaults
 from tritonbundle.measure.latency import Slo
@@ -134,9 +135,13 @@ def slo_from(args: argparse.Namespace) -> Slo:
 
 
 def rate_search(p: argparse.ArgumentParser, *, start: float, factor: float = 2.0, refine: int = 2,
-                max_rate: float = 100_000.0) -> None:
-    p.add_argument("--start-rate", type=float, default=start, help="first offered load of the rate search, req/s")
-    hidden(p, "--ladder-start", dest="start_rate", type=float)
+                max_rate: float = 100_000.0, per_system: bool = False) -> None:
+    """``per_system``: ``--start-rate`` may also name a rate per system (``6400,peer=200``: the peer from
+    200, every other system from 6400), kept as text for the command to parse."""
+    kind: Any = str if per_system else float
+    what = "; or RATE,SYSTEM=RATE,... for a start per system" if per_system else ""
+    p.add_argument("--start-rate", type=kind, default=start, help=f"first offered load of the rate search, req/s{what}")
+    hidden(p, "--ladder-start", dest="start_rate", type=kind)
     p.add_argument("--rate-factor", type=float, default=factor, help="the search multiplies the rate by this until "
                    "the SLO is missed")
     hidden(p, "--ladder-factor", dest="rate_factor", type=float)

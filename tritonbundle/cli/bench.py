@@ -17,6 +17,18 @@ def _names(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
+def _start_rates(text: str) -> tuple[float, dict[str, float]]:
+    """``--start-rate``: ``6400`` or ``6400,peer=200`` -> (every system's start, the starts named per system)."""
+    default, named = None, {}
+    for part in (x.strip() for x in str(text).split(",") if x.strip()):
+        if "=" in part:
+            system, rate = part.split("=", 1)
+            named[system.strip()] = float(rate)
+        else:
+            default = float(part)
+    return (50.0 if default is None else default), named
+
+
 def cmd_gpu(args: argparse.Namespace) -> int:
     from tritonbundle.bench.options import BenchOptions
     from tritonbundle.bench.report import print_summary
@@ -30,7 +42,7 @@ def cmd_gpu(args: argparse.Namespace) -> int:
         batch_buckets=_ints(args.batch_buckets), queue_delay_us=args.queue_delay_us,
         tokenizer_instances=args.tokenizer_instances, tokenizer_queue_delay_us=args.tokenizer_queue_delay_us,
         instances=args.instances or (2 if args.device == "cuda" else 1), load_procs=args.load_procs,
-        ladder_start=args.start_rate, ladder_factor=args.rate_factor, refine=args.refine, max_rate=args.max_rate,
+        ladder_start=_start_rates(args.start_rate)[0], start_rates=_start_rates(args.start_rate)[1], ladder_factor=args.rate_factor, refine=args.refine, max_rate=args.max_rate,
         ceiling_batches=_ints(args.ceiling_batches), timeout_s=args.timeout_s, seed=args.seed,
         shares={k.strip(): float(v) for k, v in (x.split("=", 1) for x in args.shares.split(",") if x.strip())},
         tuned=winner_overrides(args.tuned) if args.tuned else {}, repeat=args.repeat, input=args.input,
@@ -72,7 +84,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g.add_argument("--tokenizer-instances", type=int, default=4, help="tokenizer model instances")
     g.add_argument("--tokenizer-queue-delay-us", type=int, default=200, help="tokenizer batcher max queue delay")
     g.add_argument("--load-procs", type=int, default=0, help="load generator processes for the bundle (default: cores/2 - 1, at most 8)")
-    shared.rate_search(g, start=50.0, factor=4.0, refine=3, max_rate=60000.0)
+    shared.rate_search(g, start=50.0, factor=4.0, refine=3, max_rate=60000.0, per_system=True)
     g.add_argument("--ceiling-batches", default="1,8,32,64,128,256", help="batch sizes the ceiling is timed at")
     g.add_argument("--repeat", type=int, default=1,
                    help="rounds: every system measured this many times, in turn; figures are the median, with the range "
