@@ -79,3 +79,14 @@ def test_scheduling_jitter_well_under_the_slo_is_not_client_bound() -> None:
     late = st.step_result(4, 2.0, [10.0] * 8, 0, extra={"client_lag_mean_ms": 3.4})
     assert st.judge(late, Slo(p99_ms=50)).passed
     assert not st.judge(late, Slo(p99_ms=10)).passed  # against a 10 ms objective 3.4 ms late is the clients
+
+
+def test_a_level_reads_back_from_its_json_with_infinities_and_gaps() -> None:
+    failed = st.step_result(10, 1.0, [], failed=10, extra={"cpu_cores": {"load0": 0.2}})
+    data = failed.to_json()
+    assert data["p50_ms"] == "inf" and data["mean_ms"] is None
+    back = st.StepResult.from_json(data)
+    assert math.isinf(back.p99_ms) and math.isnan(back.mean_ms) and back.extra == {"cpu_cores": {"load0": 0.2}}
+    assert back.to_json() == data
+    older = {k: v for k, v in data.items() if k != "p95_ms"}  # reports from before p95 was recorded
+    assert math.isnan(st.StepResult.from_json(older).p95_ms)

@@ -80,3 +80,14 @@ def test_search_checks_its_arguments() -> None:
         search_rate(mm1(100), slo=Slo(p99_ms=50), start=0)
     with pytest.raises(ValueError):
         search_rate(mm1(100), slo=Slo(p99_ms=50), start=1, factor=1)
+
+
+def test_a_sweep_reads_back_from_its_json() -> None:
+    from tritonbundle.measure.latency import step_result
+    from tritonbundle.measure.search import Sweep
+
+    steps = [step_result(r, 1.0, [5.0] * int(r), 0) for r in (2.0, 4.0)]
+    sweep = Sweep(steps, steps[1], "bracketed")
+    back = Sweep.from_json(sweep.to_json())
+    assert back.to_json() == sweep.to_json() and back.best_rps == sweep.best_rps
+    assert Sweep.from_json(Sweep([], None, "time budget").to_json()).best is None

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 PERCENTILES = (50.0, 90.0, 95.0, 99.0)
+PERCENTILE_FIELDS = tuple(f"p{q:g}_ms" for q in PERCENTILES)
 
 
 def percentile(values: Sequence[float] | npt.NDArray[np.float64], q: float) -> float:
@@ -106,6 +107,23 @@ class StepResult:
             if isinstance(value, float) and not math.isfinite(value):
                 data[key] = None if math.isnan(value) else "inf"
         return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StepResult:
+        """A level as :meth:`to_json` wrote it ("inf" back to infinity, null back to NaN). A field older
+        reports lack (``p95_ms`` before it was recorded) reads as NaN."""
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name not in data:
+                continue
+            value = data[f.name]
+            if f.type == "float":
+                value = math.nan if value is None else float(value)
+            values[f.name] = value
+        for name in PERCENTILE_FIELDS:
+            values.setdefault(name, math.nan)
+        values["extra"] = dict(values.get("extra") or {})
+        return cls(**values)
 
 
 def step_result(offered_rps: float, window_s: float, latencies_ms: Sequence[float], failed: int,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +24,13 @@ class Sweep:
     def to_json(self) -> dict[str, Any]:
         return {"steps": [s.to_json() for s in self.steps], "best": self.best.to_json() if self.best else None,
                 "best_rps": self.best_rps, "stopped": self.stopped}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Sweep:
+        """A sweep as :meth:`to_json` wrote it (``best_rps`` follows from ``best``)."""
+        best = data.get("best")
+        return cls([StepResult.from_json(s) for s in data.get("steps", [])],
+                   StepResult.from_json(best) if best else None, str(data.get("stopped", "")))
 
 
 def search_rate(
