@@ -51,18 +51,18 @@ def test_ceiling_weights_each_target_by_its_share_and_respects_the_slo() -> None
 
     timings = {(b, s): t(b, s) for b in (1, 8, 64, 512) for s in (32, 128)}
     shares = {32: 0.75, 128: 0.25}
-    result = st.ceiling(timings, shares, mean_tokens=40.0, slo_s=0.05)
-    rows = {r["batch"]: r for r in result["per_batch"]}
+    per_batch, best = st.ceiling(timings, shares, mean_tokens=40.0, slo_s=0.05)
+    rows = {r.batch: r for r in per_batch}
     per_row_8 = 0.75 * t(8, 32) / 8 + 0.25 * t(8, 128) / 8
-    assert rows[8]["requests_per_s"] == pytest.approx(1 / per_row_8)
-    assert rows[8]["useful_tokens_per_s"] == pytest.approx(40.0 / per_row_8)
-    assert rows[8]["computed_tokens_per_s"] == pytest.approx((0.75 * 32 + 0.25 * 128) / per_row_8)
-    assert rows[512]["worst_batch_ms"] == pytest.approx(t(512, 128) * 1000)
-    assert not rows[512]["feasible"]  # 65.6 ms > 50 ms
-    assert result["best"]["batch"] == 64
-    assert result["best_rps"] == pytest.approx(rows[64]["requests_per_s"])
+    assert rows[8].requests_per_s == pytest.approx(1 / per_row_8)
+    assert rows[8].useful_tokens_per_s == pytest.approx(40.0 / per_row_8)
+    assert rows[8].computed_tokens_per_s == pytest.approx((0.75 * 32 + 0.25 * 128) / per_row_8)
+    assert rows[512].worst_batch_ms == pytest.approx(t(512, 128) * 1000)
+    assert not rows[512].feasible  # 65.6 ms > 50 ms
+    assert best is not None and best.batch == 64
+    assert best.requests_per_s == pytest.approx(rows[64].requests_per_s)
 
 
 def test_ceiling_without_a_feasible_batch_has_no_best() -> None:
-    result = st.ceiling({(1, 512): 1.0}, {512: 1.0}, 100.0, slo_s=0.05)
-    assert result["best"] is None and result["best_rps"] is None
+    rows, best = st.ceiling({(1, 512): 1.0}, {512: 1.0}, 100.0, slo_s=0.05)
+    assert best is None and len(rows) == 1 and not rows[0].feasible

@@ -6,72 +6,87 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tritonbundle.bench import options as bench_options
 from tritonbundle.bench import report, workspace
+from tritonbundle.bench.records import (
+    AnswersCheck,
+    Breakdown,
+    BundleResult,
+    Failure,
+    NaiveResult,
+    Restart,
+    SystemResult,
+)
 from tritonbundle.bench.repeats import combine, ratios
+from tritonbundle.bench.result import BenchResult, BuildResult, ModelResult
 from tritonbundle.files import write_json
 from tritonbundle.measure import latency as st
 from tritonbundle.measure.latency import Slo
 from tritonbundle.measure.search import Sweep
 
 
-def _sweep(rates: list[float], limit: float) -> dict[str, Any]:
+def _sweep(rates: list[float], limit: float) -> Sweep:
     steps = []
     for r in rates:
         s = st.judge(st.step_result(r, 1.0, [10.0 if r <= limit else 80.0] * max(1, int(r)), 0), Slo(p99_ms=50))
         s.extra = {"gpu_util_mean": 40.0}
         steps.append(s)
     best = max((s for s in steps if s.passed), key=lambda s: s.achieved_rps)
-    return Sweep(steps, best, "bracketed").to_json()
+    return Sweep(steps, best, "bracketed")
 
 
-def _result() -> dict[str, Any]:
-    entry: dict[str, Any] = {
-        "description": "d", "build": {"status": "ok", "padding_targets": [32, 512], "batch_buckets": [1, 8],
-                                      "plan_computed_per_useful": 1.1},
-        "systems": {
-            "naive": {"status": "ok", "sweep": _sweep([50, 200, 800], 300), "best_rps": 200.0, "computed_per_useful": 1.0},
-            "bundle": {"status": "ok", "sweep": _sweep([50, 200, 800, 3200], 3000), "best_rps": 800.0,
-                       "computed_per_useful": 1.2, "breakdown": {"at_offered_rps": 800, "achieved_rps": 800,
-                                                                 "hints": ["a reading"], "padding": {}},
-                       "went_down": [{"offered_rps": 25600.0, "why": "Signal (11) received.", "restart_s": 27.3}]},
-            "ceiling": {"status": "failed", "error": "RuntimeError: boom"},
-        },
+def _result() -> BenchResult:
+    check = AnswersCheck(texts=8, min_cosine=0.9999)
+    entry = ModelResult("d", "minilm", random_weights=False, build=BuildResult(
+        "ok", padding_targets=[32, 512], batch_buckets=[1, 8], plan_computed_per_useful=1.1))
+    entry.systems = {
+        "naive": NaiveResult(status="ok", sweep=_sweep([50, 200, 800], 300), best_rps=200.0, load_processes=1,
+                             correctness=check, protocol="http", precision="fp32", padding="none"),
+        "bundle": BundleResult(
+            status="ok", sweep=_sweep([50, 200, 800, 3200], 3000), best_rps=800.0, load_processes=1, startup_s=2.0,
+            correctness=check, protocol="grpc", precision="fp16", encoder_instances=[], padding={},
+            computed_per_useful=1.2, seq_padded_per_useful=None,
+            breakdown=Breakdown(at_offered_rps=800, achieved_rps=800, client_mean_ms=5.0, client_p99_ms=9.0,
+                                client_lag_mean_ms=None, ensemble_request_ms=None, hints=["a reading"]),
+            went_down=[Restart(offered_rps=25600.0, why="Signal (11) received.", restart_s=27.3)]),
+        "ceiling": SystemResult.failed(Failure("RuntimeError: boom")),
     }
-    entry["ratios"] = ratios([entry["systems"]], entry["systems"]["bundle"])
-    return {"options": {"slo_ms": 50, "device": "cuda"}, "environment": {"date": "2026-01-01", "gpu": {"name": "G"}},
-            "models": {"minilm": entry}, "status": "done", "traffic": {"source": "s", "requests": 10}}
+    entry.ratios = ratios([entry.systems], entry.systems["bundle"])
+    return BenchResult(command="tritonbundle bench gpu", options={"slo_ms": 50, "device": "cuda"},
+                       environment={"date": "2026-01-01", "gpu": {"name": "G"}}, models={"minilm": entry}, status="done",
+                       traffic={"source": "s", "requests": 10})
 
 
 def test_ratios_and_targets() -> None:
-    r = _result()["models"]["minilm"]["ratios"]
-    assert r["bundle_over_naive"] == pytest.approx(4.0)
-    assert r["bundle_over_ceiling"] is None  # the ceiling failed: no ratio, not a crash
-    assert r["targets"]["bundle_over_naive >= 8"] is False
-    assert r["targets"]["computed_per_useful <= 1.15"] is False
+    r = _result().models["minilm"].ratios
+    assert r is not None
+    assert r.bundle_over_naive == pytest.approx(4.0)
+    assert r.bundle_over_ceiling is None  # the ceiling failed: no ratio, not a crash
+    assert r.targets["bundle_over_naive >= 8"] is False
+    assert r.targets["computed_per_useful <= 1.15"] is False
 
 
 def test_repeated_rounds_report_the_median_and_its_spread() -> None:
-    def run(rps: float | None) -> dict[str, Any]:
-        return {"status": "ok", "best_rps": rps, "tag": rps} if rps else {"status": "failed", "error": "x"}
+    def run(rps: float | None) -> SystemResult:
+        # seconds tags each round's own record
+        return SystemResult(status="ok", best_rps=rps, seconds=rps) if rps else SystemResult(status="failed", error="x")
 
     rounds = [{"bundle": run(7000.0), "peer": run(900.0)}, {"bundle": run(6000.0), "peer": run(500.0)},
               {"bundle": run(8000.0), "peer": run(None)}]
     bundle = combine([r["bundle"] for r in rounds])
-    assert bundle["best_rps"] == 7000.0 and bundle["tag"] == 7000.0  # the median round's own record
-    assert bundle["repeats"]["min"] == 6000.0 and bundle["repeats"]["max"] == 8000.0
-    assert bundle["repeats"]["spread_pct"] == pytest.approx(2000 / 7000 * 100)
+    assert bundle.best_rps == 7000.0 and bundle.seconds == 7000.0  # the median round's own record
+    assert bundle.repeats is not None and bundle.repeats.min == 6000.0 and bundle.repeats.max == 8000.0
+    assert bundle.repeats.spread_pct == pytest.approx(2000 / 7000 * 100)
     peer = combine([r["peer"] for r in rounds])
-    assert peer["repeats"]["failed"] == 1 and peer["best_rps"] == 700.0  # median of the two that ran
+    assert peer.repeats is not None and peer.repeats.failed == 1 and peer.best_rps == 700.0  # median of the two that ran
     r = ratios(rounds, bundle)
     # Ratios pair the systems of one round: 7000/900 and 6000/500; round 3's peer failed.
-    assert r["bundle_over_peer"] == pytest.approx((7000 / 900 + 6000 / 500) / 2)
-    assert r["ranges"]["bundle_over_peer"] == pytest.approx([7000 / 900, 12.0])
-    assert r["targets"]["bundle_over_peer >= 10"] is False
+    assert r.bundle_over_peer == pytest.approx((7000 / 900 + 6000 / 500) / 2)
+    assert r.ranges is not None and r.ranges["bundle_over_peer"] == pytest.approx([7000 / 900, 12.0])
+    assert r.targets["bundle_over_peer >= 10"] is False
     assert combine([rounds[0]["bundle"]]) is rounds[0]["bundle"]  # one round: unchanged
 
 
@@ -85,6 +100,7 @@ def test_report_files_and_summary(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert sorted(p.name for p in files) == ["bench.json", "bench.md", "bench.png", "logs.tar.gz"]
     data = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert data["models"]["minilm"]["systems"]["ceiling"]["status"] == "failed"
+    assert BenchResult.from_json(data).to_json() == data  # restarts, breakdown and failure read back whole
     md = (tmp_path / "out" / "bench.md").read_text()
     assert "| minilm | bundle | 800.0 |" in md and "failed: RuntimeError: boom" in md and "reading: a reading" in md
     assert "tritonserver went down at 25,600 req/s offered (Signal (11) received.); restarted in 27.3 s" in md
@@ -155,9 +171,14 @@ def test_a_stub_role_is_saturated_per_instance_not_in_sum() -> None:
     from tritonbundle.bench.breakdown import hints
 
     options = bench_options.BenchOptions(out=Path("."))
-    four = {"cpu_cores": {"server:stub[t]": 2.86}, "cpu_processes": {"server:stub[t]": 4}}
+    four = _cores({"server:stub[t]": 2.86}, {"server:stub[t]": 4})
     assert not [h for h in hints(four, options) if "stub[t]" in h]
-    busy = {"cpu_cores": {"server:stub[t]": 3.7}, "cpu_processes": {"server:stub[t]": 4}}
+    busy = _cores({"server:stub[t]": 3.7}, {"server:stub[t]": 4})
     assert any("4 instances used 3.70 cores, 92% of one core each" in h for h in hints(busy, options))
-    one = {"cpu_cores": {"server:stub[e]": 0.95}}  # a record without process counts: one process
+    one = _cores({"server:stub[e]": 0.95}, None)  # a record without process counts: one process
     assert any("stub[e]: used 95% of one core" in h for h in hints(one, options))
+
+
+def _cores(cores: dict[str, float], processes: dict[str, int] | None) -> Breakdown:
+    return Breakdown(at_offered_rps=1.0, achieved_rps=1.0, client_mean_ms=1.0, client_p99_ms=1.0,
+                     client_lag_mean_ms=None, ensemble_request_ms=None, cpu_cores=cores, cpu_processes=processes)

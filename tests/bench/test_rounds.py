@@ -14,6 +14,8 @@ import pytest
 from tritonbundle.bench import report, run
 from tritonbundle.bench.options import BenchOptions, Clock
 from tritonbundle.bench.phase import Context
+from tritonbundle.bench.records import SystemResult
+from tritonbundle.bench.result import BenchResult, ModelResult
 from tritonbundle.recipes import BENCH_MODELS
 from tritonbundle.traffic import synthetic
 
@@ -24,13 +26,13 @@ def test_rounds_interleave_the_systems_and_report_medians(tmp_path: Path, monkey
                "ceiling": iter([20000.0, 21000.0, 19000.0])}
 
     def phase(system: str) -> Any:
-        def measure(ctx: Context, built: Any, recipe: Any, deadline: float) -> dict[str, Any]:
+        def measure(ctx: Context, built: Any, recipe: Any, deadline: float) -> SystemResult:
             measured.append(system)
             assert deadline > time.monotonic()
             rps = next(figures[system])
             if system == "bundle" and len(measured) == 5:
                 raise RuntimeError("tritonserver exited with code -11")  # round 2's bundle fails
-            return {"status": "ok", "best_rps": rps, "computed_per_useful": 1.1}
+            return SystemResult(status="ok", best_rps=rps, computed_per_useful=1.1)
         return measure
 
     monkeypatch.setattr(run, "PHASES", {s: phase(s) for s in ("peer", "bundle", "ceiling")})
@@ -40,21 +42,24 @@ def test_rounds_interleave_the_systems_and_report_medians(tmp_path: Path, monkey
     options = BenchOptions(out=tmp_path, systems=("peer", "bundle", "ceiling"), repeat=3, budget_s=600)
     ctx = Context(options, Clock(600), tmp_path, tmp_path, tmp_path / "t.jsonl", synthetic("chat", n=10),
                   tmp_path / "tok.json", None, lambda: None)
-    entry: dict[str, Any] = {}
-    run.run_model(ctx, BENCH_MODELS["bert-base"], time.monotonic() + 500, entry)
+    recipe = BENCH_MODELS["bert-base"]
+    entry = ModelResult(recipe.description, recipe.name, recipe.random_weights)
+    run.run_model(ctx, recipe, time.monotonic() + 500, entry)
 
     assert measured == ["peer", "bundle", "ceiling"] * 3
-    bundle = entry["systems"]["bundle"]
-    assert bundle["status"] == "ok" and bundle["best_rps"] == pytest.approx((7000 + 6500) / 2)
-    assert bundle["repeats"]["failed"] == 1 and bundle["repeats"]["values"][1] is None
-    assert entry["systems"]["peer"]["best_rps"] == 900.0
-    assert entry["rounds"][1] == {"peer": 700.0, "bundle": None, "ceiling": 21000.0}
-    ratios = entry["ratios"]
-    assert ratios["rounds"] == 3
+    bundle = entry.systems["bundle"]
+    assert bundle.status == "ok" and bundle.best_rps == pytest.approx((7000 + 6500) / 2)
+    assert bundle.repeats is not None and bundle.repeats.failed == 1 and bundle.repeats.values[1] is None
+    assert entry.systems["peer"].best_rps == 900.0
+    assert entry.rounds is not None and entry.rounds[1] == {"peer": 700.0, "bundle": None, "ceiling": 21000.0}
+    ratios = entry.ratios
+    assert ratios is not None and ratios.rounds == 3
     # Each ratio pairs the systems of one round (round 2 has no bundle figure): 7000/900 and 6500/1000.
-    assert ratios["bundle_over_peer"] == pytest.approx((7000 / 900 + 6500 / 1000) / 2)
-    assert ratios["ranges"]["bundle_over_ceiling"] == pytest.approx([6500 / 19000, 7000 / 20000])
-    lines = report.ratio_lines({"models": {"bert-base": entry}})
+    assert ratios.bundle_over_peer == pytest.approx((7000 / 900 + 6500 / 1000) / 2)
+    assert ratios.ranges is not None
+    assert ratios.ranges["bundle_over_ceiling"] == pytest.approx([6500 / 19000, 7000 / 20000])
+    result = BenchResult(command="", options={"slo_ms": 50}, environment={}, models={"bert-base": entry})
+    lines = report.ratio_lines(result)
     assert "medians of 3 rounds" in lines[0] and "bundle/peer = 7.14 [6.50-7.78]" in lines[0]
-    table = report.console_table({"options": {"slo_ms": 50}, "models": {"bert-base": entry}})
+    table = report.console_table(result)
     assert "6,500-7,000 (3 runs, 1 failed, spread 7 %)" in table

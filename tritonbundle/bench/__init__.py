@@ -8,6 +8,8 @@ ceiling, on one GPU, on the same traffic, in one run.
 * :mod:`.answers`: every system's answers checked against the FP32 reference before it is measured
 * :mod:`.loadgen`: open-model load generator processes (Poisson arrivals) for gRPC and HTTP
 * :mod:`.accounting`: ratios, padding accounting and the ceiling arithmetic (pure)
+* :mod:`.records`: what each system measured, as typed records; :mod:`.result`: each model and the run
+  (``bench.json`` is their ``to_json()``; ``from_json()`` reads a report back)
 * :mod:`.run`: the orchestration, phase by phase within a time budget; :mod:`.report`: its outputs
 
 Latencies, the SLO gate and the rate search are the measurement core's (:mod:`tritonbundle.measure`).

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from tritonbundle.bench.records import CeilingRow
 from tritonbundle.contract import target_index
 
 
@@ -49,13 +49,13 @@ def tokens_ratio(stats: Mapping[str, float]) -> dict[str, float | None]:
 
 
 def ceiling(timings: Mapping[tuple[int, int], float], shares: Mapping[int, float], mean_tokens: float,
-            slo_s: float) -> dict[str, Any]:
+            slo_s: float) -> tuple[list[CeilingRow], CeilingRow | None]:
     """Requests/s the engine sustains at each batch size when every launch is full and every row sits at
     its padding target, weighted by the sample's share of rows per target.
 
     For batch ``B``: seconds per row = sum over targets of share(S) * t(B, S) / B. A batch size is
     feasible when its slowest shape, t(B, max S), fits in the SLO. The best is the feasible batch size
-    with the most requests/s (at the sample's mean length, one row per request).
+    with the most requests/s (at the sample's mean length, one row per request): ``(rows, best)``.
     """
     batches = sorted({b for b, _ in timings})
     rows = []
@@ -75,11 +75,8 @@ def ceiling(timings: Mapping[tuple[int, int], float], shares: Mapping[int, float
             continue
         worst = max(timings[(b, s)] for s in shares if (b, s) in timings)
         rps = 1.0 / per_row
-        rows.append({
-            "batch": b, "requests_per_s": rps, "useful_tokens_per_s": rps * mean_tokens,
-            "computed_tokens_per_s": rps * computed, "worst_batch_ms": worst * 1000.0,
-            "feasible": worst <= slo_s,
-        })
-    feasible = [r for r in rows if r["feasible"]]
-    best = max(feasible, key=lambda r: r["requests_per_s"]) if feasible else None
-    return {"per_batch": rows, "best": best, "best_rps": best["requests_per_s"] if best else None}
+        rows.append(CeilingRow(batch=b, requests_per_s=rps, useful_tokens_per_s=rps * mean_tokens,
+                               computed_tokens_per_s=rps * computed, worst_batch_ms=worst * 1000.0,
+                               feasible=worst <= slo_s))
+    feasible = [r for r in rows if r.feasible]
+    return rows, max(feasible, key=lambda r: r.requests_per_s) if feasible else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from tritonbundle.bench.phase import Context
+from tritonbundle.bench.records import AnswersCheck
 from tritonbundle.bench.workspace import Built
 from tritonbundle.errors import TritonBundleError
 
@@ -26,7 +28,7 @@ def reference(texts: list[str], built: Built, tokenizer: Any) -> Any:
     return engine.embed(ids, masks, np.array([len(r) for r in rows]))
 
 
-def check_answers(system: str, got: Any, expected: Any) -> dict[str, Any]:
+def check_answers(system: str, got: Any, expected: Any) -> AnswersCheck:
     """Cosine of each answer with the FP32 reference; raise when a system computes something else."""
     got = np.asarray(got, dtype=np.float64)
     expected = np.asarray(expected, dtype=np.float64)
@@ -37,11 +39,11 @@ def check_answers(system: str, got: Any, expected: Any) -> dict[str, Any]:
     if not worst >= MIN_COSINE:
         raise TritonBundleError(f"{system} answers differ from the FP32 reference (min cosine {worst:.4f} < {MIN_COSINE}): "
                                 "its throughput would mean nothing")
-    return {"texts": int(got.shape[0]), "min_cosine": worst}
+    return AnswersCheck(texts=int(got.shape[0]), min_cosine=worst)
 
 
 def check_answers_at_once(system: str, embed: Callable[[list[str]], Any], texts: list[str], expected: Any, *,
-                          callers: int = 16, rounds: int = 8) -> dict[str, Any]:
+                          callers: int = 16, rounds: int = 8) -> AnswersCheck:
     """:func:`check_answers` for one text per request from ``callers`` threads at once, every text
     ``rounds`` times: batches formed from concurrent requests, several in flight where the server allows
     it (``batches_in_flight``, whose lanes once shared a cuBLAS workspace and answered wrong only then)."""
@@ -49,7 +51,7 @@ def check_answers_at_once(system: str, embed: Callable[[list[str]], Any], texts:
     with ThreadPoolExecutor(callers) as pool:
         got = list(pool.map(lambda i: np.asarray(embed([texts[i]]))[0], order))
     result = check_answers(f"{system} (requests at once)", np.stack(got), np.asarray(expected)[order])
-    return {**result, "callers": callers}
+    return dataclasses.replace(result, callers=callers)
 
 
 def references(ctx: Context, built: Built) -> tuple[list[str], Any]:

@@ -2,79 +2,82 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
 from tritonbundle import contract
 from tritonbundle.bench.accounting import tokens_ratio
 from tritonbundle.bench.options import BenchOptions
+from tritonbundle.bench.records import Breakdown
 from tritonbundle.measure.latency import StepResult
 from tritonbundle.recipes import Recipe
 from tritonbundle.runtimes.pytorch.stats import HISTOGRAMS, quantile_ms
 
 
-def breakdown(recipe: Recipe, s: StepResult, options: BenchOptions) -> dict[str, Any]:
+def breakdown(recipe: Recipe, s: StepResult, options: BenchOptions) -> Breakdown:
     """The bundle's breakdown at one load level (the best passing one, else the highest tried)."""
     views = s.extra.get("triton", {})
     enc = s.extra.get("encoder", {})
     name = recipe.model_name
     ens = views.get(name, {})
-    out: dict[str, Any] = {
-        "at_offered_rps": s.offered_rps, "achieved_rps": s.achieved_rps, "client_mean_ms": s.mean_ms,
-        "client_p99_ms": s.p99_ms, "client_lag_mean_ms": s.extra.get("client_lag_mean_ms"),
-        "ensemble_request_ms": ens.get("request_ms_per_request"),
-    }
-    if ens.get("request_ms_per_request") is not None and math.isfinite(s.mean_ms):
-        out["client_grpc_ms"] = s.mean_ms - ens["request_ms_per_request"]
+    ensemble_ms = ens.get("request_ms_per_request")
     # tokenize_in_encoder: no tokenizer model; <name> itself tokenizes and encodes (its view is the encoder's).
     fused = contract.tokenizer_name(name) not in views and name in views
     encoder = name if fused else contract.encoder_name(name)
+    roles: dict[str, dict[str, Any]] = {}
     for role, model in (("tokenizer", contract.tokenizer_name(name)), ("encoder", encoder)):
         v = views.get(model)
         if v:
-            out[role] = {k: v[k] for k in ("queue_ms_per_request", "compute_ms_per_request", "request_ms_per_request",
-                                           "avg_batch_size", "executions")}
+            roles[role] = {k: v[k] for k in ("queue_ms_per_request", "compute_ms_per_request", "request_ms_per_request",
+                                             "avg_batch_size", "executions")}
     executes = enc.get("executes", 0) or 0
     requests = enc.get("requests", 0) or 0
+    per_execute: dict[str, Any] = {}
     if executes:
         phases = ("t_read_s", "t_plan_s", "t_fill_s", "t_launch_s", "t_wait_s", "t_respond_s", "t_execute_s", "gpu_s")
-        out["encoder_execute_ms"] = {k.removeprefix("t_").removesuffix("_s"): 1000.0 * enc.get(k, 0.0) / executes for k in phases}
-        out["encoder_rows_per_execute"] = enc.get("rows", 0) / executes
-        out["encoder_launches_per_execute"] = enc.get("launches", 0) / executes
-        if requests:
-            out["encoder_execute_ms_per_request"] = 1000.0 * enc.get("t_execute_s", 0.0) / requests
-        out["encoder_call_ms"] = {name: {f"p{round(100 * q)}": quantile_ms(enc, name, q) for q in (0.5, 0.99)}
-                                  for name in HISTOGRAMS}
-    out["padding"] = tokens_ratio(enc)
-    out["cpu_cores"] = s.extra.get("cpu_cores", {})
-    out["cpu_processes"] = s.extra.get("cpu_processes", {})
-    out["gpu_util_mean"] = s.extra.get("gpu_util_mean")
-    out["hints"] = hints(out, options)
-    return out
+        per_execute = {
+            "encoder_execute_ms": {k.removeprefix("t_").removesuffix("_s"): 1000.0 * enc.get(k, 0.0) / executes
+                                   for k in phases},
+            "encoder_rows_per_execute": enc.get("rows", 0) / executes,
+            "encoder_launches_per_execute": enc.get("launches", 0) / executes,
+            "encoder_execute_ms_per_request": 1000.0 * enc.get("t_execute_s", 0.0) / requests if requests else None,
+            "encoder_call_ms": {name: {f"p{round(100 * q)}": quantile_ms(enc, name, q) for q in (0.5, 0.99)}
+                                for name in HISTOGRAMS},
+        }
+    out = Breakdown(
+        at_offered_rps=s.offered_rps, achieved_rps=s.achieved_rps, client_mean_ms=s.mean_ms, client_p99_ms=s.p99_ms,
+        client_lag_mean_ms=s.extra.get("client_lag_mean_ms"), ensemble_request_ms=ensemble_ms,
+        client_grpc_ms=s.mean_ms - ensemble_ms if ensemble_ms is not None and math.isfinite(s.mean_ms) else None,
+        tokenizer=roles.get("tokenizer"), encoder=roles.get("encoder"), **per_execute, padding=tokens_ratio(enc),
+        cpu_cores=s.extra.get("cpu_cores", {}), cpu_processes=s.extra.get("cpu_processes", {}),
+        gpu_util_mean=s.extra.get("gpu_util_mean"),
+    )
+    return dataclasses.replace(out, hints=hints(out, options))
 
 
-def hints(b: dict[str, Any], options: BenchOptions) -> list[str]:
+def hints(b: Breakdown, options: BenchOptions) -> list[str]:
     """Plain-language reading of a breakdown."""
     out = []
-    processes = b.get("cpu_processes") or {}
-    for role, cores in sorted((b.get("cpu_cores") or {}).items(), key=lambda kv: -kv[1]):
+    processes = b.cpu_processes or {}
+    for role, cores in sorted(b.cpu_cores.items(), key=lambda kv: -kv[1]):
         count = max(1, int(processes.get(role, 1)))
         if "stub[" in role and cores / count >= 0.85:
             each = f"{count} instances used {cores:.2f} cores, {cores / count:.0%} of one core each" if count > 1 \
                 else f"used {cores:.0%} of one core"
             out.append(f"{role.split(':', 1)[1]}: {each}: a single-threaded Python-backend instance near 100 % is "
                        "saturated (a bottleneck; more instances or less Python per request would help)")
-    loads = [c for r, c in (b.get("cpu_cores") or {}).items() if r.startswith("load")]
+    loads = [c for r, c in b.cpu_cores.items() if r.startswith("load")]
     if loads and max(loads) >= 0.9:
         out.append(f"a load generator process used {max(loads):.0%} of a core: the client side may limit the rate")
-    lag = b.get("client_lag_mean_ms")
+    lag = b.client_lag_mean_ms
     if lag is not None and lag > 2.0:
         out.append(f"the load generators sent {lag:.1f} ms late on average: client-bound at this rate")
-    gpu = b.get("gpu_util_mean")
+    gpu = b.gpu_util_mean
     if gpu is not None and gpu < 50:
         out.append(f"GPU busy only {gpu:.0f}% of the time: the limit is on the CPU side (server, Python, client), not kernels")
-    pad = (b.get("padding") or {}).get("computed_per_useful")
-    seq = (b.get("padding") or {}).get("seq_padded_per_useful")
+    pad = b.padding.get("computed_per_useful")
+    seq = b.padding.get("seq_padded_per_useful")
     if pad is not None and pad > 1.15:
         if seq is not None and pad < seq:
             out.append(f"computed/useful tokens {pad:.2f} with texts packed into shared rows ({seq:.2f} padding each "
@@ -87,7 +90,7 @@ def hints(b: dict[str, Any], options: BenchOptions) -> list[str]:
         else:
             out.append(f"computed/useful tokens {pad:.2f}: sequence padding to the plan's targets (more sequence "
                        "buckets would lower it)")
-    enc = b.get("encoder") or {}
+    enc = b.encoder or {}
     if enc and enc.get("queue_ms_per_request", 0) > options.slo_ms / 2:
         out.append(f"requests wait {enc['queue_ms_per_request']:.1f} ms in the encoder's queue, more than half the SLO")
     elif enc and enc.get("queue_ms_per_request", 0) > enc.get("compute_ms_per_request", 0) > 0:

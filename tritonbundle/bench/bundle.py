@@ -5,21 +5,22 @@ token rows to the encoder (what a client that tokenizes on its side sends; the t
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from typing import Any
 
 from tritonbundle.bench.accounting import tokens_ratio
 from tritonbundle.bench.answers import check_answers, check_answers_at_once, references
 from tritonbundle.bench.breakdown import breakdown
 from tritonbundle.bench.options import client_timeout_s, setup_timeout_s
 from tritonbundle.bench.phase import Context, sweep
+from tritonbundle.bench.records import BundleResult, Restart
 from tritonbundle.bench.workspace import SERVER_ARGS, Built, load_procs
 from tritonbundle.measure.loadgen import LoadPool
 from tritonbundle.recipes import Recipe
 from tritonbundle.served import ServedRepository
 
 
-def run_bundle(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> dict[str, Any]:
+def run_bundle(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> BundleResult:
     o = ctx.options
     name = recipe.model_name
     procs = load_procs(o.load_procs)
@@ -32,24 +33,24 @@ def run_bundle(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> d
 
         with GrpcClient(served.grpc_url, model=name, timeout_s=60.0) as client:
             correctness = check_answers("the bundle", client.embed(texts), expected)
-            correctness["at_once"] = check_answers_at_once("the bundle", client.embed, texts, expected)
+            at_once = check_answers_at_once("the bundle", client.embed, texts, expected)
         with LoadPool(procs, ctx.logs, f"bundle-{name}") as pool:
             served.connect(pool, model=name, traffic=ctx.traffic_path, seed=o.seed, timeout_s=client_timeout_s(o),
                            ready_timeout_s=setup_timeout_s(deadline),
                            requests="tokens" if o.input == "tokens" else "auto")
             result = sweep(ctx, pool, deadline, "bundle", served.probes())
         with GrpcClient(served.grpc_url, model=name, timeout_s=60.0) as client:  # after every level: still right?
-            correctness["after_sweep"] = check_answers_at_once("the bundle after the sweep", client.embed, texts, expected)
+            after = check_answers_at_once("the bundle after the sweep", client.embed, texts, expected)
+    correctness = dataclasses.replace(correctness, at_once=at_once, after_sweep=after)
     ref_step = result.best or (max(result.steps, key=lambda s: s.offered_rps) if result.steps else None)
     padding = tokens_ratio(ref_step.extra.get("encoder", {})) if ref_step else {}
-    return {
-        "status": "ok", "sweep": result.to_json(), "best_rps": result.best_rps, "load_processes": procs,
-        "startup_s": round(startup_s, 1), "correctness": correctness, "protocol": "grpc (tritonbundle.clients.AsyncGrpcClient)", "input": o.input,
-        "precision": o.precision, "encoder_instances": info, "padding": padding,
-        "computed_per_useful": padding.get("computed_per_useful"),
-        "seq_padded_per_useful": padding.get("seq_padded_per_useful"),
-        "breakdown": breakdown(recipe, ref_step, o) if ref_step else None,
+    return BundleResult(
+        status="ok", sweep=result, best_rps=result.best_rps, load_processes=procs, startup_s=round(startup_s, 1),
+        correctness=correctness, protocol="grpc (tritonbundle.clients.AsyncGrpcClient)", input=o.input,
+        precision=o.precision, encoder_instances=info, padding=padding,
+        computed_per_useful=padding.get("computed_per_useful"), seq_padded_per_useful=padding.get("seq_padded_per_useful"),
+        breakdown=breakdown(recipe, ref_step, o) if ref_step else None,
         # Levels during which tritonserver went down (it was restarted; they count as failed).
-        "went_down": [{"offered_rps": s.offered_rps, "why": s.extra["down"], "restart_s": s.extra.get("restart_s")}
-                      for s in result.steps if s.extra.get("down")],
-    }
+        went_down=[Restart(s.offered_rps, s.extra["down"], s.extra.get("restart_s"))
+                   for s in result.steps if s.extra.get("down")],
+    )

@@ -13,6 +13,7 @@ import numpy as np
 
 from tritonbundle.bench.accounting import bucket_shares, ceiling
 from tritonbundle.bench.phase import Context
+from tritonbundle.bench.records import CeilingResult, FixedShape
 from tritonbundle.bench.workspace import Built
 from tritonbundle.log import LOG
 from tritonbundle.recipes import Recipe
@@ -34,7 +35,7 @@ def time_eager(engine: Any, batches: tuple[int, ...], targets: list[int], deadli
     return timings
 
 
-def run_ceiling(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> dict[str, Any]:
+def run_ceiling(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> CeilingResult:
     from tritonbundle.runtimes.pytorch.engine import Engine
 
     o = ctx.options
@@ -63,7 +64,7 @@ def run_ceiling(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> 
         w0 = time.monotonic()
         timings = time_eager(engine, o.ceiling_batches, targets, deadline)
         w1 = time.monotonic()
-    result = ceiling(timings, shares, mean_tokens, o.slo_ms / 1000.0)
+    per_batch, best = ceiling(timings, shares, mean_tokens, o.slo_ms / 1000.0)
     gpu = ctx.gpu.window(w0, w1) if ctx.gpu is not None else {}
     describe = engine.describe()
     mode = "cuda graphs" if describe["cuda_graphs"] else ("eager (graph capture failed)" if describe["graph_error"] else "eager")
@@ -74,14 +75,14 @@ def run_ceiling(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> 
             import torch
 
             torch.cuda.empty_cache()
-    out = {
-        "status": "ok", "best_rps": result["best_rps"], "best": result["best"], "per_batch": result["per_batch"],
-        "mean_tokens": mean_tokens, "shares": {str(k): v for k, v in shares.items()},
-        "timings_ms": {f"{b}x{s}": round(t * 1000.0, 4) for (b, s), t in sorted(timings.items())},
-        "computed_per_useful": sum(share * s for s, share in shares.items()) / mean_tokens,
-        "engine": describe, "mode": mode, "seconds": round(time.monotonic() - t0, 1), **gpu,
-    }
+    fixed_shape = None
     if fixed:
         (b, s), t = next(iter(fixed.items()))
-        out["fixed_shape"] = {"batch": b, "length": s, "ms": t * 1000.0, "tokens_per_s": b * s / t}
-    return out
+        fixed_shape = FixedShape(batch=b, length=s, ms=t * 1000.0, tokens_per_s=b * s / t)
+    return CeilingResult(
+        status="ok", best_rps=best.requests_per_s if best else None, best=best, per_batch=per_batch,
+        mean_tokens=mean_tokens, shares={str(k): v for k, v in shares.items()},
+        timings_ms={f"{b}x{s}": round(t * 1000.0, 4) for (b, s), t in sorted(timings.items())},
+        computed_per_useful=sum(share * s for s, share in shares.items()) / mean_tokens,
+        engine=describe, mode=mode, seconds=round(time.monotonic() - t0, 1), gpu=gpu, fixed_shape=fixed_shape,
+    )

@@ -17,6 +17,7 @@ from tritonbundle import proc
 from tritonbundle.bench.answers import check_answers, references
 from tritonbundle.bench.options import client_timeout_s, setup_timeout_s
 from tritonbundle.bench.phase import Context, sweep
+from tritonbundle.bench.records import NaiveResult
 from tritonbundle.bench.workspace import Built, child_env
 from tritonbundle.errors import TritonBundleError
 from tritonbundle.measure.levels import Probes, wait_idle
@@ -81,7 +82,7 @@ def http_probes(ctx: Context, system: str, pid: int, pool: LoadPool, url: str) -
     return Probes(observe=observe, finish=finish, drain=drain)
 
 
-def run_naive(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> dict[str, Any]:
+def run_naive(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> NaiveResult:
     o = ctx.options
     procs = max(1, min(2, o.load_procs or 2))
     name = recipe.model_name
@@ -95,6 +96,6 @@ def run_naive(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> di
             pool.setup(kind="http", url=url, model=name, traffic=str(ctx.traffic_path), seed=o.seed,
                        timeout_s=client_timeout_s(o), ready_timeout_s=setup_timeout_s(deadline))
             result = sweep(ctx, pool, deadline, "naive", http_probes(ctx, "naive", pid, pool, url))
-    return {"status": "ok", "sweep": result.to_json(), "best_rps": result.best_rps, "load_processes": procs,
-            "correctness": correctness, "protocol": "http (aiohttp)", "precision": "fp32",
-            "padding": "none (each request at its own length)", "computed_per_useful": 1.0}
+    return NaiveResult(status="ok", sweep=result, best_rps=result.best_rps, load_processes=procs,
+                       correctness=correctness, protocol="http (aiohttp)", precision="fp32",
+                       padding="none (each request at its own length)", computed_per_useful=1.0)

@@ -20,6 +20,7 @@ from tritonbundle.bench.naive import http_probes, http_server, post_texts
 from tritonbundle.bench.options import client_timeout_s, setup_timeout_s
 from tritonbundle.bench.peer_server import SETTINGS
 from tritonbundle.bench.phase import Context, sweep
+from tritonbundle.bench.records import PeerResult
 from tritonbundle.bench.workspace import Built
 from tritonbundle.measure.loadgen import LoadPool
 from tritonbundle.recipes import Recipe
@@ -36,7 +37,7 @@ def settings(device: str) -> dict[str, Any]:
     return out
 
 
-def run_peer(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> dict[str, Any]:
+def run_peer(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> PeerResult:
     o = ctx.options
     name = recipe.model_name
     procs = o.load_procs or 2
@@ -52,10 +53,10 @@ def run_peer(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> dic
             pool.setup(kind="http", url=url, path="/predict", model=name, traffic=str(ctx.traffic_path), seed=o.seed,
                        timeout_s=client_timeout_s(o), ready_timeout_s=setup_timeout_s(deadline))
             result = sweep(ctx, pool, deadline, "peer", http_probes(ctx, "peer", pid, pool, url))
-    return {"status": "ok", "sweep": result.to_json(), "best_rps": result.best_rps, "load_processes": procs,
-            "correctness": correctness, "protocol": "http (LitServe, FastAPI)", "system": "LitServe 0.2.x",
-            "settings": chosen, "precision": "fp16" if o.device == "cuda" else "fp32",
-            "padding": "each batch to its longest text", "changed": [
-                "torch.backends.cuda.enable_cudnn_sdp(False): cuDNN attention plans every new shape (80-90 ms each)",
-                "warm-up at every length range before the server reports healthy",
-            ]}
+    return PeerResult(
+        status="ok", sweep=result, best_rps=result.best_rps, load_processes=procs, correctness=correctness,
+        protocol="http (LitServe, FastAPI)", system="LitServe 0.2.x", settings=chosen,
+        precision="fp16" if o.device == "cuda" else "fp32", padding="each batch to its longest text", changed=[
+            "torch.backends.cuda.enable_cudnn_sdp(False): cuDNN attention plans every new shape (80-90 ms each)",
+            "warm-up at every length range before the server reports healthy",
+        ])

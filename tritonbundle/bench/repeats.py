@@ -5,11 +5,13 @@ machine falls on all of them alike), reported with its spread. Free of I/O.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 from tritonbundle.bench.accounting import ratio
+from tritonbundle.bench.records import BundleResult, Spread, SystemResult
+from tritonbundle.bench.result import Ratios
 
 #: ratio name -> (numerator system, denominator system)
 RATIOS = {"bundle_over_naive": ("bundle", "naive"), "bundle_over_peer": ("bundle", "peer"),
@@ -19,54 +21,62 @@ TARGETS = {"bundle_over_naive >= 8": ("bundle_over_naive", 8.0, 1), "bundle_over
            "computed_per_useful <= 1.15": ("computed_per_useful", 1.15, -1)}
 
 
-def best_rps(record: dict[str, Any]) -> float | None:
-    value = record.get("best_rps") if record.get("status") == "ok" else None
+def best_rps(record: SystemResult) -> float | None:
+    """A system's rate at the SLO when it ran (None: failed, skipped or no rate met the SLO)."""
+    value = record.best_rps if record.status == "ok" else None
     return float(value) if value is not None else None
 
 
-def spread(values: Sequence[float | None]) -> dict[str, Any]:
+def spread(values: Sequence[float | None]) -> Spread:
     """Median, range and spread (range / median) of the measured values; None values are failed runs."""
     measured = [v for v in values if v is not None]
-    out: dict[str, Any] = {"values": list(values), "runs": len(values), "failed": len(values) - len(measured)}
-    if measured:
-        median = statistics.median(measured)
-        out.update(median=median, min=min(measured), max=max(measured),
-                   spread_pct=100.0 * (max(measured) - min(measured)) / median if median > 0 else None)
-    return out
+    if not measured:
+        return Spread(list(values), runs=len(values), failed=len(values))
+    median = statistics.median(measured)
+    return Spread(list(values), runs=len(values), failed=len(values) - len(measured), median=median,
+                  min=min(measured), max=max(measured),
+                  spread_pct=100.0 * (max(measured) - min(measured)) / median if median > 0 else None)
 
 
-def combine(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def combine(records: Sequence[SystemResult]) -> SystemResult:
     """One system's rounds as one record: the median round's record (its sweep, breakdown... describe a
     typical run), with ``repeats`` saying what every round measured. One round: that round, unchanged."""
     if len(records) == 1:
         return records[0]
-    ok = [r for r in records if best_rps(r) is not None]
+    ok = sorted((r for r in records if best_rps(r) is not None), key=lambda r: best_rps(r) or 0.0)
     if ok:
-        ok.sort(key=lambda r: best_rps(r) or 0.0)
-        chosen = dict(ok[(len(ok) - 1) // 2])
-        chosen["best_rps"] = statistics.median(best_rps(r) or 0.0 for r in ok)
+        chosen = dataclasses.replace(ok[(len(ok) - 1) // 2], best_rps=statistics.median(best_rps(r) or 0.0 for r in ok))
     else:
-        chosen = dict(records[-1])
-    chosen["repeats"] = spread([best_rps(r) for r in records])
-    return chosen
+        chosen = records[-1]
+    return dataclasses.replace(chosen, repeats=spread([best_rps(r) for r in records]))
 
 
-def ratios(rounds: Sequence[dict[str, dict[str, Any]]], bundle: dict[str, Any]) -> dict[str, Any]:
+def ratios(rounds: Sequence[Mapping[str, SystemResult]], bundle: SystemResult | None) -> Ratios:
     """The bundle's ratios, each the median over rounds of the ratio measured within one round (both
     systems on the same machine minutes apart), with its range; the padding figures of ``bundle`` (its
     combined record); and whether each target is met."""
-    out: dict[str, Any] = {"rounds": len(rounds)}
-    ranges: dict[str, Any] = {}
+    medians: dict[str, float | None] = {}
+    ranges: dict[str, list[float]] = {}
     for name, (num, den) in RATIOS.items():
-        per_round = [ratio(best_rps(r.get(num, {})), best_rps(r.get(den, {}))) for r in rounds]
+        per_round = [ratio(_rps(r, num), _rps(r, den)) for r in rounds]
         s = spread(per_round)
-        out[name] = s.get("median")
-        if len(rounds) > 1 and s.get("median") is not None:
-            ranges[name] = [s["min"], s["max"]]
-    out["computed_per_useful"] = bundle.get("computed_per_useful")
-    out["seq_padded_per_useful"] = bundle.get("seq_padded_per_useful")
-    if ranges:
-        out["ranges"] = ranges
-    out["targets"] = {label: None if out[key] is None else sign * out[key] >= sign * bound
-                      for label, (key, bound, sign) in TARGETS.items()}
-    return out
+        medians[name] = s.median
+        if len(rounds) > 1 and s.median is not None and s.min is not None and s.max is not None:
+            ranges[name] = [s.min, s.max]
+    figures: dict[str, float | None] = {
+        **medians, "computed_per_useful": bundle.computed_per_useful if bundle else None,
+        "seq_padded_per_useful": bundle.seq_padded_per_useful if isinstance(bundle, BundleResult) else None,
+    }
+    targets: dict[str, bool | None] = {}
+    for label, (key, bound, sign) in TARGETS.items():
+        value = figures[key]
+        targets[label] = None if value is None else sign * value >= sign * bound
+    return Ratios(rounds=len(rounds), bundle_over_naive=figures["bundle_over_naive"],
+                  bundle_over_peer=figures["bundle_over_peer"], bundle_over_ceiling=figures["bundle_over_ceiling"],
+                  computed_per_useful=figures["computed_per_useful"],
+                  seq_padded_per_useful=figures["seq_padded_per_useful"], ranges=ranges or None, targets=targets)
+
+
+def _rps(round_: Mapping[str, SystemResult], system: str) -> float | None:
+    record = round_.get(system)
+    return best_rps(record) if record is not None else None

@@ -18,7 +18,6 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,18 +31,20 @@ from tritonbundle.bench.naive import run_naive
 from tritonbundle.bench.options import BenchOptions, Clock
 from tritonbundle.bench.peer import run_peer
 from tritonbundle.bench.phase import Context
+from tritonbundle.bench.records import Failure, SystemResult
+from tritonbundle.bench.result import BenchResult, BuildResult, ModelResult
 from tritonbundle.bench.workspace import Built, build_repository, prepare_process_env, tokenizer_file
 from tritonbundle.files import write_json
 from tritonbundle.log import LOG, step
 from tritonbundle.measure import probes
 from tritonbundle.recipes import BENCH_MODELS, Recipe
 
-PHASES: dict[str, Callable[[Context, Built, Recipe, float], dict[str, Any]]] = {
+PHASES: dict[str, Callable[[Context, Built, Recipe, float], SystemResult]] = {
     "naive": run_naive, "peer": run_peer, "bundle": run_bundle, "ceiling": run_ceiling,
 }
 
 
-def run_bench(options: BenchOptions) -> dict[str, Any]:
+def run_bench(options: BenchOptions) -> BenchResult:
     clock = Clock(options.budget_s)
     prepare_process_env()
     if threading.current_thread() is threading.main_thread():
@@ -55,21 +56,19 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
     work.mkdir(parents=True, exist_ok=True)
     logs = work / "logs"
     logs.mkdir(exist_ok=True)
-    result: dict[str, Any] = {
-        "command": "tritonbundle " + " ".join(sys.argv[1:]), "options": _options_json(options),
-        "environment": probes.environment(options.device), "models": {}, "status": "running",
-    }
+    result = BenchResult(command="tritonbundle " + " ".join(sys.argv[1:]), options=_options_json(options),
+                         environment=probes.environment(options.device))
 
     def save() -> None:
         """After every phase: what is known so far survives a run cut short."""
-        result["elapsed_s"] = round(clock.elapsed(), 1)
-        write_json(result, options.out / "bench.json")
+        result.elapsed_s = round(clock.elapsed(), 1)
+        write_json(result.to_json(), options.out / "bench.json")
         with contextlib.suppress(Exception):
             (options.out / "bench.md").write_text(report.markdown(result))
 
     gpu = probes.GpuSampler().start() if options.device == "cuda" else None
     if gpu is not None:
-        result["environment"]["gpu_sampler"] = gpu.source
+        result.environment["gpu_sampler"] = gpu.source
     try:
         step("traffic")
         if options.traffic:
@@ -77,25 +76,26 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
         else:
             sample = traffic_mod.synthetic("chat", n=10_000, seed=options.seed)
         traffic_path = traffic_mod.dump(sample, work / "traffic.jsonl")
-        result["traffic"] = {"source": sample.source, **sample.clipped(512).summary()}
+        result.traffic = {"source": sample.source, **sample.clipped(512).summary()}
         ctx = Context(options, clock, work, logs, traffic_path, sample, tokenizer_file(), gpu, save)
         save()
         for index, key in enumerate(options.models):
             model_deadline = time.monotonic() + max(10.0, (clock.left() - 15.0) / (len(options.models) - index))
-            entry: dict[str, Any] = {}
-            result["models"][BENCH_MODELS[key].model_name] = entry
-            run_model(ctx, BENCH_MODELS[key], model_deadline, entry)
+            recipe = BENCH_MODELS[key]
+            entry = ModelResult(recipe.description, recipe.name, recipe.random_weights)
+            result.models[recipe.model_name] = entry
+            run_model(ctx, recipe, model_deadline, entry)
             save()
-        result["status"] = "done"
+        result.status = "done"
     except Exception as e:  # noqa: BLE001 - still write what was measured
-        result["status"] = "failed"
-        result["error"] = _failure(e)
+        result.status = "failed"
+        result.error = Failure.of(e)
     finally:
         if gpu is not None:
             gpu.stop()
-        if result["status"] == "running":  # SIGTERM or Ctrl-C: what was measured is still written
-            result["status"] = "interrupted"
-        result["elapsed_s"] = round(clock.elapsed(), 1)
+        if result.status == "running":  # SIGTERM or Ctrl-C: what was measured is still written
+            result.status = "interrupted"
+        result.elapsed_s = round(clock.elapsed(), 1)
         try:
             report.write_all(result, options.out, work)
         finally:
@@ -104,33 +104,30 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
     return result
 
 
-def run_model(ctx: Context, recipe: Recipe, model_deadline: float, entry: dict[str, Any]) -> None:
+def run_model(ctx: Context, recipe: Recipe, model_deadline: float, entry: ModelResult) -> None:
     """One model, recorded into ``entry`` as it goes: build its repository, then each system within
     its share of the model's time."""
     options = ctx.options
-    entry.update({"description": recipe.description, "recipe": recipe.name, "random_weights": recipe.random_weights,
-                  "systems": {}})
     step(f"{recipe.model_name}: build the repository ({options.target}, pytorch, {options.precision})")
     try:
         t0 = time.monotonic()
         built = build_repository(recipe, options, ctx.work, ctx.traffic_path, ctx.tokenizer)
         if {"naive", "peer", "bundle"} & set(options.systems):
             references(ctx, built)  # the FP32 answers both servers are checked against
-        entry["build"] = {
-            "status": "ok", "seconds": round(time.monotonic() - t0, 1), "repository": str(built.repository),
-            "padding_targets": list(built.plan.padding_targets),
-            "batch_buckets": [b.max for b in built.plan.batch_buckets],
-            "plan_computed_per_useful": built.plan.waste.bucketed if built.plan.waste else None,
-        }
+        entry.build = BuildResult(
+            "ok", seconds=round(time.monotonic() - t0, 1), repository=str(built.repository),
+            padding_targets=list(built.plan.padding_targets), batch_buckets=[b.max for b in built.plan.batch_buckets],
+            plan_computed_per_useful=built.plan.waste.bucketed if built.plan.waste else None,
+        )
     except Exception as e:  # noqa: BLE001 - recorded; the other model still runs
-        entry["build"] = _failure(e)
+        entry.build = BuildResult("failed", failure=Failure.of(e))
         for system in options.systems:
-            entry["systems"][system] = {"status": "failed", "error": "the repository could not be built"}
+            entry.systems[system] = SystemResult(status="failed", error="the repository could not be built")
         return
     ctx.save()
     # Rounds: every system once per round, in turn; each phase gets its share of the model's time.
     phases = [(r, system) for r in range(options.repeat) for system in options.systems]
-    rounds: list[dict[str, dict[str, Any]]] = [{} for _ in range(options.repeat)]
+    rounds: list[dict[str, SystemResult]] = [{} for _ in range(options.repeat)]
     for position, (r, system) in enumerate(phases):
         left_share = sum(options.shares[s] for _, s in phases[position:])
         phase_s = max(5.0, (model_deadline - time.monotonic()) * options.shares[system] / left_share)
@@ -138,33 +135,27 @@ def run_model(ctx: Context, recipe: Recipe, model_deadline: float, entry: dict[s
         label = system if options.repeat == 1 else f"{system} (round {r + 1} of {options.repeat})"
         step(f"{recipe.model_name}: {label} ({phase_s:.0f} s)")
         rounds[r][system] = _phase(ctx, built, recipe, system, phase_deadline)
-        entry["systems"][system] = repeats.combine([done[system] for done in rounds if system in done])
+        entry.systems[system] = repeats.combine([done[system] for done in rounds if system in done])
         ctx.save()
     if options.repeat > 1:
-        entry["rounds"] = [{system: repeats.best_rps(record) for system, record in done.items()} for done in rounds]
-    entry["ratios"] = repeats.ratios(rounds, entry["systems"].get("bundle", {}))
+        entry.rounds = [{system: repeats.best_rps(record) for system, record in done.items()} for done in rounds]
+    entry.ratios = repeats.ratios(rounds, entry.systems.get("bundle"))
 
 
-def _phase(ctx: Context, built: Built, recipe: Recipe, system: str, phase_deadline: float) -> dict[str, Any]:
+def _phase(ctx: Context, built: Built, recipe: Recipe, system: str, phase_deadline: float) -> SystemResult:
     if time.monotonic() + 5.0 > phase_deadline:
-        return {"status": "skipped", "error": "out of time budget"}
+        return SystemResult(status="skipped", error="out of time budget")
     t0 = time.monotonic()
     try:
         record = PHASES[system](ctx, built, recipe, phase_deadline)
     except Exception as e:  # noqa: BLE001 - recorded as failed; the run goes on
         LOG.warning("    %s %s failed: %s", recipe.model_name, system, e)
-        record = _failure(e)
-    record["seconds"] = round(time.monotonic() - t0, 1)
-    return record
+        record = SystemResult.failed(Failure.of(e))
+    return dataclasses.replace(record, seconds=round(time.monotonic() - t0, 1))
 
 
 def _terminate(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
-
-
-def _failure(e: BaseException) -> dict[str, Any]:
-    return {"status": "failed", "error": f"{type(e).__name__}: {e}"[:2000],
-            "traceback": "".join(traceback.format_exception(e))[-4000:]}
 
 
 def _options_json(options: BenchOptions) -> dict[str, Any]:

@@ -50,11 +50,10 @@ def cmd_gpu(args: argparse.Namespace) -> int:
     result = run_bench(options)
     print_summary(result)
     print(f"report: {args.out}/bench.md {args.out}/bench.json {args.out}/bench.png {args.out}/logs.tar.gz")
-    failed = [f"{m} {s}" for m, e in result.get("models", {}).items() for s, r in e.get("systems", {}).items()
-              if r.get("status") != "ok"]
+    failed = [f"{m} {s}" for m, e in result.models.items() for s, r in e.systems.items() if r.status != "ok"]
     if failed:
         print(f"not measured: {', '.join(failed)} (see bench.json)")
-    return 0 if result.get("status") == "done" and not failed else 1
+    return 0 if result.status == "done" and not failed else 1
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

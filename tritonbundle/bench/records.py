@@ -1,0 +1,367 @@
+"""What each system of the benchmark measured, as typed records: :class:`SystemResult` (a system that
+failed or was skipped) and one subclass per measured system, with their parts (the answers check, the
+bundle's breakdown, the ceiling's rows, the spread over rounds). The phases return them, :mod:`.repeats`
+combines them, :mod:`.result` holds them per model, :mod:`.report` reads them.
+
+``to_json()`` writes them as ``bench.json`` has always laid them out (same keys, same order; a key that a
+record does not have is left out rather than written as null), and ``from_json()`` reads a written
+report back, older ones included (a key they lack reads as absent).
+
+Left as dicts, on purpose: payloads keyed by data rather than by a fixed set of names, or snapshots of
+another component's own record, where a class would only restate them: Triton's per-model metric views,
+CPU cores by process, the encoder's per-phase timings and call histograms, the engine's self-description,
+the peer's settings, the encoder instances' start-up reports, the padding counters
+(:func:`.accounting.tokens_ratio`) and each level's ``extra`` (:class:`~tritonbundle.measure.latency.StepResult`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import traceback as traceback_mod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tritonbundle.measure.search import Sweep
+
+Json = dict[str, Any]
+
+
+def drop_none(data: Json, *optional: str) -> Json:
+    """``data`` without the ``optional`` keys whose value is None (keys a record may lack)."""
+    return {k: v for k, v in data.items() if not (k in optional and v is None)}
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A figure measured over rounds: every round's value (None: that round failed), and when any was
+    measured, their median, range and spread (range / median, in %)."""
+
+    values: list[float | None]
+    runs: int
+    failed: int
+    median: float | None = None
+    min: float | None = None
+    max: float | None = None
+    spread_pct: float | None = None
+
+    def to_json(self) -> Json:
+        data: Json = {"values": list(self.values), "runs": self.runs, "failed": self.failed}
+        if self.median is not None:
+            data.update(median=self.median, min=self.min, max=self.max, spread_pct=self.spread_pct)
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Spread:
+        return cls(list(data["values"]), int(data["runs"]), int(data["failed"]), data.get("median"), data.get("min"),
+                   data.get("max"), data.get("spread_pct"))
+
+
+@dataclass(frozen=True)
+class AnswersCheck:
+    """A system's answers against the FP32 reference: how many, the worst cosine; for requests sent at
+    once, by how many callers; for the bundle, the checks at once before and after its sweep."""
+
+    texts: int
+    min_cosine: float
+    callers: int | None = None
+    at_once: AnswersCheck | None = None
+    after_sweep: AnswersCheck | None = None
+
+    def to_json(self) -> Json:
+        return drop_none({"texts": self.texts, "min_cosine": self.min_cosine, "callers": self.callers,
+                           "at_once": self.at_once.to_json() if self.at_once else None,
+                           "after_sweep": self.after_sweep.to_json() if self.after_sweep else None},
+                          "callers", "at_once", "after_sweep")
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> AnswersCheck:
+        at_once, after = data.get("at_once"), data.get("after_sweep")
+        return cls(int(data["texts"]), float(data["min_cosine"]), data.get("callers"),
+                   cls.from_json(at_once) if at_once else None, cls.from_json(after) if after else None)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why something did not run: the exception, and where it came from."""
+
+    error: str
+    traceback: str | None = None
+
+    @classmethod
+    def of(cls, e: BaseException) -> Failure:
+        return cls(f"{type(e).__name__}: {e}"[:2000], "".join(traceback_mod.format_exception(e))[-4000:])
+
+    def to_json(self) -> Json:
+        return drop_none({"status": "failed", "error": self.error, "traceback": self.traceback}, "traceback")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SystemResult:
+    """One system in one round, or its rounds combined (:func:`.repeats.combine`). As such (this class,
+    not a subclass): a system that failed or was skipped (``status``, ``error``). ``best_rps`` and
+    ``computed_per_useful`` are written by the systems that measure them."""
+
+    status: str
+    best_rps: float | None = None
+    computed_per_useful: float | None = None
+    error: str | None = None
+    traceback: str | None = None
+    #: The phase's wall time.
+    seconds: float | None = None
+    #: What every round measured, when there were several.
+    repeats: Spread | None = None
+
+    @classmethod
+    def failed(cls, failure: Failure) -> SystemResult:
+        return cls(status="failed", error=failure.error, traceback=failure.traceback)
+
+    def to_json(self) -> Json:
+        return self._with_tail(drop_none(
+            {"status": self.status, "best_rps": self.best_rps, "computed_per_useful": self.computed_per_useful,
+             "error": self.error, "traceback": self.traceback}, "best_rps", "computed_per_useful", "error", "traceback"))
+
+    def _with_tail(self, data: Json) -> Json:
+        return drop_none({**data, "seconds": self.seconds, "repeats": self.repeats.to_json() if self.repeats else None},
+                          "seconds", "repeats")
+
+    @staticmethod
+    def _common(data: Mapping[str, Any]) -> Json:
+        repeats = data.get("repeats")
+        return {"status": data["status"], "best_rps": data.get("best_rps"), "error": data.get("error"),
+                "traceback": data.get("traceback"), "seconds": data.get("seconds"),
+                "repeats": Spread.from_json(repeats) if repeats else None}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SystemResult:
+        return SystemResult(computed_per_useful=data.get("computed_per_useful"), **SystemResult._common(data))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServedResult(SystemResult):
+    """A system behind a server, measured by the rate search: its levels, the load generator processes,
+    its answers check and how it was reached."""
+
+    sweep: Sweep
+    load_processes: int
+    correctness: AnswersCheck
+    protocol: str
+    precision: str
+
+    @staticmethod
+    def _served(data: Mapping[str, Any]) -> Json:
+        return {**SystemResult._common(data), "sweep": Sweep.from_json(data["sweep"]),
+                "load_processes": data["load_processes"], "correctness": AnswersCheck.from_json(data["correctness"]),
+                "protocol": data["protocol"], "precision": data["precision"]}
+
+
+@dataclass(frozen=True, kw_only=True)
+class NaiveResult(ServedResult):
+    """The naive server: one request at a time, each at its own length."""
+
+    padding: str
+    computed_per_useful: float | None = 1.0
+
+    def to_json(self) -> Json:
+        return self._with_tail({
+            "status": self.status, "sweep": self.sweep.to_json(), "best_rps": self.best_rps,
+            "load_processes": self.load_processes, "correctness": self.correctness.to_json(), "protocol": self.protocol,
+            "precision": self.precision, "padding": self.padding, "computed_per_useful": self.computed_per_useful})
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> NaiveResult:
+        return cls(padding=data["padding"], computed_per_useful=data.get("computed_per_useful"), **cls._served(data))
+
+
+@dataclass(frozen=True, kw_only=True)
+class PeerResult(ServedResult):
+    """The peer (LitServe): which one, its settings and what was changed from its defaults."""
+
+    system: str
+    settings: dict[str, Any]
+    padding: str
+    changed: list[str]
+
+    def to_json(self) -> Json:
+        return self._with_tail({
+            "status": self.status, "sweep": self.sweep.to_json(), "best_rps": self.best_rps,
+            "load_processes": self.load_processes, "correctness": self.correctness.to_json(), "protocol": self.protocol,
+            "system": self.system, "settings": self.settings, "precision": self.precision, "padding": self.padding,
+            "changed": self.changed})
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PeerResult:
+        return cls(system=data["system"], settings=dict(data["settings"]), padding=data["padding"],
+                   changed=list(data["changed"]), **cls._served(data))
+
+
+@dataclass(frozen=True)
+class Restart:
+    """A level during which tritonserver went down (restarted; the level counts as failed)."""
+
+    offered_rps: float
+    why: str
+    restart_s: float | None
+
+    def to_json(self) -> Json:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Where the bundle's time goes at one level (:func:`.breakdown.breakdown`). A key the run could
+    not observe (no tokenizer model, no encoder statistics) is absent."""
+
+    at_offered_rps: float
+    achieved_rps: float
+    client_mean_ms: float
+    client_p99_ms: float
+    client_lag_mean_ms: float | None
+    ensemble_request_ms: float | None
+    client_grpc_ms: float | None = None
+    #: Triton's view of the tokenizer and the encoder models (queue, compute, batch size...).
+    tokenizer: dict[str, Any] | None = None
+    encoder: dict[str, Any] | None = None
+    #: The encoder's execute() per call by phase (read, plan, fill, launch, wait, respond...), ms.
+    encoder_execute_ms: dict[str, float] | None = None
+    encoder_rows_per_execute: float | None = None
+    encoder_launches_per_execute: float | None = None
+    encoder_execute_ms_per_request: float | None = None
+    #: Per-call histogram quantiles: name -> {"p50": ms, "p99": ms}.
+    encoder_call_ms: dict[str, dict[str, float | None]] | None = None
+    padding: dict[str, float | None] = field(default_factory=dict)
+    #: CPU cores busy, and processes counted, by process role ("server:stub[...]", "load0"...).
+    cpu_cores: dict[str, float] = field(default_factory=dict)
+    cpu_processes: dict[str, int] | None = None
+    gpu_util_mean: float | None = None
+    hints: list[str] = field(default_factory=list)
+
+    OPTIONAL = ("client_grpc_ms", "tokenizer", "encoder", "encoder_execute_ms", "encoder_rows_per_execute",
+                "encoder_launches_per_execute", "encoder_execute_ms_per_request", "encoder_call_ms", "cpu_processes")
+
+    def to_json(self) -> Json:
+        return drop_none({f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, *self.OPTIONAL)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Breakdown:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True, kw_only=True)
+class BundleResult(ServedResult):
+    """The bundle: tritonserver, its start-up, its encoder instances, its padding and where its time goes."""
+
+    startup_s: float
+    input: str | None = None
+    encoder_instances: list[dict[str, Any]]
+    padding: dict[str, float | None]
+    seq_padded_per_useful: float | None
+    breakdown: Breakdown | None
+    went_down: list[Restart] | None = None
+
+    def to_json(self) -> Json:
+        return self._with_tail(drop_none({
+            "status": self.status, "sweep": self.sweep.to_json(), "best_rps": self.best_rps,
+            "load_processes": self.load_processes, "startup_s": self.startup_s, "correctness": self.correctness.to_json(),
+            "protocol": self.protocol, "input": self.input, "precision": self.precision,
+            "encoder_instances": self.encoder_instances, "padding": self.padding,
+            "computed_per_useful": self.computed_per_useful, "seq_padded_per_useful": self.seq_padded_per_useful,
+            "breakdown": self.breakdown.to_json() if self.breakdown else None,
+            "went_down": None if self.went_down is None else [d.to_json() for d in self.went_down]},
+            "input", "went_down"))
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> BundleResult:
+        b, down = data.get("breakdown"), data.get("went_down")
+        return cls(startup_s=data["startup_s"], input=data.get("input"), encoder_instances=list(data["encoder_instances"]),
+                   padding=dict(data["padding"]), computed_per_useful=data.get("computed_per_useful"),
+                   seq_padded_per_useful=data.get("seq_padded_per_useful"),
+                   breakdown=Breakdown.from_json(b) if b else None,
+                   went_down=None if down is None else [Restart(**d) for d in down], **cls._served(data))
+
+
+@dataclass(frozen=True)
+class CeilingRow:
+    """The engine's ceiling at one batch size (:func:`.accounting.ceiling`)."""
+
+    batch: int
+    requests_per_s: float
+    useful_tokens_per_s: float
+    computed_tokens_per_s: float
+    worst_batch_ms: float
+    feasible: bool
+
+    def to_json(self) -> Json:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class FixedShape:
+    """One (batch, length) launch timed on its own."""
+
+    batch: int
+    length: int
+    ms: float
+    tokens_per_s: float
+
+    def to_json(self) -> Json:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CeilingResult(SystemResult):
+    """The engine in-process, no server: each (batch, padding target) launch timed, and what that allows."""
+
+    best: CeilingRow | None
+    per_batch: list[CeilingRow]
+    mean_tokens: float
+    #: Padding target (as text) -> share of rows; "<batch>x<target>" -> ms per launch.
+    shares: dict[str, float]
+    timings_ms: dict[str, float]
+    engine: dict[str, Any]
+    mode: str
+    #: The GPU sampler's window over the timings (gpu_util_mean, gpu_util_max, gpu_mem_max_mib, gpu_samples).
+    gpu: dict[str, float | None] = field(default_factory=dict)
+    fixed_shape: FixedShape | None = None
+
+    GPU_KEYS = ("gpu_util_mean", "gpu_util_max", "gpu_mem_max_mib", "gpu_samples")
+
+    def to_json(self) -> Json:
+        data: Json = {
+            "status": self.status, "best_rps": self.best_rps, "best": self.best.to_json() if self.best else None,
+            "per_batch": [r.to_json() for r in self.per_batch], "mean_tokens": self.mean_tokens, "shares": self.shares,
+            "timings_ms": self.timings_ms, "computed_per_useful": self.computed_per_useful, "engine": self.engine,
+            "mode": self.mode, "seconds": self.seconds, **self.gpu,
+        }
+        if self.fixed_shape:
+            data["fixed_shape"] = self.fixed_shape.to_json()
+        if self.repeats:
+            data["repeats"] = self.repeats.to_json()
+        return drop_none(data, "seconds")
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> CeilingResult:
+        best, fixed = data.get("best"), data.get("fixed_shape")
+        return cls(best=CeilingRow(**best) if best else None, per_batch=[CeilingRow(**r) for r in data["per_batch"]],
+                   mean_tokens=data["mean_tokens"], shares=dict(data["shares"]), timings_ms=dict(data["timings_ms"]),
+                   computed_per_useful=data.get("computed_per_useful"), engine=dict(data["engine"]), mode=data["mode"],
+                   gpu={k: data[k] for k in cls.GPU_KEYS if k in data},
+                   fixed_shape=FixedShape(**fixed) if fixed else None, **SystemResult._common(data))
+
+    @property
+    def gpu_util_mean(self) -> float | None:
+        return self.gpu.get("gpu_util_mean")
+
+
+#: system name -> its record when it was measured, and a key only that record has
+MEASURED: dict[str, tuple[type[SystemResult], str]] = {
+    "naive": (NaiveResult, "sweep"), "peer": (PeerResult, "sweep"), "bundle": (BundleResult, "sweep"),
+    "ceiling": (CeilingResult, "per_batch"),
+}
+
+
+def system_from_json(system: str, data: Mapping[str, Any]) -> SystemResult:
+    """A system's record as written: its own class when it was measured, else :class:`SystemResult`."""
+    kind, key = MEASURED.get(system, (SystemResult, "status"))
+    return kind.from_json(data) if data.get("status") == "ok" and key in data else SystemResult.from_json(data)
