@@ -25,6 +25,7 @@ def main() -> int:
         replay,
         summary,
     )
+    from tritonbundle.tune.result import TuneResult
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("tune_json", type=Path)
@@ -33,13 +34,13 @@ def main() -> int:
     ap.add_argument("--ready-s", type=float, default=DEFAULT_READY_S, help="seconds from a scale-out to a serving pod")
     ap.add_argument("--max-replicas", type=int, default=4)
     args = ap.parse_args()
-    result = json.loads(args.tune_json.read_text())
+    result = TuneResult.from_json(json.loads(args.tune_json.read_text()))
     capacity = capacity_of(result)
     target = float(autoscaling_values(result, headroom=args.headroom)["autoscaling"]["requestsPerSecond"])
     steps = [(float(a), float(b)) for a, b in (s.split(":") for s in args.steps.split(","))]
     rule = Rule(target_per_pod=target, max_replicas=args.max_replicas, ready_s=args.ready_s)
     moments = replay(steps, rule, capacity)
-    print(f"capacity {capacity:,.1f} req/s per pod at p99 <= {result.get('slo_p99_ms')} ms; target {target:,.0f} "
+    print(f"capacity {capacity:,.1f} req/s per pod at p99 <= {result.slo_p99_ms} ms; target {target:,.0f} "
           f"(headroom {args.headroom}); a new pod serves {args.ready_s:.0f} s after the decision")
     print(" second  offered  serving  decided  per pod")
     last = None

@@ -4,6 +4,7 @@ how long a sudden step leaves them past it (the time a new pod takes)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 from pathlib import Path
@@ -13,6 +14,7 @@ import yaml
 
 from tritonbundle.tune.capacity import DEFAULT_READY_S, Rule, autoscaling_values, replay, summary
 from tritonbundle.tune.report import write
+from tritonbundle.tune.result import TuneResult
 
 ROOT = Path(__file__).resolve().parents[2]
 #: A real tune run on the H200 (docs/tuning.md): BERT-base, p99 <= 50 ms, winner 8,042.4 req/s.
@@ -20,18 +22,18 @@ TUNE_JSON = ROOT / "docs" / "tuning" / "h200-bert-base-packed" / "tune.json"
 
 
 def test_the_target_is_the_tune_winners_capacity_times_the_headroom() -> None:
-    values = autoscaling_values(json.loads(TUNE_JSON.read_text()))["autoscaling"]
+    result = TuneResult.from_json(json.loads(TUNE_JSON.read_text()))
+    values = autoscaling_values(result)["autoscaling"]
     assert values["target"] == "requestsPerSecond" and values["requestsPerSecond"] == 5629  # floor(8042.4 x 0.7)
     assert values["measured"] == {"model": "bert_base", "capacityPerReplica": 8042.4, "sloP99Ms": 50.0, "headroom": 0.7}
     with pytest.raises(ValueError, match="no winner"):
-        autoscaling_values({"winner": None})
+        autoscaling_values(dataclasses.replace(result, verdict=None))
     with pytest.raises(ValueError, match="headroom"):
-        autoscaling_values({"winner": {"rate": 10}}, headroom=1.5)
+        autoscaling_values(result, headroom=1.5)
 
 
 def test_tune_writes_autoscaling_values_that_the_chart_turns_into_the_hpa_target(tmp_path: Path) -> None:
-    result = json.loads(TUNE_JSON.read_text())
-    write(result, tmp_path)
+    write(TuneResult.from_json(json.loads(TUNE_JSON.read_text())), tmp_path)
     values = tmp_path / "autoscaling-values.yaml"
     assert yaml.safe_load(values.read_text())["autoscaling"]["requestsPerSecond"] == 5629
     helm = ROOT / ".tools" / "bin" / "helm"

@@ -74,10 +74,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     )
     result = run_tune(options)
     print(f"report: {args.out}/tune.md {args.out}/tune.json {args.out}/tune.png")
-    if result.get("reason"):
-        print(f"why: {result['reason']}")
-    winner = result.get("winner")
-    if not winner:
+    if result.verdict is not None and result.verdict.reason:
+        print(f"why: {result.verdict.reason}")
+    if not result.winner:
         print("no configuration met the SLO: see tune.md for what each one did")
         return 1
     print(f"winner: {args.out}/winner.yaml" + (f"; manifest with it: {tuned}" if tuned else ""))

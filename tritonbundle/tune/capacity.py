@@ -13,9 +13,11 @@ the test of a rule before a cluster sees it.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from tritonbundle.tune.result import TuneResult
 
 #: Each replica's target as a share of its capacity at the SLO: room for the time new pods take.
 DEFAULT_HEADROOM = 0.7
@@ -25,16 +27,15 @@ DEFAULT_HEADROOM = 0.7
 DEFAULT_READY_S = 60.0
 
 
-def capacity_of(tune_result: Mapping[str, Any]) -> float:
+def capacity_of(tune_result: TuneResult) -> float:
     """Requests/s one replica served at the SLO: the tune run's winner."""
-    winner = tune_result.get("winner") or {}
-    rate = winner.get("rate")
+    rate = tune_result.winner.rate if tune_result.winner else None
     if not isinstance(rate, (int, float)) or rate <= 0:
         raise ValueError("the tune run has no winner with a rate at the SLO: nothing to scale on")
     return float(rate)
 
 
-def autoscaling_values(tune_result: Mapping[str, Any], *, headroom: float = DEFAULT_HEADROOM) -> dict[str, Any]:
+def autoscaling_values(tune_result: TuneResult, *, headroom: float = DEFAULT_HEADROOM) -> dict[str, Any]:
     """Helm values that scale on requests per second per pod, from a tune run (``tune.json``)."""
     if not 0 < headroom <= 1:
         raise ValueError(f"headroom must be in (0, 1], not {headroom}")
@@ -42,8 +43,8 @@ def autoscaling_values(tune_result: Mapping[str, Any], *, headroom: float = DEFA
     return {"autoscaling": {
         "enabled": True, "target": "requestsPerSecond",
         "requestsPerSecond": max(1, math.floor(capacity * headroom)),
-        "measured": {"model": tune_result.get("model"), "capacityPerReplica": round(capacity, 1),
-                     "sloP99Ms": tune_result.get("slo_p99_ms"), "headroom": headroom},
+        "measured": {"model": tune_result.model, "capacityPerReplica": round(capacity, 1),
+                     "sloP99Ms": tune_result.slo_p99_ms, "headroom": headroom},
     }}
 
 

@@ -15,6 +15,7 @@ and, beside the manifest, a copy of it with the winner written into the tuned mo
 from __future__ import annotations
 
 import contextlib
+import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -23,37 +24,32 @@ import yaml
 
 from tritonbundle.errors import ConfigError
 from tritonbundle.files import write_json
+from tritonbundle.measure.search import Sweep
 from tritonbundle.tune.capacity import autoscaling_values
+from tritonbundle.tune.result import Move, PointSummary, TuneResult, Verdict
 from tritonbundle.tune.search import Point, Result, reason
 from tritonbundle.tune.space import Config, Space, describe
 
 
-def _point_json(point: Point | None) -> dict[str, Any] | None:
-    if point is None:
-        return None
-    return {"label": point.label, "config": point.config, "rate": point.rate,
-            "p50_ms": point.detail.get("p50_ms"), "p99_ms": point.detail.get("p99_ms")}
-
-
-def summary(found: Result, baseline: Point | None, searched: Space) -> dict[str, Any]:
+def summary(found: Result, baseline: Point | None, searched: Space) -> Verdict:
     """The verdict of a search: the winner, the defaults' point, the moves and why."""
-    return {
-        "winner": _point_json(found.best), "baseline": _point_json(baseline), "search_stopped": found.stopped,
-        "moves": [{"knob": k, "from": a, "to": b, "rate_before": r0, "rate_after": r1} for k, a, b, r0, r1 in found.moves],
-        "reason": reason(found, baseline),
-    }
+    return Verdict(
+        winner=PointSummary.of(found.best) if found.best else None,
+        baseline=PointSummary.of(baseline) if baseline else None, search_stopped=found.stopped,
+        moves=[Move(k, a, b, r0, r1) for k, a, b, r0, r1 in found.moves], reason=reason(found, baseline),
+    )
 
 
-def write(result: dict[str, Any], out: Path) -> None:
+def write(result: TuneResult, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    write_json(result, out / "tune.json")
+    write_json(result.to_json(), out / "tune.json")
     (out / "tune.md").write_text(markdown(result))
     with contextlib.suppress(Exception):  # a plot is a convenience: never lose the numbers to it
         plot(result, out / "tune.png")
-    winner = result.get("winner")
+    winner = result.winner
     if winner:
-        (out / "winner.yaml").write_text(yaml.safe_dump(_yaml_config(winner["config"]), sort_keys=False))
-    if winner and winner.get("rate"):
+        (out / "winner.yaml").write_text(yaml.safe_dump(_yaml_config(winner.config), sort_keys=False))
+    if winner and winner.rate:
         # The chart's autoscaling target from what one replica served at the SLO (helm -f this file).
         (out / "autoscaling-values.yaml").write_text(
             "# From this tune run: autoscale on requests/s per pod, a share (headroom) of one pod's capacity at\n"
@@ -69,31 +65,30 @@ def _f(value: Any, spec: str = ",.1f") -> str:
     return format(value, spec) if isinstance(value, (int, float)) else "-"
 
 
-def markdown(result: dict[str, Any]) -> str:
-    lines = [f"# tune: {result.get('model')}, p99 <= {result.get('slo_p99_ms')} ms", ""]
-    status = result.get("status")
-    lines.append(f"Status: {status}; budget {_f(result.get('budget_s'), '.0f')} s; command: `{result.get('command', '')}`")
+def markdown(result: TuneResult) -> str:
+    lines = [f"# tune: {result.model}, p99 <= {result.slo_p99_ms} ms", ""]
+    lines.append(f"Status: {result.status}; budget {_f(result.budget_s, '.0f')} s; command: `{result.command}`")
     lines.append("")
-    if result.get("reason"):
-        lines += [f"**Why:** {result['reason']}.", ""]
-    for note in (result.get("space") or {}).get("notes", []):
+    if result.verdict is not None and result.verdict.reason:
+        lines += [f"**Why:** {result.verdict.reason}.", ""]
+    for note in result.space.notes if result.space is not None else ():
         lines.append(f"- {note}")
     lines += ["", "| # | point | configuration | req/s at SLO | p50 ms | p99 ms | server CPU cores | GPU util % | start s | status |",
               "|---|---|---|---|---|---|---|---|---|---|"]
-    winner = (result.get("winner") or {}).get("config")
-    for i, p in enumerate(result.get("points", [])):
-        d = p.get("detail", {})
-        mark = " **(winner)**" if winner is not None and p["config"] == winner else ""
+    winner = result.winner.config if result.winner else None
+    for i, p in enumerate(result.points):
+        d = p.detail
+        mark = " **(winner)**" if winner is not None and p.config == winner else ""
         gpu = d.get("gpu_util_mean")
         lines.append(
-            f"| {i} | {p['label']}{mark} | {describe(p['config'])} | {_f(p.get('rate'))} | {_f(d.get('p50_ms'))} "
+            f"| {i} | {p.label}{mark} | {describe(p.config)} | {_f(p.rate)} | {_f(d.get('p50_ms'))} "
             f"| {_f(d.get('p99_ms'))} | {_f(d.get('server_cores'), '.2f')} | {_f(gpu)} | {_f(d.get('startup_s'))} "
             f"| {d.get('status', '')} |")
     lines.append("")
     return "\n".join(lines)
 
 
-def plot(result: dict[str, Any], path: Path) -> Path | None:
+def plot(result: TuneResult, path: Path) -> Path | None:
     """Left: p99 against offered load, one line per point. Right: each point's best level (rate at
     the SLO, p99 there) with the front of points no other beats on both."""
     import matplotlib
@@ -101,27 +96,27 @@ def plot(result: dict[str, Any], path: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = [p for p in result.get("points", []) if (p.get("detail") or {}).get("sweep")]
+    points = [(p, Sweep.from_json(p.detail["sweep"])) for p in result.points if p.detail.get("sweep")]
     if not points:
         return None
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5), dpi=100)
     best: list[tuple[float, float, str]] = []
-    slo = float(result.get("slo_p99_ms") or 0)
-    finite = [_ms(s["p99_ms"]) for p in points for s in p["detail"]["sweep"]["steps"]]
+    slo = float(result.slo_p99_ms or 0)
+    finite = [_ms(s.p99_ms) for _, sweep in points for s in sweep.steps]
     # A level with no answered p99 (every request failed or timed out) is drawn at the top, not dropped.
     top = max([v for v in finite if v == v] + [slo]) * 2
-    for i, p in enumerate(points):
-        steps = sorted(p["detail"]["sweep"]["steps"], key=lambda s: s["offered_rps"])
-        ys = [_ms(s["p99_ms"]) for s in steps]
+    for i, (p, sweep) in enumerate(points):
+        steps = sorted(sweep.steps, key=lambda s: s.offered_rps)
+        ys = [_ms(s.p99_ms) for s in steps]
         ys = [y if y == y else top for y in ys]
-        line = left.plot([s["offered_rps"] for s in steps], ys, linewidth=1, label=f"{i}: {p['label']}")[0]
-        passed = [s.get("passed") for s in steps]
-        left.scatter([s["offered_rps"] for s, ok in zip(steps, passed) if ok],
+        line = left.plot([s.offered_rps for s in steps], ys, linewidth=1, label=f"{i}: {p.label}")[0]
+        passed = [s.passed for s in steps]
+        left.scatter([s.offered_rps for s, ok in zip(steps, passed) if ok],
                      [y for y, ok in zip(ys, passed) if ok], color=line.get_color(), marker="o", s=14)
-        left.scatter([s["offered_rps"] for s, ok in zip(steps, passed) if not ok],
+        left.scatter([s.offered_rps for s, ok in zip(steps, passed) if not ok],
                      [y for y, ok in zip(ys, passed) if not ok], color=line.get_color(), marker="x", s=30)
-        if p.get("rate") and p["detail"].get("p99_ms") is not None:
-            best.append((float(p["rate"]), float(p["detail"]["p99_ms"]), str(i)))
+        if p.rate and p.detail.get("p99_ms") is not None:
+            best.append((float(p.rate), float(p.detail["p99_ms"]), str(i)))
     left.scatter([], [], color="grey", marker="o", s=14, label="level passed")
     left.scatter([], [], color="grey", marker="x", s=30, label="level FAILED (SLO, failures or client-bound)")
     left.axhline(slo, color="grey", linestyle=":", label="SLO")
@@ -148,8 +143,9 @@ def plot(result: dict[str, Any], path: Path) -> Path | None:
     return path
 
 
-def _ms(value: Any) -> float:
-    return float("nan") if value in (None, "inf") else float(value)
+def _ms(value: float) -> float:
+    """A p99 to draw: NaN when nothing was answered or it is infinite (drawn at the top)."""
+    return value if math.isfinite(value) else math.nan
 
 
 def tuned_manifest(manifest: Path, model: str, config: Config, destination: Path) -> Path:

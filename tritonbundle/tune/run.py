@@ -31,6 +31,7 @@ from tritonbundle.measure.loadgen import LoadError, LoadPool
 from tritonbundle.measure.probes import GpuSampler
 from tritonbundle.served import ServedRepository
 from tritonbundle.tune import report
+from tritonbundle.tune.result import TuneResult
 from tritonbundle.tune.search import Point, Result, coordinate_descent
 from tritonbundle.tune.space import ORDER, Config, Space, describe, key, space
 
@@ -77,7 +78,7 @@ class _Clock:
         return self.deadline - time.monotonic()
 
 
-def run_tune(options: TuneOptions) -> dict[str, Any]:
+def run_tune(options: TuneOptions) -> TuneResult:
     clock = _Clock(options.budget_s)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminate)
@@ -98,15 +99,14 @@ def run_tune(options: TuneOptions) -> dict[str, Any]:
     defaults: Config = {k: getattr(spec, k) for k in options.knobs
                         if hasattr(spec, k) and (spec.text or not k.startswith("tokenizer_"))}
     start = {**defaults, **options.start}
-    result: dict[str, Any] = {"command": "tritonbundle " + " ".join(sys.argv[1:]), "model": spec.name, "slo_p99_ms": options.slo_ms, "budget_s": options.budget_s,
-                              "manifest": str(options.manifest), "overrides": options.overrides, "defaults": defaults,
-                              "start": start, "points": [], "status": "running"}
+    result = TuneResult(command="tritonbundle " + " ".join(sys.argv[1:]), model=spec.name, slo_p99_ms=options.slo_ms,
+                        budget_s=options.budget_s, manifest=str(options.manifest), overrides=options.overrides,
+                        defaults=defaults, start=start)
     gpu = GpuSampler().start() if spec.target == "gpu" else None
     pool = LoadPool(options.load_procs, work / "logs", "tune").start()
-    points: list[Point] = []
+    points = result.points
 
     def save() -> None:
-        result["points"] = [dataclasses.asdict(p) for p in points]
         report.write(result, options.out)
 
     def measure(label: str, config: Config) -> Point:
@@ -134,24 +134,24 @@ def run_tune(options: TuneOptions) -> dict[str, Any]:
         searched = space(slo_ms=options.slo_ms, cores=os.cpu_count() or 1, text=spec.text,
                          gpu=spec.target == "gpu", launch_ms=launch_ms or None, knobs=options.knobs,
                          include=(start, defaults))
-        result["space"] = {"knobs": {k.name: list(k.values) for k in searched.knobs}, "notes": list(searched.notes)}
+        result.space = searched
         # The descent steps from the better of the start and the defaults.
         found = _search(measure, {key(p.config): p for p in points}, max(first, baseline, key=lambda p: p.score).config,
                         searched, clock)
         found.best = max((p for p in points if p.rate), key=lambda p: p.score, default=None)
-        result.update(report.summary(found, baseline, searched))
-        result["status"] = "done"
+        result.verdict = report.summary(found, baseline, searched)
+        result.status = "done"
     except (KeyboardInterrupt, SystemExit):
-        result["status"] = "interrupted"
+        result.status = "interrupted"
         raise
     finally:
         pool.stop()
         if gpu is not None:
             gpu.stop()
         save()
-        winner = result.get("winner")
+        winner = result.winner
         if winner and options.tuned_manifest is not None:
-            report.tuned_manifest(options.manifest, spec.name, winner["config"], options.tuned_manifest)
+            report.tuned_manifest(options.manifest, spec.name, winner.config, options.tuned_manifest)
         if options.work is None:
             shutil.rmtree(work, ignore_errors=True)
     return result
@@ -250,8 +250,7 @@ def _shape(text: str) -> tuple[int, int]:
 
 def winner_overrides(path: Path) -> dict[str, Any]:
     """The winning configuration of a tune run (``tune.json``), to apply as manifest overrides."""
-    data = json.loads(path.read_text())
-    winner = data.get("winner")
+    winner = TuneResult.from_json(json.loads(path.read_text())).winner
     if not winner:
         raise ConfigError(f"{path}: the tune run found no configuration that met the SLO")
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in winner["config"].items()}
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in winner.config.items()}

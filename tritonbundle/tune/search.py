@@ -4,7 +4,7 @@ measured point is kept (the report shows them all), and a point is never measure
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +13,8 @@ from tritonbundle.tune.space import Config, Space, describe, key
 
 @dataclass
 class Point:
-    """One configuration and what it did: its rate at the SLO (None: failed to load or to pass)."""
+    """One configuration and what it did: its rate at the SLO (None: failed to load or to pass), and
+    ``detail``, what its measurement observed (:mod:`.result` says why that stays a dict)."""
 
     label: str
     config: Config
@@ -23,6 +24,13 @@ class Point:
     @property
     def score(self) -> float:
         return self.rate or 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"label": self.label, "config": self.config, "rate": self.rate, "detail": self.detail}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Point:
+        return cls(data["label"], dict(data["config"]), data.get("rate"), dict(data.get("detail") or {}))
 
 
 @dataclass

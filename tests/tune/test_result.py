@@ -1,0 +1,48 @@
+"""A tune report reads back as a :class:`TuneResult`: the committed H200 runs write the same JSON again,
+their markdown is the committed ``tune.md``, and ``bench --tuned`` takes the winner's settings from it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tritonbundle.errors import ConfigError
+from tritonbundle.tune import report
+from tritonbundle.tune.result import TuneResult
+from tritonbundle.tune.run import winner_overrides
+
+TUNING = Path(__file__).resolve().parents[2] / "docs" / "tuning"
+REPORTS = sorted(TUNING.glob("*/tune.json"))
+
+
+@pytest.mark.parametrize("path", REPORTS, ids=lambda p: p.parent.name)
+def test_a_committed_tune_report_reads_back_whole(path: Path) -> None:
+    data = json.loads(path.read_text())
+    result = TuneResult.from_json(data)
+    assert json.dumps(result.to_json(), indent=2) == json.dumps(data, indent=2)
+    assert report.markdown(result) == path.with_name("tune.md").read_text()
+
+
+def test_the_winner_is_read_as_manifest_overrides(tmp_path: Path) -> None:
+    path = TUNING / "h200-bert-base-bad-start" / "tune.json"
+    result = TuneResult.from_json(json.loads(path.read_text()))
+    assert result.winner is not None and result.verdict is not None and result.verdict.moves
+    overrides = winner_overrides(path)
+    assert overrides.keys() == result.winner.config.keys()
+    assert all(not isinstance(v, list) for v in overrides.values())  # lists become tuples, as the manifest takes them
+    unfinished = tmp_path / "tune.json"
+    unfinished.write_text(json.dumps({**json.loads(path.read_text()), "winner": None}))
+    with pytest.raises(ConfigError, match="no configuration"):
+        winner_overrides(unfinished)
+
+
+def test_a_run_cut_short_has_no_verdict(tmp_path: Path) -> None:
+    result = TuneResult(command="c", model="m", slo_p99_ms=50.0, budget_s=60.0, manifest="models.yaml", overrides={},
+                        defaults={"instances": 1}, start={"instances": 1}, status="interrupted")
+    data = result.to_json()
+    assert "winner" not in data and "space" not in data
+    assert TuneResult.from_json(data) == result
+    report.write(result, tmp_path)
+    assert not (tmp_path / "winner.yaml").exists() and "Status: interrupted" in (tmp_path / "tune.md").read_text()

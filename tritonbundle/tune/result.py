@@ -1,0 +1,144 @@
+"""A tune run's record, written as ``tune.json`` after every point and read back by ``bench --tuned``
+(:func:`tritonbundle.tune.run.winner_overrides`) and the autoscaling tools (:mod:`.capacity`).
+
+:class:`TuneResult` is the run (what was asked, every point, how it ended) and :class:`Verdict` the
+search's conclusion (the winner, the manifest's defaults, the moves and why). ``to_json()`` writes the
+keys and their order as they have always been, ``from_json()`` reads a written report back.
+
+Left as dicts, on purpose: a configuration (:data:`.space.Config`, manifest keys to values, as the build
+stage takes them as overrides), the run's ``overrides``, and each point's ``detail``: what its
+measurement observed (status, start-up, launch timings, the sweep as written, CPU by process, Triton's
+metric views), read by the report and written as is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tritonbundle.tune.search import Point
+from tritonbundle.tune.space import Config, Knob, Space
+
+Json = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PointSummary:
+    """A point as the verdict names it: its configuration, rate at the SLO and latencies there."""
+
+    label: str
+    config: Config
+    rate: float | None
+    p50_ms: float | None
+    p99_ms: float | None
+
+    @classmethod
+    def of(cls, point: Point) -> PointSummary:
+        return cls(point.label, point.config, point.rate, point.detail.get("p50_ms"), point.detail.get("p99_ms"))
+
+    def to_json(self) -> Json:
+        return {"label": self.label, "config": self.config, "rate": self.rate, "p50_ms": self.p50_ms,
+                "p99_ms": self.p99_ms}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PointSummary:
+        return cls(data["label"], dict(data["config"]), data.get("rate"), data.get("p50_ms"), data.get("p99_ms"))
+
+
+@dataclass(frozen=True)
+class Move:
+    """A step the search took: one knob from one value to another, and the rates before and after."""
+
+    knob: str
+    before: Any
+    after: Any
+    rate_before: float
+    rate_after: float
+
+    def to_json(self) -> Json:
+        return {"knob": self.knob, "from": self.before, "to": self.after, "rate_before": self.rate_before,
+                "rate_after": self.rate_after}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Move:
+        return cls(data["knob"], data["from"], data["to"], data["rate_before"], data["rate_after"])
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The search's conclusion: the winner (None: nothing met the SLO), the shipped defaults' point, why
+    the search stopped, the moves it made and the reason in plain words."""
+
+    winner: PointSummary | None
+    baseline: PointSummary | None
+    search_stopped: str
+    moves: list[Move]
+    reason: str
+
+    def to_json(self) -> Json:
+        return {"winner": self.winner.to_json() if self.winner else None,
+                "baseline": self.baseline.to_json() if self.baseline else None,
+                "search_stopped": self.search_stopped, "moves": [m.to_json() for m in self.moves], "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Verdict:
+        winner, baseline = data.get("winner"), data.get("baseline")
+        return cls(PointSummary.from_json(winner) if winner else None,
+                   PointSummary.from_json(baseline) if baseline else None, data.get("search_stopped", ""),
+                   [Move.from_json(m) for m in data.get("moves") or []], data.get("reason", ""))
+
+
+def space_json(space: Space) -> Json:
+    return {"knobs": {k.name: list(k.values) for k in space.knobs}, "notes": list(space.notes)}
+
+
+def space_from_json(data: Mapping[str, Any]) -> Space:
+    return Space(tuple(Knob(name, tuple(values)) for name, values in data.get("knobs", {}).items()),
+                 tuple(data.get("notes", [])))
+
+
+@dataclass
+class TuneResult:
+    """A tune run: the command, the model and its SLO, where the search started, every point measured
+    so far, and, once the search ends, the space it searched and its verdict."""
+
+    command: str
+    model: str
+    slo_p99_ms: float
+    budget_s: float
+    manifest: str
+    overrides: dict[str, Any]
+    #: The manifest's own values of the knobs, and the search's start (the defaults with ``--start``).
+    defaults: Config
+    start: Config
+    points: list[Point] = field(default_factory=list)
+    #: running, done or interrupted
+    status: str = "running"
+    space: Space | None = None
+    verdict: Verdict | None = None
+
+    @property
+    def winner(self) -> PointSummary | None:
+        return self.verdict.winner if self.verdict else None
+
+    def to_json(self) -> Json:
+        data: Json = {
+            "command": self.command, "model": self.model, "slo_p99_ms": self.slo_p99_ms, "budget_s": self.budget_s,
+            "manifest": self.manifest, "overrides": self.overrides, "defaults": self.defaults, "start": self.start,
+            "points": [p.to_json() for p in self.points], "status": self.status,
+        }
+        if self.space is not None:
+            data["space"] = space_json(self.space)
+        if self.verdict is not None:
+            data.update(self.verdict.to_json())
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TuneResult:
+        space = data.get("space")
+        return cls(data.get("command", ""), data.get("model", ""), data.get("slo_p99_ms", 0.0), data.get("budget_s", 0.0),
+                   data.get("manifest", ""), dict(data.get("overrides") or {}), dict(data.get("defaults") or {}),
+                   dict(data.get("start") or {}), [Point.from_json(p) for p in data.get("points") or []],
+                   data.get("status", ""), space_from_json(space) if space is not None else None,
+                   Verdict.from_json(data) if "winner" in data else None)
