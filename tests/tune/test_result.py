@@ -38,6 +38,13 @@ def test_the_winner_is_read_as_manifest_overrides(tmp_path: Path) -> None:
         winner_overrides(unfinished)
 
 
+@pytest.mark.parametrize("path", sorted((TUNING / "h200-handpicked").glob("*.json")), ids=lambda p: p.stem)
+def test_a_settings_file_written_by_hand_is_a_winner_too(path: Path) -> None:
+    overrides = winner_overrides(path)  # only {"winner": {"config": ...}}: no label, rate or search
+    assert overrides and overrides == {k: tuple(v) if isinstance(v, list) else v
+                                       for k, v in json.loads(path.read_text())["winner"]["config"].items()}
+
+
 def test_a_run_cut_short_has_no_verdict(tmp_path: Path) -> None:
     result = TuneResult(command="c", model="m", slo_p99_ms=50.0, budget_s=60.0, manifest="models.yaml", overrides={},
                         defaults={"instances": 1}, start={"instances": 1}, status="interrupted")

@@ -249,8 +249,12 @@ def _shape(text: str) -> tuple[int, int]:
 
 
 def winner_overrides(path: Path) -> dict[str, Any]:
-    """The winning configuration of a tune run (``tune.json``), to apply as manifest overrides."""
-    winner = TuneResult.from_json(json.loads(path.read_text())).winner
+    """The winning configuration of a tune run (``tune.json``), to apply as manifest overrides. Only
+    ``winner.config`` is read: a settings file written by hand (``{"winner": {"config": {...}}}``, as
+    docs/tuning/h200-handpicked/ holds) is one too."""
+    winner = json.loads(path.read_text()).get("winner")
     if not winner:
         raise ConfigError(f"{path}: the tune run found no configuration that met the SLO")
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in winner.config.items()}
+    if not isinstance(winner.get("config"), dict):
+        raise ConfigError(f"{path}: the winner has no config (expected {{\"winner\": {{\"config\": {{...}}}}}})")
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in winner["config"].items()}
