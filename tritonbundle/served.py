@@ -22,8 +22,8 @@ from tritonbundle.measure.levels import Ladder, Probes, Timing, measure_rates, w
 from tritonbundle.measure.loadgen import LoadPool
 from tritonbundle.measure.probes import CpuMeter, GpuSampler
 from tritonbundle.measure.search import Sweep
-from tritonbundle.runtimes.pytorch.stats import STATS_DIR_ENV, read_stats, read_stats_info
 from tritonbundle.runtimes.stacks import STACKS_SIGNAL
+from tritonbundle.runtimes.stats import STATS_DIR_ENV, read_stats, read_stats_info
 from tritonbundle.server import ServerOptions, TritonServer
 
 #: Seconds one small request may take after a level before the measured model counts as stalled.
@@ -63,7 +63,7 @@ class ServedRepository:
         self.stop()
 
     def start(self, timeout_s: float) -> float:
-        """Start the server (the encoder writes its statistics to ``folder/stats``); seconds to ready."""
+        """Start the server (the encoder and tokenizer write their statistics to ``folder/stats``); seconds to ready."""
         self._start_timeout_s = timeout_s
         self.startup_s = self._launch(timeout_s)
         installation = self.server.installation
@@ -141,13 +141,16 @@ class ServedRepository:
                 sample = triton_metrics.scrape(metrics_url)
             except OSError:
                 sample = {}
-            return {"metrics": sample, "stats": read_stats(self.stats_dir), "cpu": meter.read(), "t": time.monotonic()}
+            return {"metrics": sample, "stats": read_stats(self.stats_dir),
+                    "tokenizer": read_stats(self.stats_dir, "tokenizer"), "cpu": meter.read(), "t": time.monotonic()}
 
         def finish(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
             views = {v.model: v.to_json() for v in triton_metrics.view(before["metrics"], after["metrics"])}
+            tokenizer = {k: v - before["tokenizer"].get(k, 0.0) for k, v in after["tokenizer"].items()}
             return {
                 "triton": views,
                 "encoder": {k: after["stats"][k] - before["stats"].get(k, 0.0) for k in after["stats"]},
+                **({"tokenizer": tokenizer} if tokenizer else {}),
                 "cpu_cores": CpuMeter.delta(before["cpu"], after["cpu"], after["t"] - before["t"]),
                 "cpu_processes": dict(meter.processes),
             }

@@ -182,3 +182,30 @@ def test_a_stub_role_is_saturated_per_instance_not_in_sum() -> None:
 def _cores(cores: dict[str, float], processes: dict[str, int] | None) -> Breakdown:
     return Breakdown(at_offered_rps=1.0, achieved_rps=1.0, client_mean_ms=1.0, client_p99_ms=1.0,
                      client_lag_mean_ms=None, ensemble_request_ms=None, cpu_cores=cores, cpu_processes=processes)
+
+
+def test_the_tokenizer_calls_and_the_time_around_them_are_read() -> None:
+    """The H200's texts-in knee (2026-12-02): Triton counted 2.35 ms of tokenizer compute per request at
+    3.9 texts per call. The tokenizer model's own counters split its execute(); the rest is the Python
+    backend's work around the call, and the reading says so when it outweighs the call."""
+    from tritonbundle.bench.breakdown import breakdown, outside_execute_ms
+    from tritonbundle.recipes import BENCH_MODELS
+    from tritonbundle.runtimes.stats import new_stats, observe
+
+    tok = new_stats("tokenizer")
+    tok.update(executes=1000, requests=3900, texts=3900, t_read_s=0.3, t_tokenize_s=0.5, t_respond_s=0.2, t_execute_s=1.0)
+    for ms in [0.9] * 980 + [6.0] * 20:  # 2 % of the calls take 6 ms: the p99 is in the (5, 7.5] bucket
+        observe(tok, "execute_ms", ms)
+    recipe = BENCH_MODELS["minilm"]
+    views = {f"{recipe.model_name}_tokenizer": {"queue_ms_per_request": 0.35, "compute_ms_per_request": 2.35,
+                                                "request_ms_per_request": 2.8, "avg_batch_size": 3.9, "executions": 1000}}
+    step = st.step_result(6000, 5.0, [10.0] * 100, 0, extra={"triton": views, "tokenizer": tok})
+    b = breakdown(recipe, step, bench_options.BenchOptions(out=Path(".")))
+    assert b.tokenizer_execute_ms == pytest.approx({"read": 0.3, "tokenize": 0.5, "respond": 0.2, "execute": 1.0})
+    assert b.tokenizer_texts_per_execute == 3.9
+    assert b.tokenizer_call_ms == {"execute_ms": {"p50": 1.0, "p99": 7.5}}
+    assert outside_execute_ms(b) == pytest.approx(1.35)
+    assert any("1.35 ms per call outside its execute() (1.00 inside)" in h for h in b.hints)
+    without = breakdown(recipe, st.step_result(6000, 5.0, [10.0] * 100, 0, extra={"triton": views}),
+                        bench_options.BenchOptions(out=Path(".")))
+    assert without.tokenizer_execute_ms is None and "tokenizer_execute_ms" not in without.to_json()

@@ -15,11 +15,12 @@ from tritonbundle.runtimes import served
 
 RUNTIMES = Path(served.__file__).parent
 MODELS = {
-    "tokenizer": ["tritonbundle.contract", "tritonbundle.runtimes.stacks", "tritonbundle.runtimes.text"],
+    "tokenizer": ["tritonbundle.contract", "tritonbundle.runtimes.stacks", "tritonbundle.runtimes.stats",
+                  "tritonbundle.runtimes.text"],
     "onnxruntime": ["tritonbundle.contract", "tritonbundle.runtimes.stacks"],
     "pytorch": ["tritonbundle.contract", "tritonbundle.errors", "tritonbundle.recipes",
                 "tritonbundle.runtimes.pytorch.engine", "tritonbundle.runtimes.pytorch.launch",
-                "tritonbundle.runtimes.pytorch.stats", "tritonbundle.runtimes.stacks", "tritonbundle.runtimes.text"],
+                "tritonbundle.runtimes.stacks", "tritonbundle.runtimes.stats", "tritonbundle.runtimes.text"],
 }
 
 

@@ -12,7 +12,7 @@ from tritonbundle.bench.options import BenchOptions
 from tritonbundle.bench.records import Breakdown
 from tritonbundle.measure.latency import StepResult
 from tritonbundle.recipes import Recipe
-from tritonbundle.runtimes.pytorch.stats import HISTOGRAMS, quantile_ms
+from tritonbundle.runtimes.stats import HISTOGRAMS, quantile_ms
 
 
 def breakdown(recipe: Recipe, s: StepResult, options: BenchOptions) -> Breakdown:
@@ -45,6 +45,15 @@ def breakdown(recipe: Recipe, s: StepResult, options: BenchOptions) -> Breakdown
             "encoder_call_ms": {name: {f"p{round(100 * q)}": quantile_ms(enc, name, q) for q in (0.5, 0.99)}
                                 for name in HISTOGRAMS},
         }
+    tok = s.extra.get("tokenizer", {})
+    calls = tok.get("executes", 0) or 0
+    if calls:
+        per_execute.update(
+            tokenizer_execute_ms={k.removeprefix("t_").removesuffix("_s"): 1000.0 * tok.get(k, 0.0) / calls
+                                  for k in ("t_read_s", "t_tokenize_s", "t_respond_s", "t_execute_s")},
+            tokenizer_texts_per_execute=tok.get("texts", 0) / calls,
+            tokenizer_call_ms={"execute_ms": {f"p{round(100 * q)}": quantile_ms(tok, "execute_ms", q) for q in (0.5, 0.99)}},
+        )
     out = Breakdown(
         at_offered_rps=s.offered_rps, achieved_rps=s.achieved_rps, client_mean_ms=s.mean_ms, client_p99_ms=s.p99_ms,
         client_lag_mean_ms=s.extra.get("client_lag_mean_ms"), ensemble_request_ms=ensemble_ms,
@@ -90,6 +99,11 @@ def hints(b: Breakdown, options: BenchOptions) -> list[str]:
         else:
             out.append(f"computed/useful tokens {pad:.2f}: sequence padding to the plan's targets (more sequence "
                        "buckets would lower it)")
+    outside = outside_execute_ms(b)
+    if outside is not None and b.tokenizer_execute_ms and outside > b.tokenizer_execute_ms["execute"]:
+        out.append(f"the tokenizer spends {outside:.2f} ms per call outside its execute() ({b.tokenizer_execute_ms['execute']:.2f} "
+                   "inside): the Python backend passing requests and responses costs more than the tokenizing; fewer, "
+                   "larger calls (a longer tokenizer queue delay) or token rows from the client (--input tokens) would help")
     enc = b.encoder or {}
     if enc and enc.get("queue_ms_per_request", 0) > options.slo_ms / 2:
         out.append(f"requests wait {enc['queue_ms_per_request']:.1f} ms in the encoder's queue, more than half the SLO")
@@ -97,3 +111,13 @@ def hints(b: Breakdown, options: BenchOptions) -> list[str]:
         out.append("requests wait longer in the encoder's queue than they compute: the encoder instance(s) are the "
                    "bottleneck at this rate")
     return out
+
+
+def outside_execute_ms(b: Breakdown) -> float | None:
+    """What Triton counts as the tokenizer's compute per request beyond its own execute() per call: the
+    Python backend's work around the call (requests to the stub and responses back through shared
+    memory). Approximate: Triton's figure is per request (each request counts its batch's time)."""
+    if not b.tokenizer or not b.tokenizer_execute_ms:
+        return None
+    compute = b.tokenizer.get("compute_ms_per_request")
+    return None if compute is None else max(0.0, compute - b.tokenizer_execute_ms["execute"])

@@ -229,6 +229,11 @@ class Breakdown:
     encoder_execute_ms_per_request: float | None = None
     #: Per-call histogram quantiles: name -> {"p50": ms, "p99": ms}.
     encoder_call_ms: dict[str, dict[str, float | None]] | None = None
+    #: The tokenizer model's execute() per call by phase (read, tokenize, respond, execute), ms; its texts
+    #: per call; its per-call histogram's quantiles (texts in only).
+    tokenizer_execute_ms: dict[str, float] | None = None
+    tokenizer_texts_per_execute: float | None = None
+    tokenizer_call_ms: dict[str, dict[str, float | None]] | None = None
     padding: dict[str, float | None] = field(default_factory=dict)
     #: CPU cores busy, and processes counted, by process role ("server:stub[...]", "load0"...).
     cpu_cores: dict[str, float] = field(default_factory=dict)
@@ -237,7 +242,8 @@ class Breakdown:
     hints: list[str] = field(default_factory=list)
 
     OPTIONAL = ("client_grpc_ms", "tokenizer", "encoder", "encoder_execute_ms", "encoder_rows_per_execute",
-                "encoder_launches_per_execute", "encoder_execute_ms_per_request", "encoder_call_ms", "cpu_processes")
+                "encoder_launches_per_execute", "encoder_execute_ms_per_request", "encoder_call_ms", "tokenizer_execute_ms",
+                "tokenizer_texts_per_execute", "tokenizer_call_ms", "cpu_processes")
 
     def to_json(self) -> Json:
         return drop_none({f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, *self.OPTIONAL)

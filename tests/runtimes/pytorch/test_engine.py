@@ -11,7 +11,7 @@ import pytest
 
 from tritonbundle.runtimes.pytorch.engine import Engine, stack_rows
 from tritonbundle.runtimes.pytorch.launch import LaunchPlanner, launch_tokens
-from tritonbundle.runtimes.pytorch.stats import new_stats
+from tritonbundle.runtimes.stats import new_stats
 
 
 @pytest.fixture(scope="module")

@@ -103,7 +103,7 @@ def test_the_config_is_the_pytorch_runtimes(pytorch_repository: Path) -> None:
     vendored = sorted(str(p.relative_to(version)) for p in version.glob("tritonbundle/**/*.py") if p.name != "__init__.py")
     assert vendored == ["tritonbundle/contract.py", "tritonbundle/errors.py", "tritonbundle/recipes.py",
                         "tritonbundle/runtimes/pytorch/engine.py", "tritonbundle/runtimes/pytorch/launch.py",
-                        "tritonbundle/runtimes/pytorch/stats.py", "tritonbundle/runtimes/stacks.py",
+                        "tritonbundle/runtimes/stacks.py", "tritonbundle/runtimes/stats.py",
                         "tritonbundle/runtimes/text.py"]
 
 
@@ -156,7 +156,7 @@ def test_token_input_the_embedding_table_cannot_take_is_refused_by_name(
 
 def test_the_encoder_writes_its_statistics_for_the_benchmark(pytorch_server: Any) -> None:
     from tritonbundle.clients import GrpcClient
-    from tritonbundle.runtimes.pytorch.stats import quantile_ms, read_stats, read_stats_info
+    from tritonbundle.runtimes.stats import quantile_ms, read_stats, read_stats_info
 
     with GrpcClient(pytorch_server.grpc_url) as client:
         client.embed(["one two three", "four five six seven"])

@@ -8,7 +8,7 @@ Shapes (the plan's ``targets`` padding policy): the tokenizer pads each request 
 the inputs allow ragged batching, so requests of different targets share one ``execute``, and the
 engine's launch planner groups rows by target. Outputs are cut back per request. Settings come from
 the config's parameters as :class:`tritonbundle.contract.PyTorchParameters`. Statistics for the
-benchmark: :mod:`tritonbundle.runtimes.pytorch.stats`.
+benchmark: :mod:`tritonbundle.runtimes.stats`.
 
 Batches in flight (``batches_in_flight`` > 1): ``execute()`` reads its requests (copying their data:
 Triton frees the request tensors when ``execute()`` returns), hands the batch to a free lane's worker
@@ -59,8 +59,8 @@ from tritonbundle.contract import (  # noqa: E402
 )
 from tritonbundle.runtimes.pytorch.engine import GPU_WAIT_ENV, Engine  # noqa: E402
 from tritonbundle.runtimes.pytorch.launch import used_lengths  # noqa: E402
-from tritonbundle.runtimes.pytorch.stats import new_stats, observe, writer_for  # noqa: E402
 from tritonbundle.runtimes.stacks import dump_stacks_on_signal  # noqa: E402
+from tritonbundle.runtimes.stats import new_stats, observe, writer_for  # noqa: E402
 from tritonbundle.runtimes.text import TextError, load_tokenizer, read_texts, tokenize  # noqa: E402
 
 try:

@@ -16,6 +16,9 @@ Settings: :class:`tritonbundle.contract.TokenizerParameters` in the config's ``p
                      text (ragged policy).
 Bad input (empty text, bytes that are not UTF-8, wrong rank) gets an INVALID_ARG error naming the
 problem and the position of the text in the request.
+
+With ``$TRITONBUNDLE_STATS_DIR`` set, each instance counts its calls (texts, time reading, tokenizing
+and answering, and a histogram of each call's time) for the benchmark (:mod:`tritonbundle.runtimes.stats`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import gc
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +44,7 @@ from tritonbundle.contract import (  # noqa: E402
     token_counts,
 )
 from tritonbundle.runtimes.stacks import dump_stacks_on_signal  # noqa: E402
+from tritonbundle.runtimes.stats import new_stats, observe, writer_for  # noqa: E402
 from tritonbundle.runtimes.text import Row, TextError, load_tokenizer, pairs, read_texts, tokenize  # noqa: E402
 
 try:
@@ -71,6 +76,10 @@ class TritonPythonModel:
         names = [o["name"] for o in config["output"]]
         self.counts = TOKENS_OUTPUT in names
         self.outputs = [n for n in names if n != TOKENS_OUTPUT]  # the encoder's inputs, in order
+        self.stats = new_stats("tokenizer")
+        name = config.get("name", "tokenizer")
+        self.writer = writer_for(name, self.stats, {"model": name, "instance": args.get("model_instance_name", ""),
+                                                    "threads": params.threads}, kind="tokenizer")
         gc.freeze()  # what initialize() loaded lives as long as the process: keep full collections off it
 
     def _read(self, request: Any, name: str) -> list[str]:
@@ -89,6 +98,7 @@ class TritonPythonModel:
 
     def execute(self, requests: list[Any]) -> list[Any]:
         """One tokenizer call for every text of every request in the dynamic batch."""
+        t0 = time.perf_counter()
         responses: list[Any] = [None] * len(requests)
         texts: list[Row] = []
         good: list[tuple[int, int, int]] = []  # (request, first text, number of texts)
@@ -100,11 +110,32 @@ class TritonPythonModel:
                 continue
             good.append((index, len(texts), len(mine)))
             texts.extend(mine)
+        t1 = time.perf_counter()
         tokens = tokenize(self.tokenizer, texts, [(s, n) for _, s, n in good], self.targets, self.pad_id,
                           type_ids=len(self.outputs) > 2)
+        t2 = time.perf_counter()
         for (index, _, _), arrays in zip(good, tokens):
             tensors = [pb_utils.Tensor(name, a) for name, a in zip(self.outputs, arrays)]
             if self.counts:
                 tensors.append(pb_utils.Tensor(TOKENS_OUTPUT, token_counts(arrays[1])))
             responses[index] = pb_utils.InferenceResponse(output_tensors=tensors)
+        self._count(len(requests), len(requests) - len(good), len(texts), t0, t1, t2)
         return responses
+
+    def _count(self, requests: int, errors: int, texts: int, t0: float, t1: float, t2: float) -> None:
+        """One call's statistics: read until ``t1``, tokenized until ``t2``, answered until now."""
+        t3 = time.perf_counter()
+        stats = self.stats
+        stats["executes"] += 1
+        stats["requests"] += requests
+        stats["errors"] += errors
+        stats["texts"] += texts
+        stats["t_read_s"] += t1 - t0
+        stats["t_tokenize_s"] += t2 - t1
+        stats["t_respond_s"] += t3 - t2
+        stats["t_execute_s"] += t3 - t0
+        observe(stats, "execute_ms", 1000.0 * (t3 - t0))
+
+    def finalize(self) -> None:
+        if self.writer is not None:
+            self.writer.stop()

@@ -1,9 +1,11 @@
-"""The pytorch model's statistics: cumulative counters written as JSON for the benchmark.
+"""A served model's statistics: cumulative counters written as JSON for the benchmark.
 
-Rows, useful / padded / computed tokens, time per execute phase and GPU time, and histograms of the
-time one call takes and of its GPU time (:data:`HISTOGRAMS`: the tail the sums hide) go to
-``$TRITONBUNDLE_STATS_DIR/<model>.<pid>.json`` every 0.25 s when that variable is set; nothing is
-written otherwise. The benchmark sums the files of all instances (:func:`read_stats`).
+The encoder (pytorch runtime): rows, useful / padded / computed tokens, time per execute phase and GPU
+time, and histograms of the time one call takes and of its GPU time (:data:`HISTOGRAMS`: the tail the
+sums hide). The tokenizer model: texts, time per execute phase (read, tokenize, respond) and the
+histogram of the time one call takes (:data:`KEYS`). Each instance writes
+``$TRITONBUNDLE_STATS_DIR/<model>.<pid>.json`` every 0.25 s when that variable is set, nothing
+otherwise; the benchmark sums the files of one kind (:func:`read_stats`).
 """
 
 from __future__ import annotations
@@ -24,14 +26,22 @@ STATS_DIR_ENV = "TRITONBUNDLE_STATS_DIR"
 #: included). Bucket ``i`` counts values up to ``HISTOGRAM_EDGES_MS[i]``; the last one, the rest.
 HISTOGRAMS = ("execute_ms", "gpu_ms")
 HISTOGRAM_EDGES_MS = (0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 50.0, 75.0, 100.0, 200.0, 500.0)
-STAT_KEYS = (
-    "executes", "requests", "errors", "rows", "launches", "useful_tokens", "seq_tokens", "computed_tokens",
-    "t_execute_s", "t_read_s", "t_plan_s", "t_fill_s", "t_launch_s", "t_wait_s", "t_respond_s", "gpu_s",
-) + tuple(f"h_{name}_{i}" for name in HISTOGRAMS for i in range(len(HISTOGRAM_EDGES_MS) + 1))
+def _histograms(*names: str) -> tuple[str, ...]:
+    return tuple(f"h_{name}_{i}" for name in names for i in range(len(HISTOGRAM_EDGES_MS) + 1))
 
 
-def new_stats() -> dict[str, float]:
-    return {key: 0.0 if key.endswith("_s") else 0 for key in STAT_KEYS}
+#: Counters per kind of served model.
+KEYS = {
+    "encoder": ("executes", "requests", "errors", "rows", "launches", "useful_tokens", "seq_tokens", "computed_tokens",
+                "t_execute_s", "t_read_s", "t_plan_s", "t_fill_s", "t_launch_s", "t_wait_s", "t_respond_s", "gpu_s",
+                *_histograms(*HISTOGRAMS)),
+    "tokenizer": ("executes", "requests", "errors", "texts", "t_execute_s", "t_read_s", "t_tokenize_s", "t_respond_s",
+                  *_histograms("execute_ms")),
+}
+
+
+def new_stats(kind: str = "encoder") -> dict[str, float]:
+    return {key: 0.0 if key.endswith("_s") else 0 for key in KEYS[kind]}
 
 
 def observe(stats: dict[str, float], name: str, ms: float) -> None:
@@ -57,8 +67,9 @@ def quantile_ms(stats: dict[str, float], name: str, q: float) -> float | None:
 class StatsWriter:
     """Writes the model's cumulative statistics to a JSON file from a background thread."""
 
-    def __init__(self, path: Path, stats: dict[str, float], info: dict[str, Any], interval_s: float = 0.25) -> None:
-        self.path, self.stats, self.info, self.interval_s = Path(path), stats, info, interval_s
+    def __init__(self, path: Path, stats: dict[str, float], info: dict[str, Any], interval_s: float = 0.25,
+                 kind: str = "encoder") -> None:
+        self.path, self.stats, self.info, self.interval_s, self.kind = Path(path), stats, info, interval_s, kind
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="stats-writer", daemon=True)
 
@@ -69,7 +80,7 @@ class StatsWriter:
         return self
 
     def write(self) -> None:
-        data = {"info": self.info, "stats": dict(self.stats), "time": time.time()}
+        data = {"kind": self.kind, "info": self.info, "stats": dict(self.stats), "time": time.time()}
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text(json.dumps(data))
         os.replace(tmp, self.path)
@@ -85,31 +96,36 @@ class StatsWriter:
             self.write()
 
 
-def writer_for(model: str, stats: dict[str, float], info: dict[str, Any]) -> StatsWriter | None:
+def writer_for(model: str, stats: dict[str, float], info: dict[str, Any], kind: str = "encoder") -> StatsWriter | None:
     """A started writer when ``$TRITONBUNDLE_STATS_DIR`` is set, else None."""
     folder = os.environ.get(STATS_DIR_ENV)
     if not folder:
         return None
-    return StatsWriter(Path(folder) / f"{model}.{os.getpid()}.json", stats, info).start()
+    return StatsWriter(Path(folder) / f"{model}.{os.getpid()}.json", stats, info, kind=kind).start()
 
 
-def read_stats(folder: Path) -> dict[str, float]:
-    """The counters of every instance's statistics file in ``folder``, summed."""
-    total: dict[str, float] = {}
+def _files(folder: Path, kind: str) -> list[dict[str, Any]]:
+    """The statistics files of ``kind`` in ``folder`` (a file without a kind is an encoder's)."""
+    out = []
     for path in sorted(folder.glob("*.json")):
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
+        if data.get("kind", "encoder") == kind:
+            out.append(data)
+    return out
+
+
+def read_stats(folder: Path, kind: str = "encoder") -> dict[str, float]:
+    """The counters of every ``kind`` instance's statistics file in ``folder``, summed."""
+    total: dict[str, float] = {}
+    for data in _files(folder, kind):
         for k, v in data.get("stats", {}).items():
             total[k] = total.get(k, 0.0) + float(v)
     return total
 
 
-def read_stats_info(folder: Path) -> list[dict[str, Any]]:
-    """What each instance reported about itself (device, precision, graphs...)."""
-    out = []
-    for path in sorted(folder.glob("*.json")):
-        with contextlib.suppress(OSError, ValueError):
-            out.append(json.loads(path.read_text()).get("info", {}))
-    return out
+def read_stats_info(folder: Path, kind: str = "encoder") -> list[dict[str, Any]]:
+    """What each ``kind`` instance reported about itself (device, precision, graphs...)."""
+    return [data.get("info", {}) for data in _files(folder, kind)]
