@@ -63,12 +63,13 @@ def test_bench_on_the_cpu_measures_four_systems_and_cleans_up(tmp_path: Path) ->
     assert bundle_step["extra"]["encoder"]["useful_tokens"] > 0  # the encoder's own statistics arrived
     tokenizer = bundle_step["extra"]["tokenizer"]  # and the tokenizer model's, kept apart from the encoder's
     assert tokenizer["texts"] >= tokenizer["requests"] > 0 and tokenizer["t_tokenize_s"] > 0
+    assert tokenizer["t_execute_by_request_s"] >= tokenizer["t_execute_s"] > 0
     assert "rows" not in tokenizer and "texts" not in bundle_step["extra"]["encoder"]
     assert "minilm_encoder" in bundle_step["extra"]["triton"]  # and Triton's metrics
     assert result["environment"]["versions"]["torch"] != "-"
     md = (out / "bench.md").read_text()
     assert "Throughput at the SLO" in md and "Where the bundle's time goes" in md
-    assert "- tokenizer execute() per call (ms): read " in md and "outside execute()" in md
+    assert "- tokenizer execute() per call (ms): read " in md and "Triton's compute beyond execute()" in md
     time.sleep(1.0)
     assert _our_processes(str(work)) == [], "a server or stub outlived the benchmark"
     assert _our_processes("tritonbundle.measure.loadgen") == [] or all(

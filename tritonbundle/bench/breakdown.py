@@ -53,6 +53,7 @@ def breakdown(recipe: Recipe, s: StepResult, options: BenchOptions) -> Breakdown
                                   for k in ("t_read_s", "t_tokenize_s", "t_respond_s", "t_execute_s")},
             tokenizer_texts_per_execute=tok.get("texts", 0) / calls,
             tokenizer_call_ms={"execute_ms": {f"p{round(100 * q)}": quantile_ms(tok, "execute_ms", q) for q in (0.5, 0.99)}},
+            tokenizer_outside_ms=_outside_ms(roles.get("tokenizer"), tok),
         )
     out = Breakdown(
         at_offered_rps=s.offered_rps, achieved_rps=s.achieved_rps, client_mean_ms=s.mean_ms, client_p99_ms=s.p99_ms,
@@ -99,11 +100,12 @@ def hints(b: Breakdown, options: BenchOptions) -> list[str]:
         else:
             out.append(f"computed/useful tokens {pad:.2f}: sequence padding to the plan's targets (more sequence "
                        "buckets would lower it)")
-    outside = outside_execute_ms(b)
+    outside = b.tokenizer_outside_ms
     if outside is not None and b.tokenizer_execute_ms and outside > b.tokenizer_execute_ms["execute"]:
-        out.append(f"the tokenizer spends {outside:.2f} ms per call outside its execute() ({b.tokenizer_execute_ms['execute']:.2f} "
-                   "inside): the Python backend passing requests and responses costs more than the tokenizing; fewer, "
-                   "larger calls (a longer tokenizer queue delay) or token rows from the client (--input tokens) would help")
+        out.append(f"Triton counts {outside:.2f} ms per tokenizer request around its execute() (a call takes "
+                   f"{b.tokenizer_execute_ms['execute']:.2f}): the Python backend "
+                   "stub's work around the call costs more than the call; token rows from the client (--input tokens) "
+                   "skip it")
     enc = b.encoder or {}
     if enc and enc.get("queue_ms_per_request", 0) > options.slo_ms / 2:
         out.append(f"requests wait {enc['queue_ms_per_request']:.1f} ms in the encoder's queue, more than half the SLO")
@@ -113,11 +115,16 @@ def hints(b: Breakdown, options: BenchOptions) -> list[str]:
     return out
 
 
-def outside_execute_ms(b: Breakdown) -> float | None:
-    """What Triton counts as the tokenizer's compute per request beyond its own execute() per call: the
-    Python backend's work around the call (requests to the stub and responses back through shared
-    memory). Approximate: Triton's figure is per request (each request counts its batch's time)."""
-    if not b.tokenizer or not b.tokenizer_execute_ms:
+
+def _outside_ms(triton: dict[str, Any] | None, tok: dict[str, float]) -> float | None:
+    """Triton's tokenizer compute per request beyond the model's own execute(): the stub's work around
+    the call. The Python backend (python_be.cc, ``ProcessRequests``) starts a call's compute once the
+    requests are in shared memory and ends it when the stub's answer arrives, so this is the stub
+    turning the requests into Python objects, the responses into shared memory, and the messages both
+    ways (the server's own copying is Triton's compute input / output, not counted here). Both
+    figures count each call's time once per request it held, so their difference is exact, per request."""
+    compute = (triton or {}).get("compute_ms_per_request")
+    requests = tok.get("requests", 0)
+    if compute is None or not requests or "t_execute_by_request_s" not in tok:
         return None
-    compute = b.tokenizer.get("compute_ms_per_request")
-    return None if compute is None else max(0.0, compute - b.tokenizer_execute_ms["execute"])
+    return max(0.0, float(compute) - 1000.0 * tok["t_execute_by_request_s"] / requests)

@@ -234,6 +234,9 @@ class Breakdown:
     tokenizer_execute_ms: dict[str, float] | None = None
     tokenizer_texts_per_execute: float | None = None
     tokenizer_call_ms: dict[str, dict[str, float | None]] | None = None
+    #: Triton's tokenizer compute per request minus the model's execute() per request (each request
+    #: counting its call's time, as Triton does): the Python backend stub's work around the call, ms.
+    tokenizer_outside_ms: float | None = None
     padding: dict[str, float | None] = field(default_factory=dict)
     #: CPU cores busy, and processes counted, by process role ("server:stub[...]", "load0"...).
     cpu_cores: dict[str, float] = field(default_factory=dict)
@@ -243,7 +246,7 @@ class Breakdown:
 
     OPTIONAL = ("client_grpc_ms", "tokenizer", "encoder", "encoder_execute_ms", "encoder_rows_per_execute",
                 "encoder_launches_per_execute", "encoder_execute_ms_per_request", "encoder_call_ms", "tokenizer_execute_ms",
-                "tokenizer_texts_per_execute", "tokenizer_call_ms", "cpu_processes")
+                "tokenizer_texts_per_execute", "tokenizer_call_ms", "tokenizer_outside_ms", "cpu_processes")
 
     def to_json(self) -> Json:
         return drop_none({f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, *self.OPTIONAL)

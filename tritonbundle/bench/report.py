@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tritonbundle.bench.breakdown import outside_execute_ms
 from tritonbundle.bench.records import BundleResult, CeilingResult, PeerResult, ServedResult, Spread
 from tritonbundle.bench.result import BenchResult, ModelResult, Ratios
 from tritonbundle.files import write_json
@@ -222,12 +221,11 @@ def _bundle_lines(bundle: BundleResult) -> list[str]:
         t = b.tokenizer_execute_ms
         if t:
             tok_calls = (b.tokenizer_call_ms or {}).get("execute_ms", {})
-            outside = outside_execute_ms(b)
             md.append("- tokenizer execute() per call (ms): " + ", ".join(f"{k} {_f(val, '.3f')}" for k, val in t.items())
                       + f"; {_f(b.tokenizer_texts_per_execute, '.1f')} texts per call; p50 / p99 "
                       f"{_f(tok_calls.get('p50'), 'g')} / {_f(tok_calls.get('p99'), 'g')} (bucket edges)"
-                      + (f"; outside execute() ~{outside:.2f} ms per call (Triton's compute minus execute)"
-                         if outside is not None else ""))
+                      + (f"; Triton's compute beyond execute() {b.tokenizer_outside_ms:.3f} ms per request"
+                         if b.tokenizer_outside_ms is not None else ""))
         e = b.encoder_execute_ms
         if e:
             md.append("- encoder execute() per call (ms): " + ", ".join(f"{k} {_f(val, '.3f')}" for k, val in e.items())

@@ -134,6 +134,7 @@ class TritonPythonModel:
         stats["t_tokenize_s"] += t2 - t1
         stats["t_respond_s"] += t3 - t2
         stats["t_execute_s"] += t3 - t0
+        stats["t_execute_by_request_s"] += requests * (t3 - t0)
         observe(stats, "execute_ms", 1000.0 * (t3 - t0))
 
     def finalize(self) -> None:
