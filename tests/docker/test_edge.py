@@ -352,8 +352,9 @@ def test_at_ten_times_capacity_the_edge_refuses_the_excess_at_once_and_triton_ho
     tokenized = metrics.count("request_success", "minilm_tokenizer")
     assert answered >= greedy["ok"] + probe["ok"] > 0
     assert metrics.peak_pending <= ENCODER_QUEUE, metrics.peak_pending
-    # The canaries (every 2-3 s) call the tokenizer directly too.
-    assert tokenized <= answered + 20, (tokenized, answered)
+    # The canaries (every 2-3 s) call the tokenizer directly too, and a request that timed out in the
+    # encoder's queue was tokenized (once) before it did.
+    assert tokenized <= answered + timed_out + 20, (tokenized, answered, timed_out)
     print(f"\n[edge at 10x] prober refusals {refused}; greedy {greedy['requests']} requests, {greedy['ok']} served, "
           f"{greedy['refused_by_the_edge']}; Triton: {answered:.0f} answered, {tokenized:.0f} tokenized, "
           f"peak pending {metrics.peak_pending:.0f}, failures {metrics.count('request_failure', 'minilm'):.0f}")
