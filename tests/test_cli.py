@@ -181,3 +181,22 @@ def test_models_works_against_a_fresh_serve_that_made_up_its_key(repository: obj
         out, _ = serve.communicate(timeout=60)
     assert "random key, written (readable by you only)" in out
     assert not key.exists(), "the key file goes with the server"
+
+
+def test_bench_and_tune_flags_default_to_their_options_defaults(tmp_path: Path) -> None:
+    """Each default has one home, the options object: the command line without flags asks for exactly it."""
+    import dataclasses
+
+    from tritonbundle.bench.options import BenchOptions
+    from tritonbundle.cli import defaults, parser
+    from tritonbundle.cli.bench import options_from
+    from tritonbundle.tune.options import TuneOptions
+
+    assert options_from(parser().parse_args(["bench", "gpu"])) == BenchOptions(out=defaults.BENCH_REPORT)
+    tune = parser().parse_args(["tune"])
+    expected = TuneOptions(out=defaults.TUNE_REPORT, manifest=defaults.MANIFEST, artifacts=defaults.ARTIFACTS)
+    flags = {"slo_ms": "slo_p99_ms"}
+    for field in dataclasses.fields(TuneOptions):
+        name = flags.get(field.name, field.name)
+        if hasattr(tune, name) and field.name not in ("load_procs", "start", "work"):  # 0/None there mean "derive it"
+            assert getattr(tune, name) == getattr(expected, field.name), field.name

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tritonbundle.errors import ConfigError
+from tritonbundle.measure.latency import FAILURE_BUDGET
 from tritonbundle.measure.levels import Timing
 from tritonbundle.recipes import BENCH_MODELS
 
@@ -25,7 +26,7 @@ class BenchOptions:
     device: str = "cuda"
     slo_ms: float = 50.0
     #: Failed requests a level may have and still meet the SLO.
-    max_failure_ratio: float = 0.01
+    max_failure_ratio: float = FAILURE_BUDGET
     traffic: Path | None = None
     sequence_buckets: int = 16
     batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)

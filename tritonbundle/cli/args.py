@@ -27,11 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from tritonbundle.cli import defaults
-from tritonbundle.measure.latency import Slo
+from tritonbundle.measure.latency import FAILURE_BUDGET, Slo
 from tritonbundle.traffic import SHAPES
-
-#: Failures a load level may have and still meet the SLO, unless --max-failure-ratio says otherwise.
-FAILURE_BUDGET = 0.01
 
 
 class Formatter(argparse.ArgumentDefaultsHelpFormatter):

@@ -3,10 +3,22 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from tritonbundle.bench.options import BenchOptions
 from tritonbundle.cli import args as shared
 from tritonbundle.cli import defaults
+
+#: The options' own defaults: the flags below show and pass these, so each default has one home.
+_DEFAULT = BenchOptions(out=defaults.BENCH_REPORT)
+
+
+def _csv(values: Iterable[object] | Mapping[str, float]) -> str:
+    """A default as its flag spells it: ``1,2,4`` or ``naive=0.15,peer=0.25``."""
+    if isinstance(values, Mapping):
+        return ",".join(f"{k}={v}" for k, v in values.items())
+    return ",".join(str(v) for v in values)
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -26,27 +38,34 @@ def _start_rates(text: str) -> tuple[float, dict[str, float]]:
             named[system.strip()] = float(rate)
         else:
             default = float(part)
-    return (50.0 if default is None else default), named
+    return (_DEFAULT.ladder_start if default is None else default), named
 
 
-def cmd_gpu(args: argparse.Namespace) -> int:
-    from tritonbundle.bench.options import BenchOptions
-    from tritonbundle.bench.report import print_summary
-    from tritonbundle.bench.run import run_bench
+def options_from(args: argparse.Namespace) -> BenchOptions:
+    """The command line as the benchmark's options."""
     from tritonbundle.tune.run import winner_overrides
 
-    options = BenchOptions(
+    start, start_rates = _start_rates(args.start_rate)
+    return BenchOptions(
         out=args.out, work=args.work, budget_s=args.budget_s, models=_names(args.models), systems=_names(args.systems),
         device=args.device, slo_ms=args.slo_p99_ms, max_failure_ratio=args.max_failure_ratio, traffic=args.traffic,
         sequence_buckets=args.sequence_buckets,
         batch_buckets=_ints(args.batch_buckets), queue_delay_us=args.queue_delay_us,
         tokenizer_instances=args.tokenizer_instances, tokenizer_queue_delay_us=args.tokenizer_queue_delay_us,
         instances=args.instances or (2 if args.device == "cuda" else 1), load_procs=args.load_procs,
-        ladder_start=_start_rates(args.start_rate)[0], start_rates=_start_rates(args.start_rate)[1], ladder_factor=args.rate_factor, refine=args.refine, max_rate=args.max_rate,
+        ladder_start=start, start_rates=start_rates, ladder_factor=args.rate_factor, refine=args.refine,
+        max_rate=args.max_rate,
         ceiling_batches=_ints(args.ceiling_batches), timeout_s=args.timeout_s, seed=args.seed,
         shares={k.strip(): float(v) for k, v in (x.split("=", 1) for x in args.shares.split(",") if x.strip())},
         tuned=winner_overrides(args.tuned) if args.tuned else {}, repeat=args.repeat, input=args.input,
     )
+
+
+def cmd_gpu(args: argparse.Namespace) -> int:
+    from tritonbundle.bench.report import print_summary
+    from tritonbundle.bench.run import run_bench
+
+    options = options_from(args)
     result = run_bench(options)
     print_summary(result)
     print(f"report: {args.out}/bench.md {args.out}/bench.json {args.out}/bench.png {args.out}/logs.tar.gz")
@@ -67,31 +86,32 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                     "table and, last, the ratios.",
     )
     g.add_argument("--out", type=Path, default=defaults.BENCH_REPORT, help="report folder (bench.json, bench.md, bench.png, logs.tar.gz)")
-    g.add_argument("--budget-s", type=float, default=420.0, help="wall-time budget for the whole run; sweeps scale to it")
-    g.add_argument("--models", default="minilm,bert-base", help="comma-separated: minilm, bert-base")
-    g.add_argument("--systems", default="naive,peer,bundle,ceiling",
+    g.add_argument("--budget-s", type=float, default=_DEFAULT.budget_s, help="wall-time budget for the whole run; sweeps scale to it")
+    g.add_argument("--models", default=_csv(_DEFAULT.models), help="comma-separated: minilm, bert-base")
+    g.add_argument("--systems", default=_csv(_DEFAULT.systems),
                    help="comma-separated: naive, peer (LitServe), bundle, ceiling")
     g.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the same run on the CPU (smoke test)")
-    shared.slo(g, p99_ms=50.0, p95=False)
+    shared.slo(g, p99_ms=_DEFAULT.slo_ms, p95=False)
     shared.traffic(g, sample="default: synthetic chat, 10,000 requests, seed 0", shape=False)
     shared.request_input(g)
-    g.add_argument("--sequence-buckets", type=int, default=16, help="padding targets planned from the traffic (max 16)")
-    g.add_argument("--batch-buckets", default="1,2,4,8,16,32,64,128", help="batch sizes CUDA graphs are captured for")
-    g.add_argument("--queue-delay-us", type=int, default=0,
+    g.add_argument("--sequence-buckets", type=int, default=_DEFAULT.sequence_buckets, help="padding targets planned from the traffic (max 16)")
+    g.add_argument("--batch-buckets", default=_csv(_DEFAULT.batch_buckets), help="batch sizes CUDA graphs are captured for")
+    g.add_argument("--queue-delay-us", type=int, default=_DEFAULT.queue_delay_us,
                    help="encoder batcher's max queue delay (default: a twentieth of the SLO)")
     g.add_argument("--instances", type=int, default=0, help="encoder instances (default: 2 on cuda, 1 on cpu)")
-    g.add_argument("--tokenizer-instances", type=int, default=4, help="tokenizer model instances")
-    g.add_argument("--tokenizer-queue-delay-us", type=int, default=200, help="tokenizer batcher max queue delay")
-    g.add_argument("--load-procs", type=int, default=0, help="load generator processes for the bundle (default: cores/2 - 1, at most 8)")
-    shared.rate_search(g, start=50.0, factor=4.0, refine=3, max_rate=60000.0, per_system=True)
-    g.add_argument("--ceiling-batches", default="1,8,32,64,128,256", help="batch sizes the ceiling is timed at")
-    g.add_argument("--repeat", type=int, default=1,
+    g.add_argument("--tokenizer-instances", type=int, default=_DEFAULT.tokenizer_instances, help="tokenizer model instances")
+    g.add_argument("--tokenizer-queue-delay-us", type=int, default=_DEFAULT.tokenizer_queue_delay_us, help="tokenizer batcher max queue delay")
+    g.add_argument("--load-procs", type=int, default=_DEFAULT.load_procs, help="load generator processes for the bundle (default: cores/2 - 1, at most 8)")
+    shared.rate_search(g, start=_DEFAULT.ladder_start, factor=_DEFAULT.ladder_factor, refine=_DEFAULT.refine,
+                       max_rate=_DEFAULT.max_rate, per_system=True)
+    g.add_argument("--ceiling-batches", default=_csv(_DEFAULT.ceiling_batches), help="batch sizes the ceiling is timed at")
+    g.add_argument("--repeat", type=int, default=_DEFAULT.repeat,
                    help="rounds: every system measured this many times, in turn; figures are the median, with the range "
                         "(the GPU machine's knee moves ~15%% between runs: use 3 for a claim)")
-    g.add_argument("--shares", default="naive=0.15,peer=0.25,bundle=0.45,ceiling=0.15",
+    g.add_argument("--shares", default=_csv(_DEFAULT.shares),
                    help="each system's share of a model's time (unused time rolls over)")
-    g.add_argument("--timeout-s", type=float, default=0.0, help="client deadline per request (default: 20 x the SLO, at least 1 s)")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--timeout-s", type=float, default=_DEFAULT.timeout_s, help="client deadline per request (default: 20 x the SLO, at least 1 s)")
+    g.add_argument("--seed", type=int, default=_DEFAULT.seed)
     g.add_argument("--tuned", type=Path,
                    help="a tune run's tune.json: its winner's settings replace the hand-set ones above (every model)")
     g.add_argument("--work", type=Path, help="keep the work folder here (repositories, logs); default: a temporary folder")

@@ -13,7 +13,11 @@ from tritonbundle.cli import args as shared
 from tritonbundle.cli import defaults
 from tritonbundle.errors import ConfigError
 from tritonbundle.manifest import PRECISIONS, TARGETS, Tunables
+from tritonbundle.tune.options import TuneOptions
 from tritonbundle.tune.space import ORDER
+
+#: The options' own defaults: the flags below show and pass these, so each default has one home.
+_DEFAULT = TuneOptions(out=defaults.TUNE_REPORT, manifest=defaults.MANIFEST, artifacts=defaults.ARTIFACTS)
 
 
 def _knobs(text: str) -> tuple[str, ...]:
@@ -53,7 +57,7 @@ def _split_top(text: str) -> list[str]:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from tritonbundle.tune.run import TuneOptions, run_tune
+    from tritonbundle.tune.run import run_tune
 
     overrides = {key: getattr(args, key) for key in ("target", "runtime", "precision") if getattr(args, key, None)}
     manifest, artifacts, tuned = args.manifest, args.artifacts, None
@@ -123,8 +127,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                     "Writes tune.md/.json/.png and winner.yaml to --out and the manifest with the winner beside "
                     "the manifest (<name>.tuned.yaml, or the manifest itself with --write).",
     )
-    shared.slo(p, p99_ms=50.0, p95=False)
-    p.add_argument("--budget-s", type=float, default=300.0, help="wall time for the whole search; results are kept as it goes")
+    shared.slo(p, p99_ms=_DEFAULT.slo_ms, p95=False)
+    p.add_argument("--budget-s", type=float, default=_DEFAULT.budget_s, help="wall time for the whole search; results are kept as it goes")
     p.add_argument("--manifest", type=Path, default=defaults.MANIFEST, help="models manifest (YAML)")
     p.add_argument("--artifacts", type=Path, default=defaults.ARTIFACTS, help="ONNX files, plans, logs")
     p.add_argument("--model", help="the model to tune (default: the manifest's first)")
@@ -135,9 +139,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--start", type=_start, default={},
                    help="where the search starts, as manifest keys: 'instances=1,max_queue_delay_us=0,batch_buckets=[1]' "
                         "(default: the manifest's values)")
-    p.add_argument("--knobs", type=_knobs, default=ORDER, help=f"knobs to search, in this order (default: {','.join(ORDER)})")
-    shared.window(p, default=3.0)
-    shared.rate_search(p, start=4.0)
+    p.add_argument("--knobs", type=_knobs, default=_DEFAULT.knobs, help=f"knobs to search, in this order (default: {','.join(ORDER)})")
+    shared.window(p, default=_DEFAULT.window_s)
+    shared.rate_search(p, start=_DEFAULT.start_rate, factor=_DEFAULT.rate_factor, refine=_DEFAULT.refine,
+                       max_rate=_DEFAULT.max_rate)
     p.add_argument("--load-procs", type=int, default=0, help="load generator processes (default: 1; --bench-model: cores/2 - 1)")
     p.add_argument("--out", type=Path, default=defaults.TUNE_REPORT, help="report folder")
     p.add_argument("--write", action="store_true", help="write the winner into the manifest itself (keeps <manifest>.bak)")

@@ -49,6 +49,11 @@ def latency_summary(latencies_ms: Iterable[float], failures: int = 0) -> dict[st
     return out
 
 
+#: Failed requests a measured load level may have and still meet the SLO (bench, tune, the CLI's
+#: ``--max-failure-ratio``): a level that loses one request in a hundred is not a capacity.
+FAILURE_BUDGET = 0.01
+
+
 @dataclass
 class Slo:
     """A latency objective: percentile bounds (None: not gated) and the share of requests that may fail."""

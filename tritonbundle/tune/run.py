@@ -17,7 +17,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,43 +30,10 @@ from tritonbundle.measure.loadgen import LoadError, LoadPool
 from tritonbundle.measure.probes import GpuSampler
 from tritonbundle.served import ServedRepository
 from tritonbundle.tune import report
+from tritonbundle.tune.options import TuneOptions
 from tritonbundle.tune.result import TuneResult
 from tritonbundle.tune.search import Point, Result, coordinate_descent
-from tritonbundle.tune.space import ORDER, Config, Space, describe, key, space
-
-
-@dataclass
-class TuneOptions:
-    out: Path
-    manifest: Path
-    artifacts: Path
-    slo_ms: float = 50.0
-    budget_s: float = 300.0
-    model: str | None = None
-    traffic: Path | None = None
-    #: Applied to every candidate (``--target``, ``--runtime``, ``--precision``).
-    overrides: dict[str, Any] = field(default_factory=dict)
-    #: Where the search starts (tunables); empty: the manifest's own values.
-    start: dict[str, Any] = field(default_factory=dict)
-    knobs: tuple[str, ...] = ORDER
-    window_s: float = 3.0
-    load_procs: int = 1
-    start_rate: float = 4.0
-    rate_factor: float = 2.0
-    refine: int = 2
-    max_rate: float = 100_000.0
-    #: Failed requests a level may have and still meet the SLO.
-    max_failure_ratio: float = 0.01
-    work: Path | None = None
-    #: Where the manifest with the winner written in goes (None: only ``winner.yaml`` in ``out``).
-    tuned_manifest: Path | None = None
-    extra_server_args: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.budget_s < 20:
-            raise ConfigError("--budget-s must be at least 20 seconds (a few load levels of one configuration)")
-        if self.slo_ms <= 0:
-            raise ConfigError("--slo-p99-ms must be > 0")
+from tritonbundle.tune.space import Config, Space, describe, key, space
 
 
 class _Clock:
