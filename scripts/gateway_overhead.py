@@ -46,14 +46,15 @@ def main() -> int:
     from tritonbundle import traffic
     from tritonbundle.clients import GrpcClient
     from tritonbundle.payloads import PayloadFactory
-    from tritonbundle.server import ServerOptions, TritonServer, free_port
+    from tritonbundle.server import ServerOptions, TritonServer, free_ports
 
     server = None
     if args.url is None:
         server = TritonServer(ServerOptions(ROOT / "model_repository", http_port=0, grpc_port=0, metrics_port=0))
         server.start(ready_timeout_s=180)
         args.url = server.grpc_url
-    port = args.port or free_port()
+    port, metrics_port = [p for p in free_ports(3) if p != args.port][:2]
+    port = args.port or port
     argv = [sys.executable, "-m", "tritonbundle", "gateway", "--url", args.url, "--port", str(port)]
     key = "unused"
     work = tempfile.TemporaryDirectory(prefix="gateway-overhead-")
@@ -65,7 +66,7 @@ def main() -> int:
         tenants.write_text(f'tenants:\n  - name: bench\n    keys: ["{key_hash(key)}"]\n'
                            "    limits: {requests_per_s: 100000, tokens_per_min: 1000000000, concurrent_requests: 1000}\n")
         argv += ["--tenants", str(tenants), "--usage-log", str(Path(work.name) / "usage.jsonl"),
-                 "--metrics-port", str(free_port())]
+                 "--metrics-port", str(metrics_port)]
     gateway = subprocess.Popen(argv, cwd=ROOT)
     try:
         deadline = time.monotonic() + 60

@@ -149,11 +149,11 @@ def test_models_works_against_a_fresh_serve_that_made_up_its_key(repository: obj
     import time
     from pathlib import Path
 
-    from tritonbundle.server import free_port
+    from tritonbundle.server import free_ports
 
     tmp = Path(str(tmp_path))
     env = {k: v for k, v in os.environ.items() if k != "TRITONBUNDLE_API_KEY"} | {"XDG_STATE_HOME": str(tmp / "state")}
-    http, grpc, metrics = free_port(), free_port(), free_port()
+    http, grpc, metrics = free_ports(3)
     ready = tmp / "ready.json"
     serve = subprocess.Popen(
         [sys.executable, "-m", "tritonbundle", "serve", "--repository", str(repository), "--http-port", str(http),

@@ -52,9 +52,18 @@ def redact(text: str, secret: str | None) -> str:
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free right now on ``host``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    return free_ports(1, host)[0]
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` different TCP ports, free right now on ``host``. Each socket stays bound until all are
+    chosen: ports asked for one at a time can come back the same (a clean-clone CI run got HTTP and
+    gRPC on one port, and tritonserver refused to start)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
+        for s in sockets:
+            s.bind((host, 0))
+        return [int(s.getsockname()[1]) for s in sockets]
 
 
 def _pytriton_root() -> Path:
@@ -195,9 +204,11 @@ class TritonServer:
 
     def __post_init__(self) -> None:
         o = self.options
-        o.http_port = o.http_port or free_port()
-        o.grpc_port = o.grpc_port or free_port()
-        o.metrics_port = o.metrics_port or free_port()
+        taken = {o.http_port, o.grpc_port, o.metrics_port}
+        spare = iter(p for p in free_ports(6) if p not in taken)  # six: three are enough after any taken
+        o.http_port = o.http_port or next(spare)
+        o.grpc_port = o.grpc_port or next(spare)
+        o.metrics_port = o.metrics_port or next(spare)
         if self.installation is None:
             self.installation = find_installation(o.tritonserver)
 
@@ -324,6 +335,8 @@ class TritonServer:
         if text is None:
             return "no server log to say why"
         lines = [line.strip() for line in text.splitlines()]
+        if any(line.startswith("Usage: tritonserver") for line in lines):  # it refused its command line:
+            return next(line for line in reversed(lines) if line)  # the usage text, then why, last
         errors = [line for line in lines if len(line) > 5 and line[0] == "E" and line[1:5].isdigit()
                   and not any(noise in line for noise in _BENIGN_ERRORS)]
         for line in [line for line in lines if "failed to load" in line] + errors:

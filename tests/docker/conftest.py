@@ -20,6 +20,7 @@ Every external command runs with a timeout; its output is in the assertion messa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -100,10 +101,13 @@ def read_env_file(path: Path) -> dict[str, str]:
     return values
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_ports(count: int) -> list[int]:
+    """``count`` different free ports on 127.0.0.1 (each socket held until all are chosen)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
 
 
 #: The test that takes the CPU stack down (test_cpu_stack.py) runs after every other test that uses it
@@ -248,11 +252,12 @@ def cpu_stack_config(base_image: str, local_wheels: list[Path], tmp_path_factory
     reports = tmp_path_factory.mktemp("compose-reports")
     reports.chmod(0o777)  # the load test container writes as uid 1000
     key = "test-" + secrets.token_hex(12)
+    http, grpc, metrics = free_ports(3)
     stack = Stack(
         project=f"{PROJECT_PREFIX}{os.getpid()}",
         files=(COMPOSE_FILE, COMPOSE_CPU_FILE),
         env={},
-        http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+        http_port=http, grpc_port=grpc, metrics_port=metrics,
         api_key=key, reports=reports,
     )
     stack.env = {

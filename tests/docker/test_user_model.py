@@ -33,7 +33,7 @@ from tests.docker.conftest import (
     ROOT,
     UP_TIMEOUT_S,
     Stack,
-    free_port,
+    free_ports,
     read_env_file,
     run,
     tail,
@@ -160,8 +160,9 @@ def user_stack(cpu_stack_config: Stack) -> Iterator[UserStack]:
     with tempfile.TemporaryDirectory(prefix="tritonbundle-usermodel-") as tmp:
         context = Path(tmp)
         carried = make_context(context)
-        env = {**cpu_stack_config.env, "TRITONBUNDLE_TAG": TAG, "TRITONBUNDLE_HTTP_PORT": str(free_port()),
-               "TRITONBUNDLE_GRPC_PORT": str(free_port()), "TRITONBUNDLE_METRICS_PORT": str(free_port()),
+        http, grpc, metrics = free_ports(3)
+        env = {**cpu_stack_config.env, "TRITONBUNDLE_TAG": TAG, "TRITONBUNDLE_HTTP_PORT": str(http),
+               "TRITONBUNDLE_GRPC_PORT": str(grpc), "TRITONBUNDLE_METRICS_PORT": str(metrics),
                "TRITONBUNDLE_REPORTS_DIR": str(context / "reports")}
         stack = Stack(project=f"{PROJECT_PREFIX}{PROJECT_SUFFIX}{os.getpid()}",
                       files=(context / "docker" / "compose.yaml", context / "docker" / "compose.cpu.yaml"), env=env,

@@ -26,7 +26,7 @@ from tests.gateway.test_tenants_served import ECHO_MODEL
 from tests.helm.test_edge import nginx_with_stream
 from tritonbundle.gateway.metering import read, report
 from tritonbundle.gateway.tenants import key_hash
-from tritonbundle.server import free_port
+from tritonbundle.server import free_ports
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -102,7 +102,7 @@ tenants:
             env = {"TRITONBUNDLE_EDGE_TRITON_HTTP": server.http_url.removeprefix("http://"),
                    "TRITONBUNDLE_EDGE_TRITON_GRPC": server.grpc_url, "TRITONBUNDLE_EDGE_CAPACITY": "40",
                    "TRITONBUNDLE_EDGE_GATEWAY": url.removeprefix("http://"), "TRITONBUNDLE_EDGE_TENANTS": "on"}
-            ports = {name: free_port() for name in ("http", "grpc", "http_inner", "grpc_inner")}
+            ports = dict(zip(("http", "grpc", "http_inner", "grpc_inner"), free_ports(4)))
             with _running_nginx(nginx, _edge_config(folder / "nginx", env, ports), ports["http"]) as proc:
                 yield SimpleNamespace(http=f"127.0.0.1:{ports['http']}", grpc=f"127.0.0.1:{ports['grpc']}", folder=folder,
                                       triton_http=server.http_url.removeprefix("http://"), gateway_pid=url.pid,
@@ -234,7 +234,7 @@ def test_what_the_tenants_check_adds_per_request(edge: SimpleNamespace, tmp_path
     njs = Path("/usr/lib/nginx/modules/ngx_http_js_module.so").exists()
     with contextlib.ExitStack() as stack:
         if njs:
-            ports = {name: free_port() for name in ("http", "grpc", "http_inner", "grpc_inner")}
+            ports = dict(zip(("http", "grpc", "http_inner", "grpc_inner"), free_ports(4)))
             proc = stack.enter_context(_running_nginx(edge.nginx, _njs_variant(edge, tmp_path, ports), ports["http"]))
             paths["edge, njs"] = (f"127.0.0.1:{ports['http']}", B_KEY, [proc.pid])
             assert call(paths["edge, njs"][0], B_KEY) > 0

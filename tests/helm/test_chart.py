@@ -1272,10 +1272,10 @@ def test_rendered_tritonserver_arguments_start_a_real_triton_that_passes_the_hel
     command passes too; once the encoder's Python stub is dead (the shape-overflow request), Triton still says
     ready on /v2/health/ready (the httpGet readiness probe would pass) and the canary probe fails."""
     from tests.reliability.test_canary import kill_stub
-    from tritonbundle.server import ServerOptions, TritonServer, free_port
+    from tritonbundle.server import ServerOptions, TritonServer, free_ports
 
     key = "k" * 32
-    ports = {"http": free_port(), "grpc": free_port(), "metrics": free_port()}
+    ports = dict(zip(("http", "grpc", "metrics"), free_ports(3)))
     container = server_container(rendered["defaults"])
     nvidia, python3, script, verb, binary = container["command"]
     assert (nvidia, python3, script, verb, binary) == (

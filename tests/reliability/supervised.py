@@ -10,12 +10,12 @@ import sys
 from pathlib import Path
 
 from tests.conftest import API_KEY
-from tritonbundle.server import free_port
+from tritonbundle.server import free_ports
 
 
 def spawn_serve(repository: Path, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[bytes], int, int]:
     """Start ``serve`` (not waiting for it); returns the process and its HTTP and gRPC ports."""
-    http, grpc, metrics = free_port(), free_port(), free_port()
+    http, grpc, metrics = free_ports(3)
     process = subprocess.Popen(
         [sys.executable, "-m", "tritonbundle", "serve", "--repository", str(repository), "--http-port", str(http),
          "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--log-file", str(tmp_path / "tritonserver.log"), *extra],

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import API_KEY
-from tritonbundle.server import free_port
+from tritonbundle.server import free_ports
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,10 +49,10 @@ def test_restricted_apis_refuse_calls_without_the_key_and_accept_it(server: Any,
 
 
 def _serve(tmp_path: Path, repository: Path, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], int]:
-    http = free_port()
+    http, grpc, metrics = free_ports(3)
     proc = subprocess.Popen(
         [sys.executable, "-m", "tritonbundle", "-v", "serve", "--repository", str(repository), "--http-port", str(http),
-         "--grpc-port", str(free_port()), "--metrics-port", str(free_port()), "--log-file", str(tmp_path / "server.log")],
+         "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--log-file", str(tmp_path / "server.log")],
         stdout=open(tmp_path / "serve.out", "w"), stderr=subprocess.STDOUT, env=env,  # noqa: SIM115
     )
     from tests.reliability.test_crashes import wait_ready

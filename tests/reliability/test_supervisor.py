@@ -164,6 +164,22 @@ def test_a_failed_start_names_its_cause(tmp_path: Path) -> None:
     assert "Protobuf parsing failed" in first_line or "failed to load" in first_line, first_line
 
 
+def test_a_server_gets_three_different_ports_and_a_refused_command_line_names_why(tmp_path: Path) -> None:
+    """Ports asked for one at a time once came back the same (HTTP and gRPC on one port in a clean-clone CI
+    run): tritonserver printed its usage and refused, and the error said only "no error line"."""
+    from tritonbundle.server import free_ports
+
+    assert all(len(set(free_ports(3))) == 3 for _ in range(200))
+    options = [TritonServer(ServerOptions(tmp_path, http_port=0, grpc_port=0, metrics_port=0)).options for _ in range(50)]
+    assert all(len({o.http_port, o.grpc_port, o.metrics_port}) == 3 for o in options)
+    port = free_ports(1)[0]
+    server = TritonServer(ServerOptions(tmp_path, http_port=port, grpc_port=port, metrics_port=0, log_path=tmp_path / "log"))
+    with pytest.raises(ServerError) as refused:
+        server.start(ready_timeout_s=60)
+    first_line = str(refused.value).splitlines()[0]
+    assert "cannot listen to HTTP requests and GRPC requests at the same address and port" in first_line, first_line
+
+
 def test_a_crash_of_a_server_that_was_up_is_restarted_at_once() -> None:
     """A backoff there let six small poison requests a minute keep a bare `serve` down; only failed
     starts back off."""
