@@ -14,7 +14,7 @@ from types import TracebackType
 from typing import Any
 
 from tritonbundle import proc
-from tritonbundle.canary import Canary
+from tritonbundle.canary import Canary, server_cpu_s
 from tritonbundle.log import LOG
 from tritonbundle.measure import triton_metrics
 from tritonbundle.measure.latency import Slo
@@ -172,7 +172,7 @@ class ServedRepository:
         if why or not model:
             return why
         canary = Canary(url=f"http://{self.server.http_url}", models=[model], timeout_s=self.stall_s,
-                        metrics_url=self.server.metrics_url)
+                        metrics_url=self.server.metrics_url, cpu_s=lambda: server_cpu_s(self.server.pgid()))
         stuck = [problem.message for problem in canary.check() if problem.fatal]
         if not stuck:
             return ""

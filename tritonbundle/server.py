@@ -351,6 +351,12 @@ class TritonServer:
                 return line.strip()
         return ""
 
+    def pgid(self) -> int:
+        """The process group of tritonserver and its stubs (it is started as a group leader), -1 when
+        none runs: the canary's CPU evidence (:func:`tritonbundle.canary.server_cpu_s`)."""
+        process = self.process
+        return process.pid if process is not None and process.poll() is None else -1
+
     def down_reason(self) -> str:
         """Why the server is down ('' when it is not): it exited (the log's crash line), or its metrics
         endpoint no longer answers (stopped or deadlocked). For measurements between load levels."""

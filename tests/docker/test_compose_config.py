@@ -183,6 +183,8 @@ def assert_canary_probes_the_served_repository(triton: Config) -> None:
     assert "/v2/health/ready" not in " ".join(test), "ready says nothing about a dead Python stub"
     # A hung server (ready, yet nothing answers) is told from a busy one by Triton's metrics.
     assert option(test, "--metrics-url") == "http://127.0.0.1:8002/metrics"
+    # ... while its processes sit idle: a long execute() keeps a core busy and is busy, not hung.
+    assert "--server-cpu" in test
 
 
 def test_images_healthchecks_run_the_canary_on_the_repository_their_command_serves() -> None:
@@ -200,6 +202,7 @@ def test_images_healthchecks_run_the_canary_on_the_repository_their_command_serv
         served = option(cmd, "--model-repository" if cmd[0] == "tritonserver" else "--repository")
         assert option(test, "--repository") == served == "/models/model_repository", name
         assert option(test, "--url") == "http://127.0.0.1:8000", name
+        assert option(test, "--metrics-url") == "http://127.0.0.1:8002/metrics" and "--server-cpu" in test, name
         timeout = duration_s(re.search(r"--timeout=(\S+)", health.group(1)).group(1))  # type: ignore[union-attr]
         assert 2 * 3 * float(option(test, "--timeout-s")) < timeout and float(option(test, "--timeout-s")) >= 2, name
     server = (DOCKER_DIR / "Dockerfile.server").read_text()

@@ -293,6 +293,7 @@ def test_server_has_a_startup_probe_on_readiness_then_liveness_and_readiness_thr
     # Two requests per model (its config, one inference), each given --timeout-s: three models fit. A dead
     # stub's 500 comes after the Python backend's 1 s stub check: a shorter timeout would call it busy.
     request_timeout = float(command[command.index("--timeout-s") + 1])
+    assert "--server-cpu" in command, "a long execute() (its processes busy) is busy, not hung"
     assert request_timeout >= 2
     for probe in (liveness, readiness):
         assert 2 * 3 * request_timeout < probe["timeoutSeconds"]

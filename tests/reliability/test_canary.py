@@ -138,6 +138,47 @@ def test_without_restart_serve_exits_non_zero_and_says_why(repository: Path, tmp
     assert "models do not answer" in (tmp_path / "serve.log").read_text()
 
 
+def test_long_legitimate_batches_keep_the_server_up(exported_minilm: Path, tmp_path: Path) -> None:
+    """Two clients sending 32 texts of 20 KB each: every call takes 6-22 s on two cores, no answer is
+    counted for longer than the canary's 4 s timeout, and the supervisor used to call the server hung,
+    stop it and drop every request (a clean-clone CI run, 2026-12-02; reproduced by hand). The canary
+    now sees the server's processes working and counts that as busy."""
+    import threading
+
+    from tests.conftest import ARTIFACTS, MANIFEST
+    from tritonbundle.build.stage import BuildOptions, build
+    from tritonbundle.clients import HttpClient
+
+    repository = tmp_path / "model_repository"  # the shipped settings: a probe behind a long batch is refused
+    build(BuildOptions(manifest=MANIFEST, artifacts=ARTIFACTS, repository=repository, export=False))  # after 1 s
+    texts = [(f"sentence {i} " * 2000)[:20 << 10] for i in range(32)]
+    # The canary's timeout at 2 s (of the default 4) and a probe every 3 s: the supervisor's two misses in a
+    # row fit in one execute() for certain, as they did by chance at the defaults.
+    process, http = serve(repository, tmp_path, "--canary-interval-s", "1", "--canary-timeout-s", "2")
+    answered: list[int] = []
+    errors: list[str] = []
+
+    def client() -> None:
+        try:
+            with HttpClient(http, model="minilm", timeout_s=120) as c:
+                for _ in range(2):
+                    answered.append(len(c.embed(texts)))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e)[:300])
+
+    try:
+        threads = [threading.Thread(target=client) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=240)
+        assert process.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+    finally:
+        stop(process)
+    assert not errors and answered == [32] * 4, errors
+    assert "models do not answer" not in (tmp_path / "serve.log").read_text()
+
+
 def test_health_canary_sees_a_dead_stub_that_readiness_misses(
     repository: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:

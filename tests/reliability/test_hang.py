@@ -102,6 +102,46 @@ def test_no_answer_from_the_metrics_either_is_hung(stand_in: tuple[str, type[Sta
     assert problem.fatal and "metrics endpoint did not answer either" in problem.message
 
 
+@pytest.mark.timeout(60)
+def test_a_silent_server_whose_processes_work_is_busy_and_an_idle_one_hung(stand_in: tuple[str, type[StandIn]]) -> None:
+    """No answer counted with a request pending is hung only if the server's processes are idle too: a long
+    execute() keeps a core busy (WORKING_CORES) and counts nothing until it ends."""
+    url, _ = stand_in
+    clock = [100.0]
+
+    def working() -> float:
+        clock[0] += 1.0  # a core's second for every reading, ~0.5 s apart: ~2 cores
+        return clock[0]
+
+    (problem,) = Canary(url, ["m"], timeout_s=0.5, metrics_url=f"{url}/metrics", cpu_s=working).check()
+    assert not problem.fatal and "busy, not hung" in problem.message, problem
+    (problem,) = Canary(url, ["m"], timeout_s=0.5, metrics_url=f"{url}/metrics", cpu_s=lambda: 100.0).check()
+    assert problem.fatal and "the server is hung" in problem.message and "idle: 0.00 cores" in problem.message
+
+
+def test_server_cpu_is_read_from_proc_by_process_group_or_by_name(tmp_path: Path) -> None:
+    from tritonbundle.canary import server_cpu_s
+
+    ticks = os.sysconf("SC_CLK_TCK")
+
+    def process(pid: int, name: str, pgrp: int, utime: int, stime: int) -> None:
+        (tmp_path / str(pid)).mkdir()
+        fields = ["S", "1", str(pgrp), str(pgrp), "0", "-1", "4194560", "0", "0", "0", "0", str(utime), str(stime)]
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} ({name}) {' '.join(fields)} 0 0 20 0 1 0 1 0 0\n")
+
+    process(10, "tritonserver", 10, 3 * ticks, ticks)
+    process(11, "triton_python_b", 10, 2 * ticks, 0)
+    process(12, "python3 (x) y", 12, 50 * ticks, 0)  # a name with spaces and parentheses
+    process(13, "tritonserver", 13, 7 * ticks, 0)  # another server
+    (tmp_path / "self").mkdir()
+    assert server_cpu_s(10, proc=tmp_path) == 6.0
+    assert server_cpu_s(12, proc=tmp_path) == 50.0
+    assert server_cpu_s(proc=tmp_path) == 13.0  # by name: every server this /proc shows
+    assert server_cpu_s(99, proc=tmp_path) is None
+    assert server_cpu_s(proc=tmp_path / "absent") is None
+    assert (server_cpu_s(os.getpgrp()) or 0.0) > 0.0  # this test's own process group, from the real /proc
+
+
 def test_metric_sums_read_every_label_set() -> None:
     text = ('# HELP nv_inference_request_success x\nnv_inference_request_success{model="a"} 3\n'
             'nv_inference_request_success{model="b"} 4.5\nnv_inference_request_success_total 99\n')

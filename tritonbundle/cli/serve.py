@@ -78,7 +78,7 @@ def _local_addresses(server: Any) -> list[str]:
 
 
 def _serve(args: argparse.Namespace, server: Any, stop: threading.Event) -> int:
-    from tritonbundle.canary import Canary, served_models
+    from tritonbundle.canary import Canary, served_models, server_cpu_s
     from tritonbundle.errors import ServerError
     from tritonbundle.server import quarantine_failed_version, supervise
 
@@ -103,7 +103,7 @@ def _serve(args: argparse.Namespace, server: Any, stop: threading.Event) -> int:
     canary = None
     if args.canary_interval_s > 0:
         canary = Canary(f"http://{server.http_url}", served_models(args.repository), timeout_s=args.canary_timeout_s,
-                        metrics_url=server.metrics_url)
+                        metrics_url=server.metrics_url, cpu_s=lambda: server_cpu_s(server.pgid()))
     return supervise(server, restart=args.restart, max_restarts=args.max_restarts, stop_event=stop,
                      ready_timeout_s=args.ready_timeout_s, already_started=True, canary=canary,
                      canary_interval_s=args.canary_interval_s)

@@ -17,6 +17,14 @@ no inference ever completes, and a stopped process (SIGSTOP) answers nothing at 
 canary asks Triton's metrics (``--metrics-url``): no answer from them either, or requests pending with
 no success counted since before the probe, is **hung** (fatal); successes counted meanwhile is busy.
 
+Answers alone cannot tell a hang from a long ``execute()``: on the CPU tier a batch of 32 long texts
+takes 6-14 s on two cores, no success is counted meanwhile, and the canary called such a server hung
+and had it stopped under legitimate load (a clean-clone CI run, 2026-12-02). So the canary can also
+read the server's CPU time (``cpu_s``: its processes in ``/proc``, ``--server-cpu``): a server whose
+processes used at least :data:`WORKING_CORES` over the probe is working, hence busy, not hung. A model
+stuck in a busy loop, or stuck beside others that keep the server busy, is called down only once the
+server goes quiet.
+
 Standard library only, and no tritonbundle imports: the images and the Helm chart run this file as a
 script for their health checks (``python3 canary.py --repository /models/model_repository``).
 """
@@ -26,14 +34,21 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+#: Cores a server's processes keep busy, at least, while it works (a CPU ``execute()`` keeps one busy);
+#: below it, a server that answers nothing is idle: hung or stuck.
+WORKING_CORES = 0.25
+#: Names (``/proc/<pid>/comm``, 15 characters at most) of a server's processes: Triton and its Python stubs.
+SERVER_PROCESSES = ("tritonserver", "triton_python_b")
 
 #: config.pbtxt data types -> the inference protocol's.
 DATATYPES = {
@@ -89,12 +104,17 @@ class Canary:
     models: Sequence[str]
     timeout_s: float = 5.0
     metrics_url: str | None = None
+    #: The server's CPU seconds so far (:func:`server_cpu_s`); None: a silent server is judged by its
+    #: answers alone.
+    cpu_s: Callable[[], float | None] | None = None
+    _cpu_since: tuple[float, float] | None = field(default=None, init=False, repr=False)
     _requests: dict[str, dict[str, Any]] = field(default_factory=dict, init=False, repr=False)
 
     def check(self) -> list[Problem]:
         """One problem per model that did not answer (empty: every model answered)."""
         problems: list[Problem] = []
         before = self._progress()
+        self._cpu_since = self._cpu()
         for model in self.models:
             try:
                 self._infer(model)
@@ -102,11 +122,28 @@ class Canary:
                 problem = Problem(model, _describe(e), _fatal(e))
                 if not problem.fatal and self.metrics_url:
                     problem = self._hung(model, problem, before) if _timed_out(e) else self._stuck(model, problem)
+                    problem = self._unless_working(problem)
                 problems.append(problem)
                 if HUNG in problem.message:  # the whole server: the other models are not asked
                     problems += [Problem(m, f"not probed: {HUNG}", True) for m in self.models[len(problems):]]
                     break
         return problems
+
+    def _cpu(self) -> tuple[float, float] | None:
+        """(the server's CPU seconds, when) or None without ``cpu_s``."""
+        used = self.cpu_s() if self.cpu_s is not None else None
+        return None if used is None else (used, time.monotonic())
+
+    def _unless_working(self, problem: Problem) -> Problem:
+        """A hung or stuck verdict stands only if the server's processes were idle since the check began."""
+        before, after = self._cpu_since, self._cpu()
+        if not problem.fatal or before is None or after is None:
+            return problem
+        cores = (after[0] - before[0]) / max(after[1] - before[1], 1e-3)
+        if cores < WORKING_CORES:
+            return Problem(problem.model, f"{problem.message} (its processes idle: {cores:.2f} cores)", fatal=True)
+        return Problem(problem.model, f"{problem.message.split(': ' + HUNG)[0]}; no answer counted, but its processes "
+                                      f"kept {cores:.1f} cores busy: a long execute(), busy, not hung", fatal=False)
 
     def _progress(self) -> tuple[float, float] | None:
         """(inferences answered so far, requests pending now) from Triton's metrics; None: no answer."""
@@ -182,6 +219,31 @@ class Canary:
 HUNG = "the server is hung"
 
 
+def server_cpu_s(pgid: int | None = None, proc: Path = Path("/proc")) -> float | None:
+    """CPU seconds (user + system) the server's processes have used so far: those of process group
+    ``pgid`` (``tritonbundle serve`` starts tritonserver as a group leader; its stubs stay in the group),
+    or without one every process named in :data:`SERVER_PROCESSES` that ``proc`` shows (in a container or
+    a pod: this server's own). None where there is no such process or no /proc (not Linux).
+    Fields of ``/proc/<pid>/stat`` after the command name: proc(5), pgrp is field 5, utime 14, stime 15."""
+    try:
+        ticks = os.sysconf("SC_CLK_TCK")
+        entries = [e for e in proc.iterdir() if e.name.isdigit()]
+    except (OSError, ValueError, AttributeError):
+        return None
+    total, found = 0, False
+    for entry in entries:
+        try:
+            text = (entry / "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        name, fields = text[text.find("(") + 1 : text.rfind(")")], text[text.rfind(")") + 2 :].split()
+        if len(fields) < 13 or not (int(fields[2]) == pgid if pgid is not None else name in SERVER_PROCESSES):
+            continue
+        total += int(fields[11]) + int(fields[12])
+        found = True
+    return total / ticks if found else None
+
+
 def metric_sum(text: str, name: str) -> float:
     """The sum of a Prometheus metric's samples (every label set) in an exposition ``text``."""
     total = 0.0
@@ -234,12 +296,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--timeout-s", type=float, default=4.0, help="per request")
     ap.add_argument("--metrics-url", help="Triton's metrics (http://127.0.0.1:8002/metrics): tells a hung server from "
                                           "a busy one when a request times out")
+    ap.add_argument("--server-cpu", action="store_true",
+                    help="run beside the server (its container or pod): a server whose tritonserver and stub processes "
+                         "keep CPU busy is working, not hung, though no answer is counted (a long execute())")
     args = ap.parse_args(argv)
     models = list(args.model) + (served_models(args.repository) if args.repository else [])
     if not models:
         ap.error("name the models: --repository DIR or --model NAME")
     started = time.monotonic()
-    problems = Canary(args.url, models, timeout_s=args.timeout_s, metrics_url=args.metrics_url).check()
+    problems = Canary(args.url, models, timeout_s=args.timeout_s, metrics_url=args.metrics_url,
+                      cpu_s=server_cpu_s if args.server_cpu else None).check()
     for problem in problems:
         print(f"canary: {problem}{'' if problem.fatal else ' (busy or refused: not counted as down)'}", file=sys.stderr)
     print(f"canary: {len(models) - len(problems)} of {len(models)} models answered in "

@@ -245,7 +245,7 @@ folder of the repository the server reads (source pvc or image: a path inside th
 */}}
 {{- define "tritonbundle.canaryCommand" -}}
 {{- $v := .Values }}
-{{- $cmd := list "python3" "/opt/tritonbundle/scripts/canary.py" "--url" (printf "http://127.0.0.1:%d" (int $v.server.ports.http)) "--timeout-s" (toString $v.probes.canary.requestTimeoutSeconds) "--metrics-url" (printf "http://127.0.0.1:%d/metrics" (int $v.server.ports.metrics)) }}
+{{- $cmd := list "python3" "/opt/tritonbundle/scripts/canary.py" "--url" (printf "http://127.0.0.1:%d" (int $v.server.ports.http)) "--timeout-s" (toString $v.probes.canary.requestTimeoutSeconds) "--metrics-url" (printf "http://127.0.0.1:%d/metrics" (int $v.server.ports.metrics)) "--server-cpu" }}
 {{- $models := $v.probes.canary.models }}
 {{- if and (not $models) (eq $v.server.modelControlMode "explicit") (not (has "*" $v.server.loadModels)) }}
 {{- $models = $v.server.loadModels }}
