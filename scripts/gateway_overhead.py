@@ -46,7 +46,8 @@ def main() -> int:
     from tritonbundle import traffic
     from tritonbundle.clients import GrpcClient
     from tritonbundle.payloads import PayloadFactory
-    from tritonbundle.server import ServerOptions, TritonServer, free_ports
+    from tritonbundle.proc import free_ports
+    from tritonbundle.server import ServerOptions, TritonServer
 
     server = None
     if args.url is None:

@@ -34,7 +34,7 @@ def test_user_error_prints_one_line_without_traceback(capsys: pytest.CaptureFixt
 
 
 def test_unreachable_server_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
-    from tritonbundle.server import free_port
+    from tritonbundle.proc import free_port
 
     port = free_port()
     code = main(["infer", "--url", f"127.0.0.1:{port}", "--timeout-s", "1", "hello"])
@@ -121,7 +121,7 @@ def test_bench_starts_each_named_system_at_its_own_rate(tmp_path: Path) -> None:
 def test_health_against_a_closed_port_answers_at_once_naming_the_address(capsys: pytest.CaptureFixture[str]) -> None:
     import time
 
-    from tritonbundle.server import free_port
+    from tritonbundle.proc import free_port
 
     port = free_port()
     start = time.monotonic()
@@ -149,7 +149,7 @@ def test_models_works_against_a_fresh_serve_that_made_up_its_key(repository: obj
     import time
     from pathlib import Path
 
-    from tritonbundle.server import free_ports
+    from tritonbundle.proc import free_ports
 
     tmp = Path(str(tmp_path))
     env = {k: v for k, v in os.environ.items() if k != "TRITONBUNDLE_API_KEY"} | {"XDG_STATE_HOME": str(tmp / "state")}

@@ -139,6 +139,22 @@ def stop_group(proc: subprocess.Popen[Any], *, grace_s: float = 10.0) -> int | N
     return proc.returncode
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free right now on ``host``."""
+    return free_ports(1, host)[0]
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` different TCP ports, free right now on ``host``. Each socket stays bound until all are
+    chosen: ports asked for one at a time can come back the same (a clean-clone CI run got HTTP and
+    gRPC on one port, and tritonserver refused to start)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
+        for s in sockets:
+            s.bind((host, 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+
+
 def port_free(address: str, port: int) -> bool:
     """True when ``address:port`` can be bound (nobody listens there)."""
     family = socket.AF_INET6 if ":" in address else socket.AF_INET

@@ -19,7 +19,6 @@ import contextlib
 import importlib.util
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -48,22 +47,6 @@ class Installation:
 def redact(text: str, secret: str | None) -> str:
     """``text`` with ``secret`` replaced by ``***`` (keys never reach a log)."""
     return text.replace(secret, "***") if secret else text
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free right now on ``host``."""
-    return free_ports(1, host)[0]
-
-
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` different TCP ports, free right now on ``host``. Each socket stays bound until all are
-    chosen: ports asked for one at a time can come back the same (a clean-clone CI run got HTTP and
-    gRPC on one port, and tritonserver refused to start)."""
-    with contextlib.ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
-        for s in sockets:
-            s.bind((host, 0))
-        return [int(s.getsockname()[1]) for s in sockets]
 
 
 def _pytriton_root() -> Path:
@@ -205,7 +188,7 @@ class TritonServer:
     def __post_init__(self) -> None:
         o = self.options
         taken = {o.http_port, o.grpc_port, o.metrics_port}
-        spare = iter(p for p in free_ports(6) if p not in taken)  # six: three are enough after any taken
+        spare = iter(p for p in proc.free_ports(6) if p not in taken)  # six: three are enough after any taken
         o.http_port = o.http_port or next(spare)
         o.grpc_port = o.grpc_port or next(spare)
         o.metrics_port = o.metrics_port or next(spare)

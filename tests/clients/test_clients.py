@@ -93,7 +93,7 @@ def test_a_server_started_after_the_client_begins_retrying_is_reached(repository
 
 
 def test_refused_connection_is_retried_with_bounded_attempts() -> None:
-    from tritonbundle.server import free_port
+    from tritonbundle.proc import free_port
 
     client = HttpClient(f"127.0.0.1:{free_port()}", check_model=False, timeout_s=30,
                         retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.02))

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tritonbundle.server import free_port
+from tritonbundle.proc import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -26,7 +26,7 @@ from tests.gateway.test_tenants_served import ECHO_MODEL
 from tests.helm.test_edge import nginx_with_stream
 from tritonbundle.gateway.metering import read, report
 from tritonbundle.gateway.tenants import key_hash
-from tritonbundle.server import free_ports
+from tritonbundle.proc import free_ports
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import token_counts
 from tests.gateway.conftest import running_gateway
-from tritonbundle.server import free_port
+from tritonbundle.proc import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -19,7 +19,7 @@ from tests.conftest import token_counts
 from tests.gateway.conftest import running_gateway
 from tritonbundle.gateway.metering import read, report
 from tritonbundle.gateway.tenants import key_hash
-from tritonbundle.server import free_port
+from tritonbundle.proc import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 

@@ -1273,7 +1273,8 @@ def test_rendered_tritonserver_arguments_start_a_real_triton_that_passes_the_hel
     command passes too; once the encoder's Python stub is dead (the shape-overflow request), Triton still says
     ready on /v2/health/ready (the httpGet readiness probe would pass) and the canary probe fails."""
     from tests.reliability.test_canary import kill_stub
-    from tritonbundle.server import ServerOptions, TritonServer, free_ports
+    from tritonbundle.proc import free_ports
+    from tritonbundle.server import ServerOptions, TritonServer
 
     key = "k" * 32
     ports = dict(zip(("http", "grpc", "metrics"), free_ports(3)))

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from tests.conftest import API_KEY
-from tritonbundle.server import free_ports
+from tritonbundle.proc import free_ports
 
 
 def spawn_serve(repository: Path, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[bytes], int, int]:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import API_KEY
-from tritonbundle.server import free_ports
+from tritonbundle.proc import free_ports
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 ROOT = Path(__file__).resolve().parents[2]

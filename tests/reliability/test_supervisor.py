@@ -167,7 +167,7 @@ def test_a_failed_start_names_its_cause(tmp_path: Path) -> None:
 def test_a_server_gets_three_different_ports_and_a_refused_command_line_names_why(tmp_path: Path) -> None:
     """Ports asked for one at a time once came back the same (HTTP and gRPC on one port in a clean-clone CI
     run): tritonserver printed its usage and refused, and the error said only "no error line"."""
-    from tritonbundle.server import free_ports
+    from tritonbundle.proc import free_ports
 
     assert all(len(set(free_ports(3))) == 3 for _ in range(200))
     options = [TritonServer(ServerOptions(tmp_path, http_port=0, grpc_port=0, metrics_port=0)).options for _ in range(50)]

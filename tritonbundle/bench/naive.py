@@ -23,8 +23,8 @@ from tritonbundle.errors import TritonBundleError
 from tritonbundle.measure.levels import Probes, wait_idle
 from tritonbundle.measure.loadgen import LoadPool
 from tritonbundle.measure.probes import CpuMeter
+from tritonbundle.proc import free_port
 from tritonbundle.recipes import Recipe
-from tritonbundle.server import free_port
 
 
 @contextlib.contextmanager
