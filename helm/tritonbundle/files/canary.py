@@ -107,14 +107,13 @@ class Canary:
     #: The server's CPU seconds so far (:func:`server_cpu_s`); None: a silent server is judged by its
     #: answers alone.
     cpu_s: Callable[[], float | None] | None = None
-    _cpu_since: tuple[float, float] | None = field(default=None, init=False, repr=False)
     _requests: dict[str, dict[str, Any]] = field(default_factory=dict, init=False, repr=False)
 
     def check(self) -> list[Problem]:
         """One problem per model that did not answer (empty: every model answered)."""
         problems: list[Problem] = []
         before = self._progress()
-        self._cpu_since = self._cpu()
+        cpu_before = self._cpu()
         for model in self.models:
             try:
                 self._infer(model)
@@ -122,7 +121,7 @@ class Canary:
                 problem = Problem(model, _describe(e), _fatal(e))
                 if not problem.fatal and self.metrics_url:
                     problem = self._hung(model, problem, before) if _timed_out(e) else self._stuck(model, problem)
-                    problem = self._unless_working(problem)
+                    problem = self._unless_working(problem, cpu_before)
                 problems.append(problem)
                 if HUNG in problem.message:  # the whole server: the other models are not asked
                     problems += [Problem(m, f"not probed: {HUNG}", True) for m in self.models[len(problems):]]
@@ -134,9 +133,9 @@ class Canary:
         used = self.cpu_s() if self.cpu_s is not None else None
         return None if used is None else (used, time.monotonic())
 
-    def _unless_working(self, problem: Problem) -> Problem:
+    def _unless_working(self, problem: Problem, before: tuple[float, float] | None) -> Problem:
         """A hung or stuck verdict stands only if the server's processes were idle since the check began."""
-        before, after = self._cpu_since, self._cpu()
+        after = self._cpu()
         if not problem.fatal or before is None or after is None:
             return problem
         cores = (after[0] - before[0]) / max(after[1] - before[1], 1e-3)
