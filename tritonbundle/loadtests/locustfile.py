@@ -25,8 +25,10 @@ printed on stderr as it happens (its reason would otherwise be only in the repor
 
 from __future__ import annotations
 
+import faulthandler
 import itertools
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -34,6 +36,7 @@ from typing import Any
 
 import gevent
 import numpy as np
+from gevent.util import print_run_info
 from locust import LoadTestShape, User, constant, events, task
 from locust.env import Environment
 
@@ -53,6 +56,10 @@ if gevent.monkey.is_module_patched("socket"):  # running under locust: make grpc
     import grpc.experimental.gevent as grpc_gevent
 
     grpc_gevent.init_gevent()
+    # A run that does not stop in time is asked for its stacks before the runner kills it (locust.log):
+    # every thread's Python stack (works even when the hub is stuck in C), then every greenlet's.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    gevent.signal_handler(signal.SIGUSR2, lambda: print_run_info(file=sys.stderr))
 
 
 def _sample(settings: LoadSettings) -> TrafficSample:

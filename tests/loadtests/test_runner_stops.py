@@ -1,0 +1,70 @@
+"""A Locust run that outlives its budget: the runner asks it for its stacks, kills it, and keeps the
+report when the gates had already written it. Real processes that import the real locustfile (its
+signal handlers); what hangs is a sleep standing in for a stuck shutdown."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tritonbundle.errors import TritonBundleError
+from tritonbundle.loadtests import runner
+from tritonbundle.loadtests.recorder import Recorder
+from tritonbundle.loadtests.report import evaluate_gates, finite, summarize
+from tritonbundle.loadtests.settings import LoadSettings
+
+#: Imports the locustfile as Locust does (gevent's patches first), then never exits.
+HANG = """
+import time
+from gevent import monkey
+monkey.patch_all()
+import tritonbundle.loadtests.locustfile
+print("started", flush=True)
+time.sleep(600)
+"""
+
+
+def _settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> LoadSettings:
+    monkeypatch.setattr(runner, "locust_command", lambda settings: [sys.executable, "-c", HANG])
+    monkeypatch.setattr(runner, "STARTUP_GRACE_S", 0.0)
+    monkeypatch.setattr(runner, "SHUTDOWN_GRACE_S", 1.0)  # killed before or after its handlers: either way
+    return LoadSettings(duration_s=1, timeout_s=1, report_dir=str(tmp_path))
+
+
+@pytest.mark.timeout(60)
+def test_a_run_that_does_not_stop_is_killed_with_its_stacks_in_the_log(tmp_path: Path) -> None:
+    log = tmp_path / "locust.log"
+    code, output, hung = runner._run_locust([sys.executable, "-c", HANG], {}, 6.0, log)
+    assert hung and code != 0
+    assert "started" in output
+    assert "most recent call first" in output  # faulthandler: every thread's stack
+    assert "Greenlets" in output  # gevent's run info: every greenlet
+    assert log.read_text() == output
+
+
+@pytest.mark.timeout(60)
+def test_a_hung_run_without_a_summary_is_an_error_naming_its_log(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = _settings(tmp_path, monkeypatch)
+    with pytest.raises(TritonBundleError, match=r"did not stop within 3 s and wrote no summary.*locust\.log"):
+        runner.run(settings)
+
+
+@pytest.mark.timeout(60)
+def test_a_run_that_hangs_after_its_gates_keeps_their_report(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = _settings(tmp_path, monkeypatch)
+    recorder = Recorder()
+    recorder.begin(1.0)
+    recorder.add("grpc", "auto", 5.0, True, sent_at=1.0)
+    recorder.end()
+    summary = summarize(recorder, settings, [])
+    summary["gates"] = evaluate_gates(summary, settings.slo)  # what the gates write before Locust exits
+    (tmp_path / "summary.json").write_text(json.dumps(finite(summary)))
+    result = runner.run(settings)
+    assert result.exit_code == 0
+    assert result.summary["total"]["requests"] == 1
+    assert (tmp_path / "report.html").exists()
