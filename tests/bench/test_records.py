@@ -15,7 +15,8 @@ from tritonbundle.bench.result import BenchResult
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
 #: Reports in today's shape (rounds, the bundle's input and restarts), each beside the bench.md it wrote.
 CURRENT = [*sorted(DOCS.glob("h200-lanes-fix/*-bench.json")), *sorted(DOCS.glob("h200-gpu-wait/run1-*-bench.json")),
-           *sorted(DOCS.glob("h200-batch-cap/*-bench.json"))]  # the last: per-system start rates, a failed peer
+           *sorted(DOCS.glob("h200-batch-cap/*-bench.json")),  # per-system start rates, a failed peer
+           *sorted(DOCS.glob("h200-tokenizer-split/*-bench.json"))]  # the tokenizer counters
 #: Older shapes: three rounds without the bundle's restarts; one round with all four systems.
 OLDER = [DOCS / "h200-repeat" / "bert-base.json", DOCS / "h200-bert-base.json"]
 
