@@ -61,7 +61,7 @@ def breakdown(recipe: Recipe, s: StepResult, options: BenchOptions) -> Breakdown
         client_grpc_ms=s.mean_ms - ensemble_ms if ensemble_ms is not None and math.isfinite(s.mean_ms) else None,
         tokenizer=roles.get("tokenizer"), encoder=roles.get("encoder"), **per_execute, padding=tokens_ratio(enc),
         cpu_cores=s.extra.get("cpu_cores", {}), cpu_processes=s.extra.get("cpu_processes", {}),
-        gpu_util_mean=s.extra.get("gpu_util_mean"),
+        gpu_util_mean=s.extra.get("gpu_util_mean"), gpu_clocks=_clocks(s.extra),
     )
     return dataclasses.replace(out, hints=hints(out, options))
 
@@ -114,6 +114,15 @@ def hints(b: Breakdown, options: BenchOptions) -> list[str]:
                    "bottleneck at this rate")
     return out
 
+
+
+CLOCK_KEYS = ("gpu_sm_mhz_mean", "gpu_sm_mhz_min", "gpu_power_w_mean", "gpu_slowed_share")
+
+
+def _clocks(extra: dict[str, Any]) -> dict[str, float | None] | None:
+    """The level's SM clock, power and slowdown figures, when the sampler read any."""
+    clocks = {k: extra.get(k) for k in CLOCK_KEYS}
+    return clocks if any(v is not None for v in clocks.values()) else None
 
 
 def _outside_ms(triton: dict[str, Any] | None, tok: dict[str, float]) -> float | None:

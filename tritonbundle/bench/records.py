@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tritonbundle.measure.probes import GPU_KEYS
 from tritonbundle.measure.search import Sweep
 
 Json = dict[str, Any]
@@ -242,11 +243,15 @@ class Breakdown:
     cpu_cores: dict[str, float] = field(default_factory=dict)
     cpu_processes: dict[str, int] | None = None
     gpu_util_mean: float | None = None
+    #: The GPU's SM clock (mean, min, MHz), power (mean, W) and share of samples it had slowed its clocks
+    #: in (power cap, heat) over the level: ``gpu_sm_mhz_mean``, ``gpu_sm_mhz_min``, ``gpu_power_w_mean``,
+    #: ``gpu_slowed_share``; None in reports from before they were sampled.
+    gpu_clocks: dict[str, float | None] | None = None
     hints: list[str] = field(default_factory=list)
 
     OPTIONAL = ("client_grpc_ms", "tokenizer", "encoder", "encoder_execute_ms", "encoder_rows_per_execute",
                 "encoder_launches_per_execute", "encoder_execute_ms_per_request", "encoder_call_ms", "tokenizer_execute_ms",
-                "tokenizer_texts_per_execute", "tokenizer_call_ms", "tokenizer_outside_ms", "cpu_processes")
+                "tokenizer_texts_per_execute", "tokenizer_call_ms", "tokenizer_outside_ms", "cpu_processes", "gpu_clocks")
 
     def to_json(self) -> Json:
         return drop_none({f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, *self.OPTIONAL)
@@ -330,11 +335,11 @@ class CeilingResult(SystemResult):
     timings_ms: dict[str, float]
     engine: dict[str, Any]
     mode: str
-    #: The GPU sampler's window over the timings (gpu_util_mean, gpu_util_max, gpu_mem_max_mib, gpu_samples).
+    #: The GPU sampler's window over the timings (``tritonbundle.measure.probes.GPU_KEYS``).
     gpu: dict[str, float | None] = field(default_factory=dict)
     fixed_shape: FixedShape | None = None
 
-    GPU_KEYS = ("gpu_util_mean", "gpu_util_max", "gpu_mem_max_mib", "gpu_samples")
+    GPU_KEYS = GPU_KEYS
 
     def to_json(self) -> Json:
         data: Json = {

@@ -127,7 +127,8 @@ def markdown(result: BenchResult) -> str:
         "# tritonbundle bench gpu", "",
         f"- date: {env.get('date')}  (elapsed {result.elapsed_s} s, status {result.status})",
         f"- device: {opts.get('device')}; GPU: {gpu.get('name', '-')}, driver {gpu.get('driver', '-')}, "
-        f"{gpu.get('memory_mib', '-')} MiB; CPUs: {env.get('cpus')}",
+        f"{gpu.get('memory_mib', '-')} MiB; CPUs: {env.get('cpus')}"
+        + (f" ({env['physical_cores']} physical cores)" if env.get("physical_cores") else ""),
         "- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
         f"- command: `{result.command}`",
         f"- traffic: {t.get('source')}: {int(t.get('requests', 0))} requests, mean {_f(t.get('mean_tokens'))} tokens, "
@@ -241,7 +242,7 @@ def _bundle_lines(bundle: BundleResult) -> list[str]:
         cores = b.cpu_cores or {}
         if cores:
             md.append("- CPU cores busy: " + ", ".join(f"{k} {val:.2f}" for k, val in sorted(cores.items(), key=lambda kv: -kv[1])))
-        md.append(f"- GPU utilisation {_f(b.gpu_util_mean, '.0f')} %")
+        md.append(f"- GPU utilisation {_f(b.gpu_util_mean, '.0f')} %" + _clocks(b.gpu_clocks))
         for h in b.hints or []:
             md.append(f"- reading: {h}")
     return md
@@ -371,3 +372,17 @@ def print_summary(result: BenchResult) -> None:
     print()
     for line in ratio_lines(result):
         print(line)
+
+
+def _clocks(clocks: dict[str, float | None] | None) -> str:
+    """``; SM clock 1,980 MHz (min 1,755), 540 W, slowed (power, heat) in 0 % of samples`` or nothing."""
+    if not clocks:
+        return ""
+    parts = []
+    if clocks.get("gpu_sm_mhz_mean") is not None:
+        parts.append(f"SM clock {_f(clocks['gpu_sm_mhz_mean'], ',.0f')} MHz (min {_f(clocks.get('gpu_sm_mhz_min'), ',.0f')})")
+    if clocks.get("gpu_power_w_mean") is not None:
+        parts.append(f"{_f(clocks['gpu_power_w_mean'], '.0f')} W")
+    if clocks.get("gpu_slowed_share") is not None:
+        parts.append(f"clocks slowed by power or heat in {_f(100 * (clocks['gpu_slowed_share'] or 0), '.0f')} % of samples")
+    return "; " + ", ".join(parts) if parts else ""

@@ -1,9 +1,10 @@
-"""What the benchmark records about the machine: GPU name, driver and utilisation (NVML through
-nvidia-ml-py, else ``nvidia-smi``), library versions, and CPU time per process (psutil)."""
+"""What the benchmark records about the machine: GPU name, driver, utilisation, clocks and power (NVML
+through nvidia-ml-py, else ``nvidia-smi``), library versions, and CPU time per process (psutil)."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import importlib.metadata as md
 import os
@@ -82,21 +83,61 @@ def gpu_info(index: int = 0) -> dict[str, Any]:
     return {"available": False, "source": "none"}
 
 
+def physical_cores() -> int | None:
+    """Cores without their SMT siblings (psutil), when it can tell: two busy processes on one core's two
+    hardware threads each run slower than on two cores."""
+    try:
+        import psutil
+
+        cores = psutil.cpu_count(logical=False)
+        return int(cores) if cores else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def environment(device: str) -> dict[str, Any]:
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(), "platform": platform.platform(), "cpus": os.cpu_count(),
+        "physical_cores": physical_cores(),
         "python_executable": sys.executable, "device": device, "gpu": gpu_info() if device == "cuda" else None,
         "versions": versions(),
     }
 
 
+#: NVML's clock event reasons that mean the GPU slowed itself (power cap, heat, hardware slowdown), as
+#: opposed to idling or clocks someone set (nvml.h, ``nvmlClocksEventReason*``: SwPowerCap 0x4,
+#: HwSlowdown 0x8, SwThermalSlowdown 0x20, HwThermalSlowdown 0x40, HwPowerBrakeSlowdown 0x80).
+SLOWDOWN_REASONS = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
+
+#: The GPU sampler's keys for one window, as levels and the ceiling record them.
+GPU_KEYS = ("gpu_util_mean", "gpu_util_max", "gpu_mem_max_mib", "gpu_samples", "gpu_sm_mhz_mean", "gpu_sm_mhz_min",
+            "gpu_power_w_mean", "gpu_slowed_share")
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuSample:
+    t: float  # monotonic seconds
+    util: float  # % of the sample period a kernel ran
+    mem_mib: float
+    sm_mhz: float | None = None
+    power_w: float | None = None
+    #: Whether the GPU had slowed its clocks (power or heat) at the sample; None when unknown.
+    slowed: bool | None = None
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
 class GpuSampler:
-    """Samples GPU utilisation and memory every ``interval_s`` in a thread; ``window`` averages a span."""
+    """Samples GPU utilisation, memory, SM clock, power and clock slowdowns every ``interval_s`` in a
+    thread; ``window`` summarises a span. The clock and power say whether a slow level ran on a GPU that
+    had slowed itself (power cap, heat) or on one at full clocks."""
 
     def __init__(self, index: int = 0, interval_s: float = 0.1) -> None:
         self.index, self.interval_s = index, interval_s
-        self.samples: list[tuple[float, float, float]] = []  # (monotonic time, util %, memory MiB)
+        self.samples: list[GpuSample] = []
         self.source = "none"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -117,8 +158,8 @@ class GpuSampler:
         if smi:
             self.source = "nvidia-smi"
             self._proc = subprocess.Popen(  # noqa: S603
-                [smi, f"--id={self.index}", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits",
-                 f"-lms={int(self.interval_s * 1000)}"],
+                [smi, f"--id={self.index}", "--query-gpu=utilization.gpu,memory.used,clocks.sm,power.draw",
+                 "--format=csv,noheader,nounits", f"-lms={int(self.interval_s * 1000)}"],
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
             )
             self._thread = threading.Thread(target=self._smi_loop, daemon=True)
@@ -126,28 +167,43 @@ class GpuSampler:
         return self
 
     def _nvml_loop(self, nvml: Any, handle: Any) -> None:
+        reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+            getattr(nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
         while not self._stop.wait(self.interval_s):
             with contextlib.suppress(Exception):
                 util = nvml.nvmlDeviceGetUtilizationRates(handle)
                 mem = nvml.nvmlDeviceGetMemoryInfo(handle)
-                self.samples.append((time.monotonic(), float(util.gpu), mem.used / 2**20))
+                sm = power = slowed = None
+                with contextlib.suppress(Exception):
+                    sm = float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))
+                with contextlib.suppress(Exception):
+                    power = nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0  # mW
+                with contextlib.suppress(Exception):
+                    slowed = bool(reasons(handle) & SLOWDOWN_REASONS) if reasons else None
+                self.samples.append(GpuSample(time.monotonic(), float(util.gpu), mem.used / 2**20, sm, power, slowed))
 
     def _smi_loop(self) -> None:
         assert self._proc is not None and self._proc.stdout is not None
         for line in self._proc.stdout:
             with contextlib.suppress(ValueError, IndexError):
-                util, mem = (float(x) for x in line.strip().split(", "))
-                self.samples.append((time.monotonic(), util, mem))
+                util, mem, *rest = line.strip().split(", ")
+                sm, power = ([float(x) if x.replace(".", "", 1).isdigit() else None for x in rest] + [None, None])[:2]
+                self.samples.append(GpuSample(time.monotonic(), float(util), float(mem), sm, power))
             if self._stop.is_set():
                 break
 
     def window(self, start: float, end: float) -> dict[str, float | None]:
-        inside = [(u, m) for t, u, m in list(self.samples) if start <= t <= end]
-        if not inside:
-            return {"gpu_util_mean": None, "gpu_util_max": None, "gpu_mem_max_mib": None, "gpu_samples": 0}
-        utils = [u for u, _ in inside]
-        return {"gpu_util_mean": sum(utils) / len(utils), "gpu_util_max": max(utils),
-                "gpu_mem_max_mib": max(m for _, m in inside), "gpu_samples": len(inside)}
+        """The span's utilisation (mean, max), memory (max), SM clock (mean, min), power (mean) and the
+        share of samples the GPU had slowed its clocks in; None where nothing was sampled."""
+        inside = [x for x in list(self.samples) if start <= x.t <= end]
+        utils = [x.util for x in inside]
+        clocks = [x.sm_mhz for x in inside if x.sm_mhz is not None]
+        powers = [x.power_w for x in inside if x.power_w is not None]
+        slowed = [x.slowed for x in inside if x.slowed is not None]
+        return {"gpu_util_mean": _mean(utils), "gpu_util_max": max(utils, default=None),
+                "gpu_mem_max_mib": max((x.mem_mib for x in inside), default=None), "gpu_samples": len(inside),
+                "gpu_sm_mhz_mean": _mean(clocks), "gpu_sm_mhz_min": min(clocks, default=None),
+                "gpu_power_w_mean": _mean(powers), "gpu_slowed_share": _mean([float(x) for x in slowed])}
 
     def stop(self) -> None:
         self._stop.set()
