@@ -3,6 +3,11 @@
 The input tensors are copied into one POSIX shared-memory region, which is registered with the
 server, used by the request, then unregistered and destroyed, on success and on error alike. The
 registration API is one of the restricted ones: the client's ``api_key`` unlocks it.
+
+Triton accepts the unregister even while the request still holds the region and drops the region
+when the request is released (src/shared_memory_manager.cc, ``UnregisterHelper``), so the server's
+status may list it for a moment after the answer; destroying our side of it is safe then, the server
+keeps its own mapping until it lets go.
 """
 
 from __future__ import annotations
