@@ -186,35 +186,21 @@ def test_wrong_output_name_fails_at_connect(server: Any) -> None:
         GrpcClient(server.grpc_url, output="vector").connect()
 
 
-def _registered_regions(status: Any, within_s: float = 5.0) -> list[Any]:
-    """The server's registered system shared-memory regions, once none are left or ``within_s`` passed.
-
-    Triton accepts an unregister while a request still holds the region and only marks it
-    (src/shared_memory_manager.cc, ``UnregisterHelper``: ``use_count() > 1`` -> ``awaiting_unregister_``);
-    it is dropped when the request is released, which may come a moment after the client got the
-    answer (a clean-clone CI run saw the failed call's region listed right after its error)."""
-    deadline = time.monotonic() + within_s
-    while True:
-        regions = status.get_system_shared_memory_status(headers={"tritonbundle-key": API_KEY})
-        if not regions or time.monotonic() >= deadline:
-            return list(regions)
-        time.sleep(0.05)
-
-
 @pytest.mark.parametrize("cls", [HttpClient, GrpcClient], ids=["http", "grpc"])
 def test_shared_memory_regions_are_gone_after_success_and_after_failure(server: Any, cls: type) -> None:
     import tritonclient.http as httpclient
 
     url = server.http_url if cls is HttpClient else server.grpc_url
     status = httpclient.InferenceServerClient(server.http_url)
+    status_headers = {"tritonbundle-key": API_KEY}
     with cls(url, shared_memory=True, shared_memory_min_bytes=0, api_key=API_KEY) as client:
         via_shm = client.embed(TEXTS)
         assert leftover_regions() == []
-        assert _registered_regions(status) == []
+        assert status.get_system_shared_memory_status(headers=status_headers) == []
         with pytest.raises(InvalidInputError, match="is empty"):
             client.embed(["fine", ""])
         assert leftover_regions() == []
-        assert _registered_regions(status) == []
+        assert status.get_system_shared_memory_status(headers=status_headers) == []
     with cls(url) as plain:
         np.testing.assert_allclose(via_shm, plain.embed(TEXTS), atol=1e-6)
     status.close()

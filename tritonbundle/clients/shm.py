@@ -4,21 +4,27 @@ The input tensors are copied into one POSIX shared-memory region, which is regis
 server, used by the request, then unregistered and destroyed, on success and on error alike. The
 registration API is one of the restricted ones: the client's ``api_key`` unlocks it.
 
-Triton accepts the unregister even while the request still holds the region and drops the region
-when the request is released (src/shared_memory_manager.cc, ``UnregisterHelper``), so the server's
-status may list it for a moment after the answer; destroying our side of it is safe then, the server
-keeps its own mapping until it lets go.
+Triton answers an unregister with success even while a request still holds the region, and then
+only marks it (src/shared_memory_manager.cc, ``UnregisterHelper``: ``use_count() > 1`` ->
+``awaiting_unregister_``); nothing drops it later. The gRPC frontend can still hold the finished
+request's reference when the client already has the answer (two clean-clone CI runs left a region
+registered for good), so the client asks for the region's status after unregistering and unregisters
+again, briefly backing off, until the server no longer lists it: otherwise every such call would
+leave the server one more mapped region.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
+from tritonbundle.log import LOG
 
 PREFIX = "tritonbundle"
 
@@ -65,9 +71,39 @@ class SharedMemoryInputs:
             yield name
         finally:
             if registered:
-                with contextlib.suppress(Exception):
-                    client._client.unregister_system_shared_memory(name, headers=headers)
+                try:
+                    unregister(client._client, name, headers)
+                except Exception as e:  # noqa: BLE001 - the request's own outcome matters more
+                    LOG.warning("could not unregister shared-memory region %s: %s", name, e)
             shm.destroy_shared_memory_region(handle)
+
+
+#: Pauses before each unregister of a region the server still lists (about 1 s in all).
+UNREGISTER_BACKOFF_S = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.3)
+
+
+def unregister(triton: Any, name: str, headers: Mapping[str, str]) -> None:
+    """Unregister ``name`` until the server no longer lists it (see the module's note on Triton)."""
+    for pause in UNREGISTER_BACKOFF_S:
+        time.sleep(pause)
+        triton.unregister_system_shared_memory(name, headers=headers)
+        if not _listed(triton, name, headers):
+            return
+    LOG.warning("the server still lists shared-memory region %s after %d unregisters", name,
+                len(UNREGISTER_BACKOFF_S))
+
+
+def _listed(triton: Any, name: str, headers: Mapping[str, str]) -> bool:
+    """Whether the server lists region ``name`` (HTTP: a list of dicts; gRPC: a response with ``regions``)."""
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        status = triton.get_system_shared_memory_status(region_name=name, headers=headers)
+    except InferenceServerException:  # NOT_FOUND: gone
+        return False
+    if hasattr(status, "regions"):
+        return name in status.regions
+    return any(region.get("name") == name for region in status or [])
 
 
 def leftover_regions() -> list[str]:

@@ -1,0 +1,53 @@
+"""The client unregisters a shared-memory region until the server no longer lists it: Triton answers
+an unregister with success while a request still holds the region and then only marks it
+(src/shared_memory_manager.cc, ``UnregisterHelper``). The double below keeps listing the region for
+as many unregisters as it is told, as Triton does while the finished request's reference lingers;
+tests/clients/test_clients.py checks the real server lists nothing after real calls."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from tritonclient.utils import InferenceServerException
+
+from tritonbundle.clients import shm
+
+
+class MarkingServer:
+    """Unregister succeeds, but the region stays listed for the first ``held`` unregisters."""
+
+    def __init__(self, held: int, protocol: str) -> None:
+        self.held, self.protocol, self.unregisters = held, protocol, 0
+
+    def unregister_system_shared_memory(self, name: str, headers: Any = None) -> None:
+        self.unregisters += 1
+
+    def get_system_shared_memory_status(self, region_name: str = "", headers: Any = None) -> Any:
+        if self.unregisters > self.held:
+            raise InferenceServerException(f"Unable to find system shared memory region: '{region_name}'")
+        if self.protocol == "http":
+            return [{"name": region_name, "key": "/" + region_name, "offset": 0, "byte_size": 12}]
+
+        class Status:
+            regions = {region_name: object()}
+
+        return Status()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_region_still_held_is_unregistered_again_until_it_is_gone(protocol: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shm.time, "sleep", lambda s: None)
+    server = MarkingServer(held=2, protocol=protocol)
+    shm.unregister(server, "r", {})
+    assert server.unregisters == 3
+
+
+def test_a_region_that_stays_listed_is_reported_not_raised(monkeypatch: pytest.MonkeyPatch,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(shm.time, "sleep", lambda s: None)
+    server = MarkingServer(held=100, protocol="grpc")
+    shm.unregister(server, "r", {})
+    assert server.unregisters == len(shm.UNREGISTER_BACKOFF_S)
+    assert "still lists shared-memory region r" in caplog.text
