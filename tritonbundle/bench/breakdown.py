@@ -11,6 +11,7 @@ from tritonbundle.bench.accounting import tokens_ratio
 from tritonbundle.bench.options import BenchOptions
 from tritonbundle.bench.records import Breakdown
 from tritonbundle.measure.latency import StepResult
+from tritonbundle.measure.probes import CLOCK_KEYS
 from tritonbundle.recipes import Recipe
 from tritonbundle.runtimes.stats import HISTOGRAMS, quantile_ms
 
@@ -114,9 +115,6 @@ def hints(b: Breakdown, options: BenchOptions) -> list[str]:
                    "bottleneck at this rate")
     return out
 
-
-
-CLOCK_KEYS = ("gpu_sm_mhz_mean", "gpu_sm_mhz_min", "gpu_power_w_mean", "gpu_slowed_share")
 
 
 def _clocks(extra: dict[str, Any]) -> dict[str, float | None] | None:

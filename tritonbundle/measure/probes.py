@@ -110,9 +110,10 @@ def environment(device: str) -> dict[str, Any]:
 #: HwSlowdown 0x8, SwThermalSlowdown 0x20, HwThermalSlowdown 0x40, HwPowerBrakeSlowdown 0x80).
 SLOWDOWN_REASONS = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
 
+#: The GPU sampler's clock, power and slowdown keys for one window.
+CLOCK_KEYS = ("gpu_sm_mhz_mean", "gpu_sm_mhz_min", "gpu_power_w_mean", "gpu_slowed_share")
 #: The GPU sampler's keys for one window, as levels and the ceiling record them.
-GPU_KEYS = ("gpu_util_mean", "gpu_util_max", "gpu_mem_max_mib", "gpu_samples", "gpu_sm_mhz_mean", "gpu_sm_mhz_min",
-            "gpu_power_w_mean", "gpu_slowed_share")
+GPU_KEYS = ("gpu_util_mean", "gpu_util_max", "gpu_mem_max_mib", "gpu_samples", *CLOCK_KEYS)
 
 
 @dataclasses.dataclass(frozen=True)
