@@ -369,7 +369,7 @@ def test_a_polite_caller_keeps_its_success_while_a_greedy_one_is_refused(stack: 
     with TritonMetrics(stack) as metrics:
         found = measure(stack, "overload", "--sources", "127.0.0.20", "--concurrency", str(10 * CAPACITY),
                         "--pause-s", "1", "--duration-s", "12", "--polite-source", "127.0.0.2", "--polite-rate", "4",
-                        "--probe-source", "127.0.0.20", "--probe-rate", "25", "--probe-callers", "8")
+                        "--probe-source", "127.0.0.20", "--probe-rate", "25", "--probe-callers", "16")
     greedy, polite, probe = found["greedy"], found["polite"], found["probe"]
     assert polite["requests"] >= 20 and polite["ok_fraction"] >= 0.99, polite
     assert {"503 edge: requests per client or in all", "connection closed by the edge"} <= set(greedy["kinds"]), greedy
