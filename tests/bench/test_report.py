@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -213,3 +214,34 @@ def test_the_tokenizer_calls_and_the_time_around_them_are_read() -> None:
     without = breakdown(recipe, st.step_result(6000, 5.0, [10.0] * 100, 0, extra={"triton": views}),
                         bench_options.BenchOptions(out=Path(".")))
     assert without.tokenizer_execute_ms is None and "tokenizer_execute_ms" not in without.to_json()
+
+
+def test_the_report_says_how_each_instance_timed_its_launch_costs_and_how_far_they_disagree(tmp_path: Path) -> None:
+    def instance(name: str, ms: float, **timing: object) -> dict[str, object]:
+        return {"instance": name, "device": "cuda:0", "precision": "fp16", "cuda_graphs": True, "graphs": 2,
+                "prepare_s": 6.0, "graph_error": "", "timings_ms": {"1x32": 0.7, "64x512": ms}, **timing}
+
+    result = _result()
+    bundle = result.models["minilm"].systems["bundle"]
+    assert isinstance(bundle, BundleResult)
+    result.models["minilm"].systems["bundle"] = dataclasses.replace(bundle, encoder_instances=[
+        instance("e_0", 21.2, shape_timing="alone", timing_wait_s=0.0, timing_turn_held=True),
+        instance("e_1", 21.6, shape_timing="alone", timing_wait_s=3.14, timing_turn_held=False),
+        instance("e_2", 42.4, shape_timing="concurrent", timing_wait_s=0.0, timing_turn_held=False),
+        instance("e_3", 21.3, shape_timing="alone", timing_wait_s=0.0, timing_turn_held=True),
+        instance("e_4", 90.0),  # a report from before the timing was recorded
+    ])
+    report.write_all(result, tmp_path / "out", tmp_path)
+    md = (tmp_path / "out" / "bench.md").read_text()
+    assert "e_0: cuda:0, fp16, CUDA graphs True (2 captured in 6.0 s); launch costs timed alone after 0.0 s waiting\n" in md
+    assert "e_1: cuda:0, fp16, CUDA graphs True (2 captured in 6.0 s); launch costs timed alone after 3.1 s waiting, " \
+           "the turn timed out\n" in md
+    assert "e_2: cuda:0, fp16, CUDA graphs True (2 captured in 6.0 s); launch costs timed concurrently (mean of replays)" in md
+    assert "e_4: cuda:0, fp16, CUDA graphs True (2 captured in 6.0 s)\n" in md
+    assert "launch costs:" not in md  # not every instance said how it timed (an old report): as it was
+    bundle = result.models["minilm"].systems["bundle"]
+    assert isinstance(bundle, BundleResult) and bundle.encoder_instances
+    result.models["minilm"].systems["bundle"] = dataclasses.replace(bundle, encoder_instances=bundle.encoder_instances[:4])
+    report.write_all(result, tmp_path / "out", tmp_path)
+    md = (tmp_path / "out" / "bench.md").read_text()
+    assert "launch costs: 64x512 took 21.20-42.40 ms by the 4 instances' timings (spread 100 %)" in md

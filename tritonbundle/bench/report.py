@@ -199,12 +199,37 @@ def _model_lines(entry: ModelResult) -> list[str]:
     return md
 
 
+def _timing_words(inst: dict[str, Any]) -> str:
+    """How an instance timed its launch costs (engine.py, "Launch costs"); nothing from older reports."""
+    if not inst.get("timings_ms") or "shape_timing" not in inst:
+        return ""
+    if inst["shape_timing"] != "alone":
+        return "; launch costs timed concurrently (mean of replays)"
+    held = "" if inst.get("timing_turn_held") else ", the turn timed out"
+    return f"; launch costs timed alone after {_f(inst.get('timing_wait_s'), '.1f')} s waiting{held}"
+
+
+def _launch_cost_spread(instances: list[dict[str, Any]]) -> list[str]:
+    """The largest shape's launch time as each instance measured it: instances that timed while others
+    used the GPU disagree (and plan with costs that are not the GPU's). Reports from before the engine
+    said how it timed them keep their markdown."""
+    shapes = [inst.get("timings_ms") or {} for inst in instances]
+    if len(shapes) < 2 or not all(shapes) or not all("shape_timing" in inst for inst in instances):
+        return []
+    largest = max(shapes[0], key=lambda k: int(k.split("x")[0]) * int(k.split("x")[1]))
+    times = [t[largest] for t in shapes if largest in t]
+    return [f"\nlaunch costs: {largest} took {min(times):.2f}-{max(times):.2f} ms by the {len(times)} instances' "
+            f"timings (spread {100.0 * (max(times) - min(times)) / min(times):.0f} %)"]
+
+
 def _bundle_lines(bundle: BundleResult) -> list[str]:
     md = []
     for inst in bundle.encoder_instances or []:
         md.append(f"\nencoder instance {inst.get('instance')}: {inst.get('device')}, {inst.get('precision')}, "
                   f"CUDA graphs {inst.get('cuda_graphs')} ({inst.get('graphs')} captured in {inst.get('prepare_s')} s)"
-                  + (f", graph capture failed: {inst.get('graph_error')}" if inst.get("graph_error") else ""))
+                  + (f", graph capture failed: {inst.get('graph_error')}" if inst.get("graph_error") else "")
+                  + _timing_words(inst))
+    md += _launch_cost_spread(bundle.encoder_instances or [])
     for down in bundle.went_down or []:
         md.append(f"\nbundle: tritonserver went down at {_f(down.offered_rps, ',.0f')} req/s offered ({down.why}); "
                   f"restarted in {_f(down.restart_s, '.1f')} s, the level counts as failed.")

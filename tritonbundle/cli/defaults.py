@@ -66,5 +66,8 @@ ENVIRONMENT = {
                             "set it; docs/tenants.md)",
     "TRITONBUNDLE_GPU_WAIT": "`spin`: the pytorch runtime waits for the GPU the CUDA default way (spinning a core) "
                              "instead of asleep (`block`, the default); for A/B measurements",
+    "TRITONBUNDLE_SHAPE_TIMING": "`concurrent`: the pytorch runtime's instances time their launch costs all at once "
+                                 "(the mean of each shape's replays) instead of one at a time (`alone`, the default: "
+                                 "the fastest replay); for A/B measurements",
     "TRITONBUNDLE_LOADTEST": "set by `loadtest`: the settings the locustfile reads",
 }

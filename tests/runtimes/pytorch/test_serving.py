@@ -102,7 +102,8 @@ def test_the_config_is_the_pytorch_runtimes(pytorch_repository: Path) -> None:
     assert (version / "model.py").read_text().startswith('"""Triton Python-backend model: the recipe\'s encoder run by PyTorch')
     vendored = sorted(str(p.relative_to(version)) for p in version.glob("tritonbundle/**/*.py") if p.name != "__init__.py")
     assert vendored == ["tritonbundle/contract.py", "tritonbundle/errors.py", "tritonbundle/recipes.py",
-                        "tritonbundle/runtimes/pytorch/engine.py", "tritonbundle/runtimes/pytorch/launch.py",
+                        "tritonbundle/runtimes/pytorch/engine.py", "tritonbundle/runtimes/pytorch/gpu_turn.py",
+                        "tritonbundle/runtimes/pytorch/launch.py",
                         "tritonbundle/runtimes/stacks.py", "tritonbundle/runtimes/stats.py",
                         "tritonbundle/runtimes/text.py"]
 

@@ -18,6 +18,12 @@ contexts than cores, spin), and four encoder instances on the H200 burnt 4.5 cor
 bert-base's knee, cores the tokenizer stubs and tritonserver share. ``gpu_wait="spin"`` (environment
 ``TRITONBUNDLE_GPU_WAIT=spin`` for the served model) keeps the old wait, for A/B measurements.
 
+Launch costs: each captured shape's replay time is the fastest of a few replays, timed while this
+process holds its GPU's turn (:mod:`~tritonbundle.runtimes.pytorch.gpu_turn`): other processes' kernels
+only ever lengthen a replay, and the encoder instances of one server, each a process, start together.
+``shape_timing="concurrent"`` (environment ``TRITONBUNDLE_SHAPE_TIMING=concurrent`` for the served
+model) keeps the old way, the mean of the replays timed whenever the instance is ready, for A/B runs.
+
 Lanes (``lanes``, the manifest's ``batches_in_flight``): with more than one, each lane has its own CUDA
 stream and its own captured graphs (their static inputs and outputs, in a memory pool of its own), so
 several threads may call :meth:`Engine.embed` at once, each with its own ``lane``: one thread's host work
@@ -32,6 +38,7 @@ running forever (GPU 100 % busy, both lanes waiting on their results: the stacks
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -42,6 +49,7 @@ import numpy.typing as npt
 
 from tritonbundle import recipes
 from tritonbundle.contract import target_index
+from tritonbundle.runtimes.pytorch.gpu_turn import Turn, gpu_turn
 from tritonbundle.runtimes.pytorch.launch import (
     EAGER_COST,
     LaunchPlanner,
@@ -57,6 +65,11 @@ PRECISIONS = ("fp32", "fp16", "bf16")
 GPU_WAITS = ("block", "spin")
 #: The served model's way to choose it (A/B measurements; the default is "block").
 GPU_WAIT_ENV = "TRITONBUNDLE_GPU_WAIT"
+#: How the served model times its launch costs (module docstring; the default is "alone").
+SHAPE_TIMINGS = ("alone", "concurrent")
+SHAPE_TIMING_ENV = "TRITONBUNDLE_SHAPE_TIMING"
+#: Replays timed per captured shape for the launch planner's costs.
+TIMING_REPS = 3
 Shape = tuple[int, int]
 
 
@@ -79,13 +92,16 @@ class Engine:
     def __init__(
         self, weights_dir: Path | str, *, device: str = "cpu", precision: str = "fp16", targets: Sequence[int] = (512,),
         batch_buckets: Sequence[int] = (), cuda_graphs: bool = True, max_sequence_length: int = 512,
-        packing: bool = False, gpu_wait: str = "block", lanes: int = 1,
+        packing: bool = False, gpu_wait: str = "block", lanes: int = 1, shape_timing: str = "alone",
     ) -> None:
         import torch
 
         if gpu_wait not in GPU_WAITS:
             raise ValueError(f"gpu_wait must be one of {GPU_WAITS}, not {gpu_wait!r}")
+        if shape_timing not in SHAPE_TIMINGS:
+            raise ValueError(f"shape_timing must be one of {SHAPE_TIMINGS}, not {shape_timing!r}")
         self.gpu_wait = gpu_wait
+        self.shape_timing = shape_timing
         if lanes < 1:
             raise ValueError(f"lanes must be >= 1, not {lanes}")
         self.lanes = int(lanes)
@@ -118,6 +134,8 @@ class Engine:
         if on_gpu and self.lanes > 1:
             self.streams = [self.torch.cuda.Stream(device=self.device) for _ in range(self.lanes)]
         self.timings: dict[Shape, float] = {}
+        #: How the launch costs were timed: the GPU turn's wait, and whether it was held.
+        self.timing_turn = Turn()
         self.capture_s = 0.0
         self.graph_error = ""
         self.eager_cost = EAGER_COST["cuda" if on_gpu else "cpu"]
@@ -133,7 +151,10 @@ class Engine:
         if self.use_graphs:
             try:
                 self._capture()
-                self.timings = self.time_shapes(reps=3)
+                alone = self.shape_timing == "alone"
+                with gpu_turn(self._gpu_name()) if alone else contextlib.nullcontext(Turn()) as turn:
+                    self.timing_turn = turn
+                    self.timings = self.time_shapes(reps=TIMING_REPS, fastest=alone)
                 cost = {shape: t + LAUNCH_OVERHEAD_S for shape, t in self.timings.items()}
                 self.planner = LaunchPlanner(self.targets, self.buckets, cost)
             except Exception as e:  # noqa: BLE001 - fall back to eager, and say so
@@ -191,21 +212,29 @@ class Engine:
                 graphs[shape] = _Graph(graph, statics, out)
         torch.cuda.synchronize(self.device)
 
-    def time_shapes(self, reps: int = 3, shapes: Iterable[Shape] | None = None) -> dict[Shape, float]:
-        """Seconds per launch of each captured shape (mean of ``reps`` replays, timed with CUDA events)."""
+    def time_shapes(self, reps: int = 3, shapes: Iterable[Shape] | None = None, fastest: bool = True,
+                    ) -> dict[Shape, float]:
+        """Seconds per launch of each captured shape, from CUDA events around each of ``reps`` replays (after
+        one to warm up): the fastest (module docstring, "Launch costs"), or with ``fastest=False`` the mean."""
         torch = self.torch
         out = {}
         for shape in shapes or self.shapes():
             g = self.graphs[shape]
             g.replay()
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            for _ in range(reps):
+            events = [torch.cuda.Event(enable_timing=True) for _ in range(reps + 1)]
+            events[0].record()
+            for k in range(reps):
                 g.replay()
-            end.record()
-            end.synchronize()
-            out[shape] = begin.elapsed_time(end) / 1000.0 / reps
+                events[k + 1].record()
+            events[-1].synchronize()
+            times = [events[k].elapsed_time(events[k + 1]) / 1000.0 for k in range(reps)]
+            out[shape] = min(times) if fastest else sum(times) / reps
         return out
+
+    def _gpu_name(self) -> str:
+        """This GPU's UUID (the same in every process, whatever CUDA_VISIBLE_DEVICES makes its index)."""
+        props = self.torch.cuda.get_device_properties(self.device)
+        return str(getattr(props, "uuid", "") or f"cuda{self.device.index}")
 
     # -- running -------------------------------------------------------------------------------------
     def embed(
@@ -321,6 +350,8 @@ class Engine:
             "graphs": len(self.graphs), "batch_buckets": list(self.buckets), "padding_targets": list(self.targets),
             "packing": self.packing, "gpu_wait": self.gpu_wait, "lanes": self.lanes,
             "prepare_s": round(self.capture_s, 3), "graph_error": self.graph_error,
+            "shape_timing": self.shape_timing, "timing_wait_s": round(self.timing_turn.waited_s, 3),
+            "timing_turn_held": self.timing_turn.held,
             # Each captured graph's time per launch: the tuner sizes its batch buckets from them.
             "timings_ms": {f"{b}x{s}": round(t * 1000, 4) for (b, s), t in sorted(self.timings.items())},
         }

@@ -57,7 +57,7 @@ from tritonbundle.contract import (  # noqa: E402
     token_counts,
     token_ids_problem,
 )
-from tritonbundle.runtimes.pytorch.engine import GPU_WAIT_ENV, Engine  # noqa: E402
+from tritonbundle.runtimes.pytorch.engine import GPU_WAIT_ENV, SHAPE_TIMING_ENV, Engine  # noqa: E402
 from tritonbundle.runtimes.pytorch.launch import used_lengths  # noqa: E402
 from tritonbundle.runtimes.stacks import dump_stacks_on_signal  # noqa: E402
 from tritonbundle.runtimes.stats import new_stats, observe, writer_for  # noqa: E402
@@ -111,6 +111,7 @@ class TritonPythonModel:
             targets=params.padding_targets or (self.max_seq,), batch_buckets=params.batch_buckets,
             cuda_graphs=params.cuda_graphs, max_sequence_length=self.max_seq, packing=params.packing,
             gpu_wait=os.environ.get(GPU_WAIT_ENV, "block"), lanes=params.batches_in_flight,
+            shape_timing=os.environ.get(SHAPE_TIMING_ENV, "alone"),
         ).prepare()
         self.stats = new_stats()
         self._stats_lock = threading.Lock()

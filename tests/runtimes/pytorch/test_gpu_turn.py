@@ -1,0 +1,110 @@
+"""The GPU's turn (runtimes/pytorch/gpu_turn.py) with real processes and a real flock, and the engine's
+launch timing read from CUDA events (a double of torch's events and graphs: no CUDA here)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tritonbundle.runtimes.pytorch.engine import Engine
+from tritonbundle.runtimes.pytorch.gpu_turn import gpu_turn, lock_path
+
+
+def _hold(folder: str, ready: Any, seconds: float) -> None:
+    with gpu_turn("GPU-1234", folder=folder) as turn:
+        assert turn.held
+        ready.set()
+        time.sleep(seconds)
+
+
+def test_a_second_process_waits_for_the_first_ones_turn_to_end(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    ready = ctx.Event()
+    holder = ctx.Process(target=_hold, args=(str(tmp_path), ready, 1.0))
+    holder.start()
+    try:
+        assert ready.wait(30)
+        with gpu_turn("GPU-1234", folder=tmp_path) as turn:
+            assert turn.held and 0.5 < turn.waited_s < 10, turn
+        with gpu_turn("GPU-5678", folder=tmp_path) as other:  # another GPU: no wait
+            assert other.held and other.waited_s < 0.5
+    finally:
+        holder.join(10)
+    assert holder.exitcode == 0
+
+
+def test_a_turn_held_past_the_timeout_is_timed_without_it_and_a_dead_holder_lets_go(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    ready = ctx.Event()
+    holder = ctx.Process(target=_hold, args=(str(tmp_path), ready, 60.0))
+    holder.start()
+    try:
+        assert ready.wait(30)
+        with gpu_turn("GPU-1234", timeout_s=0.3, folder=tmp_path) as turn:
+            assert not turn.held and 0.3 <= turn.waited_s < 5, turn
+        holder.kill()
+        holder.join(10)
+        with gpu_turn("GPU-1234", timeout_s=5, folder=tmp_path) as turn:  # the kernel released the dead one's lock
+            assert turn.held and turn.waited_s < 1, turn
+    finally:
+        holder.kill()
+
+
+def test_the_lock_file_is_named_by_the_gpu_and_an_unwritable_folder_times_without_a_turn(tmp_path: Path) -> None:
+    assert lock_path("GPU-8f2c/..x y", tmp_path) == tmp_path / "tritonbundle-gpu-GPU-8f2c-..x-y.lock"
+    with gpu_turn("GPU-1", folder=tmp_path / "missing") as turn:
+        assert not turn.held and turn.waited_s == 0.0
+    assert not os.path.exists(tmp_path / "missing")
+
+
+class _Clock:
+    """A GPU's timeline: each replay runs for its scripted time, events read the time when reached."""
+
+    def __init__(self) -> None:
+        self.now_ms = 0.0
+
+
+class _Event:
+    def __init__(self, clock: _Clock, **_: Any) -> None:
+        self.clock, self.at = clock, None
+
+    def record(self) -> None:
+        self.at = self.clock.now_ms
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end: _Event) -> float:
+        assert self.at is not None and end.at is not None
+        return end.at - self.at
+
+
+class _Graph:
+    def __init__(self, clock: _Clock, times_ms: list[float]) -> None:
+        self.clock, self.times = clock, list(times_ms)
+
+    def replay(self) -> None:
+        self.clock.now_ms += self.times.pop(0)
+
+
+class _Torch:
+    def __init__(self, clock: _Clock) -> None:
+        self.cuda = type("cuda", (), {"Event": staticmethod(lambda **kw: _Event(clock, **kw))})
+
+
+@pytest.mark.parametrize(("fastest", "expected_ms"), [(True, 2.0), (False, 4.0)])
+def test_launch_costs_are_the_fastest_replay_after_the_warm_up(fastest: bool, expected_ms: float) -> None:
+    """Replays stretched by another process's kernels (7 and 3 ms of a 2 ms launch) do not set the cost;
+    the warm-up replay (50 ms) never counts. The old way (mean) is kept for A/B runs."""
+    clock = _Clock()
+    engine = Engine.__new__(Engine)
+    engine.torch = _Torch(clock)
+    engine.buckets, engine.targets = (1,), (16,)
+    engine.graphs = {(1, 16): _Graph(clock, [50.0, 7.0, 2.0, 3.0])}  # type: ignore[dict-item]
+    got = engine.time_shapes(reps=3, fastest=fastest)
+    assert got == {(1, 16): pytest.approx(expected_ms / 1000.0)}
