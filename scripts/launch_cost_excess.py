@@ -31,7 +31,7 @@ def tables(report: dict) -> list[Table]:
     """Each encoder instance's launch times (seconds per shape) in a bench.json's first model."""
     entry = next(iter(report["models"].values()))
     return [{(int(b), int(s)): ms / 1e3 for b, s, ms in ((*k.split("x"), v) for k, v in inst["timings_ms"].items())}
-            for inst in entry["systems"]["bundle"].get("encoder_instances") or [] if inst.get("timings_ms")]
+            for inst in entry["systems"].get("bundle", {}).get("encoder_instances") or [] if inst.get("timings_ms")]
 
 
 def excess(table: Table, truth: Table, calls: list[np.ndarray]) -> float:
@@ -62,6 +62,8 @@ def main() -> None:
     rng = np.random.default_rng(1)
     calls = [rng.choice(lengths, args.texts) for _ in range(args.calls)]
     for path, report in reports.items():
+        if not tables(report):
+            continue
         entry = next(iter(report["models"].values()))
         rps = entry["systems"]["bundle"].get("best_rps")
         found = [excess(t, truth, calls) for t in tables(report)]
