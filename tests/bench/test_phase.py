@@ -92,3 +92,13 @@ def test_a_system_named_in_start_rates_climbs_its_ladder_from_there(tmp_path: Pa
     sweep(ctx, peer, time.monotonic() + 60, "peer", Probes())  # type: ignore[arg-type]
     sweep(ctx, bundle, time.monotonic() + 60, "bundle", Probes())  # type: ignore[arg-type]
     assert peer.rates[0] == 100 and bundle.rates[0] == 10
+
+
+def test_a_phase_whose_start_up_took_its_time_fails_naming_the_budget(tmp_path: Path) -> None:
+    """On the H200 a 45 s run spent 22 s starting tritonserver; its phase measured no level and reported "ok"
+    with no rate. It fails instead, and says what to change."""
+    pool = Pool()
+    with pytest.raises(RuntimeError, match=r"bundle: no load level was measured: 0 s of the phase were left after "
+                                           r"the system started, .*give the run more --budget-s"):
+        sweep(_context(tmp_path), pool, time.monotonic() - 1.0, "bundle", Probes())  # type: ignore[arg-type]
+    assert pool.rates == []

@@ -47,5 +47,15 @@ def sweep(ctx: Context, pool: LoadPool, phase_deadline: float, system: str, prob
     LOG.info("    %s: levels of %.1f s (+%.1f s warm-up), p99 SLO %g ms", system, timing.window_s, timing.warmup_s,
              o.slo_ms)
     ladder = Ladder(start=o.start_rate(system), factor=o.ladder_factor, refine=o.refine, max_rate=o.max_rate)
-    return measure_rates(pool, system=system, slo=ctx.slo, timing=timing, ladder=ladder, probes=probes,
-                         deadline=phase_deadline, seed=o.seed * 100, gpu=ctx.gpu)
+    left_s = phase_deadline - time.monotonic()
+    result = measure_rates(pool, system=system, slo=ctx.slo, timing=timing, ladder=ladder, probes=probes,
+                           deadline=phase_deadline, seed=o.seed * 100, gpu=ctx.gpu)
+    if not result.steps:  # a phase that measured nothing has no rate to report: it failed, and says why
+        raise NoLevelMeasured(
+            f"{system}: no load level was measured: {max(0.0, left_s):.0f} s of the phase were left after the system "
+            f"started, and one level takes {timing.cost_s:.1f} s; give the run more --budget-s")
+    return result
+
+
+class NoLevelMeasured(RuntimeError):
+    """The phase's time ran out before its first load level (start-up took it)."""
