@@ -128,3 +128,14 @@ def test_a_server_whose_model_stops_answering_is_down_with_every_stubs_stack(tmp
     assert "hung" in why and "1 Python stub(s) wrote every thread's stack" in why, why
     assert ("(the model is stuck)" in why) == batched, why  # a full queue refuses at once: no timeout
     assert "most recent call first" in log and "in execute" in log, log[-2000:]
+
+
+def test_the_launch_times_tune_reads_are_each_shapes_fastest_over_the_instances() -> None:
+    """Four instances' figures as an H200 server reported them when they timed at once (64 x 512: one
+    undisturbed, the others stretched by each other's kernels): tune must see the GPU's 21 ms, not 90."""
+    from tritonbundle.served import fastest_launch_ms
+
+    instances = [{"timings_ms": {"1x22": 0.65, "64x512": 56.1}}, {"timings_ms": {"1x22": 1.01, "64x512": 21.4}},
+                 {"timings_ms": {"1x22": 2.53, "64x512": 89.7}}, {"timings_ms": {}}, {"model": "no timings"}]
+    assert fastest_launch_ms(instances) == {"1x22": 0.65, "64x512": 21.4}
+    assert fastest_launch_ms([{"timings_ms": {}}]) is None and fastest_launch_ms([]) is None
