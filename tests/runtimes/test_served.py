@@ -19,8 +19,8 @@ MODELS = {
                   "tritonbundle.runtimes.text"],
     "onnxruntime": ["tritonbundle.contract", "tritonbundle.runtimes.stacks"],
     "pytorch": ["tritonbundle.contract", "tritonbundle.errors", "tritonbundle.recipes",
-                "tritonbundle.runtimes.pytorch.engine", "tritonbundle.runtimes.pytorch.launch",
-                "tritonbundle.runtimes.stacks", "tritonbundle.runtimes.stats", "tritonbundle.runtimes.text"],
+                "tritonbundle.runtimes.pytorch.engine", "tritonbundle.runtimes.pytorch.gpu_turn",
+                "tritonbundle.runtimes.pytorch.launch", "tritonbundle.runtimes.stacks", "tritonbundle.runtimes.stats", "tritonbundle.runtimes.text"],
 }
 
 
