@@ -189,7 +189,8 @@ def fastest_launch_ms(instances: list[dict[str, Any]]) -> dict[str, float] | Non
     """Per shape, the fastest time any encoder instance measured for it. The instances replay the same
     graphs on the same GPU, so they differ only by what else ran meanwhile: before each instance timed
     alone (engine.py, "Launch costs"), the slowest of four read 64 x 512 at up to 90 ms where it takes
-    21 on an H200, and `tune` cut its batch buckets at 32 rows on figures like that."""
+    21 on an H200, and `tune` cut its batch buckets at 32 rows on figures like that. (On a host with
+    GPUs of different kinds this is the fastest kind's figure; tune measures one GPU's host.)"""
     timings: dict[str, float] = {}
     for info in instances:
         for shape, ms in (info.get("timings_ms") or {}).items():

@@ -205,6 +205,8 @@ def _timing_words(inst: dict[str, Any]) -> str:
         return ""
     if inst["shape_timing"] != "alone":
         return "; launch costs timed concurrently (mean of replays)"
+    if inst.get("timing_turn_error"):
+        return f"; launch costs timed without the GPU's turn ({inst['timing_turn_error']})"
     held = "" if inst.get("timing_turn_held") else ", the turn timed out"
     return f"; launch costs timed alone after {_f(inst.get('timing_wait_s'), '.1f')} s waiting{held}"
 

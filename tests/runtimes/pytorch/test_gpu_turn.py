@@ -3,16 +3,18 @@ launch timing read from CUDA events (a double of torch's events and graphs: no C
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tritonbundle.runtimes.pytorch.engine import Engine
-from tritonbundle.runtimes.pytorch.gpu_turn import gpu_turn, lock_path
+from tritonbundle.runtimes.pytorch.gpu_turn import Turn, gpu_turn, lock_path
 
 
 def _hold(folder: str, ready: Any, seconds: float) -> None:
@@ -55,11 +57,28 @@ def test_a_turn_held_past_the_timeout_is_timed_without_it_and_a_dead_holder_lets
         holder.kill()
 
 
-def test_the_lock_file_is_named_by_the_gpu_and_an_unwritable_folder_times_without_a_turn(tmp_path: Path) -> None:
+def test_the_lock_file_is_named_by_the_gpu_and_one_that_cannot_be_opened_gives_no_turn_and_says_why(
+    tmp_path: Path,
+) -> None:
     assert lock_path("GPU-8f2c/..x y", tmp_path) == tmp_path / "tritonbundle-gpu-GPU-8f2c-..x-y.lock"
     with gpu_turn("GPU-1", folder=tmp_path / "missing") as turn:
-        assert not turn.held and turn.waited_s == 0.0
+        assert not turn.held and turn.waited_s == 0.0 and "missing" in turn.error
     assert not os.path.exists(tmp_path / "missing")
+    target = tmp_path / "elsewhere"
+    lock_path("GPU-2", tmp_path).symlink_to(target)  # a planted link is not followed
+    with gpu_turn("GPU-2", folder=tmp_path) as turn:
+        assert not turn.held and turn.error
+    assert not target.exists()
+
+
+def test_a_lock_file_another_user_made_read_only_is_still_a_turn(tmp_path: Path) -> None:
+    with gpu_turn("GPU-3", folder=tmp_path) as turn:
+        assert turn.held and not turn.error
+    path = lock_path("GPU-3", tmp_path)
+    assert path.stat().st_mode & 0o777 == 0o644  # whatever this process's umask
+    path.chmod(0o444)
+    with gpu_turn("GPU-3", folder=tmp_path) as turn:
+        assert turn.held and not turn.error
 
 
 class _Clock:
@@ -108,3 +127,31 @@ def test_launch_costs_are_the_fastest_replay_after_the_warm_up(fastest: bool, ex
     engine.graphs = {(1, 16): _Graph(clock, [50.0, 7.0, 2.0, 3.0])}  # type: ignore[dict-item]
     got = engine.time_shapes(reps=3, fastest=fastest)
     assert got == {(1, 16): pytest.approx(expected_ms / 1000.0)}
+
+
+def test_the_engine_times_its_launch_costs_in_the_gpus_turn_unless_told_concurrent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tritonbundle.runtimes.pytorch import engine as engine_mod
+
+    turns: list[str] = []
+
+    @contextlib.contextmanager
+    def recorded_turn(gpu: str) -> Iterator[Turn]:
+        turns.append(gpu)
+        yield Turn(waited_s=1.5, held=True)
+
+    monkeypatch.setattr(engine_mod, "gpu_turn", recorded_turn)
+    for mode, expected_ms, taken in (("alone", 2.0, ["GPU-abc"]), ("concurrent", 4.0, [])):
+        turns.clear()
+        clock = _Clock()
+        engine = Engine.__new__(Engine)
+        engine.torch = _Torch(clock)
+        engine.shape_timing, engine.buckets, engine.targets = mode, (1,), (16,)
+        engine._gpu_name = lambda: "GPU-abc"  # type: ignore[method-assign]
+        engine.graphs = {(1, 16): _Graph(clock, [50.0, 7.0, 2.0, 3.0])}  # type: ignore[dict-item]
+        engine.timing_turn = Turn()
+        engine._time_launch_costs()
+        assert turns == taken
+        assert engine.timings == {(1, 16): pytest.approx(expected_ms / 1000.0)}
+        assert engine.timing_turn.held is (mode == "alone")

@@ -67,6 +67,7 @@ GPU_WAITS = ("block", "spin")
 GPU_WAIT_ENV = "TRITONBUNDLE_GPU_WAIT"
 #: How the served model times its launch costs (module docstring; the default is "alone").
 SHAPE_TIMINGS = ("alone", "concurrent")
+#: The served model's way to choose it (A/B measurements).
 SHAPE_TIMING_ENV = "TRITONBUNDLE_SHAPE_TIMING"
 #: Replays timed per captured shape for the launch planner's costs.
 TIMING_REPS = 3
@@ -151,10 +152,7 @@ class Engine:
         if self.use_graphs:
             try:
                 self._capture()
-                alone = self.shape_timing == "alone"
-                with gpu_turn(self._gpu_name()) if alone else contextlib.nullcontext(Turn()) as turn:
-                    self.timing_turn = turn
-                    self.timings = self.time_shapes(reps=TIMING_REPS, fastest=alone)
+                self._time_launch_costs()
                 cost = {shape: t + LAUNCH_OVERHEAD_S for shape, t in self.timings.items()}
                 self.planner = LaunchPlanner(self.targets, self.buckets, cost)
             except Exception as e:  # noqa: BLE001 - fall back to eager, and say so
@@ -212,7 +210,7 @@ class Engine:
                 graphs[shape] = _Graph(graph, statics, out)
         torch.cuda.synchronize(self.device)
 
-    def time_shapes(self, reps: int = 3, shapes: Iterable[Shape] | None = None, fastest: bool = True,
+    def time_shapes(self, reps: int = TIMING_REPS, shapes: Iterable[Shape] | None = None, fastest: bool = True,
                     ) -> dict[Shape, float]:
         """Seconds per launch of each captured shape, from CUDA events around each of ``reps`` replays (after
         one to warm up): the fastest (module docstring, "Launch costs"), or with ``fastest=False`` the mean."""
@@ -230,6 +228,14 @@ class Engine:
             times = [events[k].elapsed_time(events[k + 1]) / 1000.0 for k in range(reps)]
             out[shape] = min(times) if fastest else sum(times) / reps
         return out
+
+    def _time_launch_costs(self) -> None:
+        """``timings``: every captured shape timed, alone on the GPU unless ``shape_timing`` is "concurrent"
+        (module docstring, "Launch costs")."""
+        alone = self.shape_timing == "alone"
+        with gpu_turn(self._gpu_name()) if alone else contextlib.nullcontext(Turn()) as turn:
+            self.timing_turn = turn
+            self.timings = self.time_shapes(reps=TIMING_REPS, fastest=alone)
 
     def _gpu_name(self) -> str:
         """This GPU's UUID (the same in every process, whatever CUDA_VISIBLE_DEVICES makes its index)."""
@@ -351,7 +357,7 @@ class Engine:
             "packing": self.packing, "gpu_wait": self.gpu_wait, "lanes": self.lanes,
             "prepare_s": round(self.capture_s, 3), "graph_error": self.graph_error,
             "shape_timing": self.shape_timing, "timing_wait_s": round(self.timing_turn.waited_s, 3),
-            "timing_turn_held": self.timing_turn.held,
+            "timing_turn_held": self.timing_turn.held, "timing_turn_error": self.timing_turn.error,
             # Each captured graph's time per launch: the tuner sizes its batch buckets from them.
             "timings_ms": {f"{b}x{s}": round(t * 1000, 4) for (b, s), t in sorted(self.timings.items())},
         }

@@ -33,10 +33,12 @@ _POLL_S = 0.05
 
 @dataclass
 class Turn:
-    """What waiting for the turn took: seconds waited, and whether the lock was held (False: timed out)."""
+    """What waiting for the turn took: seconds waited, whether the lock was held, and why not (``error``:
+    the lock file could not be opened; held False with no error: the wait timed out)."""
 
     waited_s: float = 0.0
     held: bool = False
+    error: str = ""
 
 
 def lock_path(gpu: str, folder: str | Path | None = None) -> Path:
@@ -45,15 +47,34 @@ def lock_path(gpu: str, folder: str | Path | None = None) -> Path:
     return Path(folder or tempfile.gettempdir()) / f"tritonbundle-gpu-{name}.lock"
 
 
+def _open(path: Path) -> int:
+    """The lock file, opened for reading (enough for flock): an existing one as it is, whoever made it
+    (a sticky /tmp refuses O_CREAT on another user's file), else created readable by every user.
+    Never through a symlink (the name is predictable)."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        pass
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    except FileExistsError:  # another process made it meanwhile
+        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    os.fchmod(fd, 0o644)  # whatever the umask: other users' processes must be able to open it
+    return fd
+
+
 @contextlib.contextmanager
 def gpu_turn(gpu: str, timeout_s: float = TURN_TIMEOUT_S, folder: str | Path | None = None) -> Iterator[Turn]:
-    """Hold the GPU's lock for the ``with`` block, waiting at most ``timeout_s`` for it."""
+    """Hold the GPU's lock for the ``with`` block, waiting at most ``timeout_s`` for it. A lock file that
+    cannot be opened gives no turn, and ``Turn.error`` says why (the caller times anyway)."""
     path = lock_path(gpu, folder)
     turn = Turn()
     start = time.monotonic()
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError:  # a folder this process may not write: time without the turn, and say so
+        fd = _open(path)
+    except OSError as e:
+        fd, turn.error = -1, f"{path}: {e.strerror or e}"
+    if fd < 0:
         yield turn
         return
     try:
