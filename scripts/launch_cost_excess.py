@@ -1,13 +1,13 @@
 """What the encoder instances' own launch costs make their plans cost on the GPU: each instance's table
 (the replay times it measured at start-up) plans the same calls; every plan is priced with the fastest
-time any instance of the given reports measured for each shape (the nearest to an undisturbed GPU the
-reports hold) and compared with the plan that table itself chooses.
+time any instance of the same model in the given reports measured for each shape (the nearest to an
+undisturbed GPU the reports hold) and compared with the plan that table itself chooses.
 
     .venv/bin/python scripts/launch_cost_excess.py docs/benchmarks/h200-launch-costs/*-bench.json [--texts 58]
 
-Chat-like lengths (the synthetic sample, seed 1), ``--texts`` per encoder call (58.7 at the H200's
-tokens-in knee), 300 calls. Prints, per report, its rate at the SLO and per instance the GPU time its
-plans take over the best plan's (1.00: the same), then the mean over instances. An instance that timed
+Chat-like lengths (the synthetic sample, seed 1), ``--texts`` per encoder call (58.7-61.9 rows at the
+H200's tokens-in knees), 300 calls. Prints, per report and model, its rate at the SLO and per instance
+the GPU time its plans take over the best plan's (1.00: the same), then the mean over instances. An instance that timed
 its launches while others used the GPU stretched some shapes more than others, and its planner then
 chooses launches that are not the cheapest (docs/benchmarks.md, "the launch costs").
 """
@@ -27,11 +27,14 @@ from tritonbundle.traffic import synthetic
 Table = dict[tuple[int, int], float]
 
 
-def tables(report: dict) -> list[Table]:
-    """Each encoder instance's launch times (seconds per shape) in a bench.json's first model."""
-    entry = next(iter(report["models"].values()))
-    return [{(int(b), int(s)): ms / 1e3 for b, s, ms in ((*k.split("x"), v) for k, v in inst["timings_ms"].items())}
-            for inst in entry["systems"].get("bundle", {}).get("encoder_instances") or [] if inst.get("timings_ms")]
+def tables(report: dict) -> dict[str, list[Table]]:
+    """Per model of a bench.json, each encoder instance's launch times (seconds per shape)."""
+    found: dict[str, list[Table]] = {}
+    for model, entry in report["models"].items():
+        instances = entry["systems"].get("bundle", {}).get("encoder_instances") or []
+        found[model] = [{(int(b), int(s)): ms / 1e3 for b, s, ms in ((*k.split("x"), v) for k, v in inst["timings_ms"].items())}
+                        for inst in instances if inst.get("timings_ms")]
+    return {model: t for model, t in found.items() if t}
 
 
 def excess(table: Table, truth: Table, calls: list[np.ndarray]) -> float:
@@ -54,21 +57,25 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=300)
     args = parser.parse_args()
     reports = {path: json.loads(path.read_text()) for path in args.reports}
-    every = [t for r in reports.values() for t in tables(r)]
+    every: dict[str, list[Table]] = {}  # per model: its tables in every report (one model's truth)
+    for report in reports.values():
+        for model, found in tables(report).items():
+            every.setdefault(model, []).extend(found)
     if not every:
         raise SystemExit("no encoder instance with launch timings in these reports")
-    truth = {shape: min(t[shape] for t in every if shape in t) for shape in every[0]}
-    lengths = np.minimum(synthetic("chat", n=20000, seed=1).row_lengths(), max(s for _, s in truth))
-    rng = np.random.default_rng(1)
-    calls = [rng.choice(lengths, args.texts) for _ in range(args.calls)]
+    truths = {model: {shape: min(t[shape] for t in found if shape in t) for shape in found[0]}
+              for model, found in every.items()}
+    lengths = synthetic("chat", n=20000, seed=1).row_lengths()
+    calls: dict[str, list[np.ndarray]] = {}  # per model, the same calls for every report
+    for model, truth in truths.items():
+        rng = np.random.default_rng(1)
+        calls[model] = [rng.choice(np.minimum(lengths, max(s for _, s in truth)), args.texts) for _ in range(args.calls)]
     for path, report in reports.items():
-        if not tables(report):
-            continue
-        entry = next(iter(report["models"].values()))
-        rps = entry["systems"]["bundle"].get("best_rps")
-        found = [excess(t, truth, calls) for t in tables(report)]
-        print(f"{path.name}: {rps or 0:,.0f} req/s; GPU time per call over the best plan's: "
-              + ", ".join(f"{x:.2f}" for x in found) + f" (mean {np.mean(found):.2f})")
+        for model, found in tables(report).items():
+            rps = report["models"][model]["systems"]["bundle"].get("best_rps")
+            ratios = [excess(t, truths[model], calls[model]) for t in found]
+            print(f"{path.name} {model}: {rps or 0:,.0f} req/s; GPU time per call over the best plan's: "
+                  + ", ".join(f"{x:.2f}" for x in ratios) + f" (mean {np.mean(ratios):.2f})")
 
 
 if __name__ == "__main__":
