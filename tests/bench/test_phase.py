@@ -5,6 +5,7 @@ the H200 at 3.5x capacity)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 
 from tritonbundle.bench.options import BenchOptions, Clock
-from tritonbundle.bench.phase import Context, sweep
+from tritonbundle.bench.phase import Context, NoLevelMeasured, sweep
 from tritonbundle.measure.latency import step_result
 from tritonbundle.measure.levels import MAX_RESTARTS, Probes, SystemDown
 from tritonbundle.server import ServerOptions, TritonServer
@@ -96,9 +97,17 @@ def test_a_system_named_in_start_rates_climbs_its_ladder_from_there(tmp_path: Pa
 
 def test_a_phase_whose_start_up_took_its_time_fails_naming_the_budget(tmp_path: Path) -> None:
     """On the H200 a 45 s run spent 22 s starting tritonserver; its phase measured no level and reported "ok"
-    with no rate. It fails instead, and says what to change."""
+    with no rate. It fails instead, says what to change, and carries the empty search."""
     pool = Pool()
-    with pytest.raises(RuntimeError, match=r"bundle: no load level was measured: 0 s of the phase were left after "
-                                           r"the system started, .*give the run more --budget-s"):
+    with pytest.raises(NoLevelMeasured, match=r"bundle: no load level was measured: 0 s of the phase were left after "
+                                              r"the system started, .*give the run more --budget-s") as caught:
         sweep(_context(tmp_path), pool, time.monotonic() - 1.0, "bundle", Probes())  # type: ignore[arg-type]
-    assert pool.rates == []
+    assert pool.rates == [] and caught.value.sweep.steps == [] and caught.value.sweep.stopped == "time budget"
+
+
+def test_a_ladder_that_starts_above_its_maximum_fails_naming_both_rates(tmp_path: Path) -> None:
+    context = _context(tmp_path)
+    context.options = dataclasses.replace(context.options, max_rate=5)
+    with pytest.raises(NoLevelMeasured, match=r"no load level was measured: the first rate, 10 req/s, is above "
+                                              r"--max-rate 5"):
+        sweep(context, Pool(), time.monotonic() + 60, "peer", Probes())  # type: ignore[arg-type]

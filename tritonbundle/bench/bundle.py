@@ -12,7 +12,7 @@ from tritonbundle.bench.accounting import tokens_ratio
 from tritonbundle.bench.answers import check_answers, check_answers_at_once, references
 from tritonbundle.bench.breakdown import breakdown
 from tritonbundle.bench.options import client_timeout_s, setup_timeout_s
-from tritonbundle.bench.phase import Context, sweep
+from tritonbundle.bench.phase import Context, NoLevelMeasured, sweep
 from tritonbundle.bench.records import BundleResult, Restart
 from tritonbundle.bench.workspace import SERVER_ARGS, Built, load_procs
 from tritonbundle.measure.loadgen import LoadPool
@@ -38,14 +38,17 @@ def run_bundle(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> B
             served.connect(pool, model=name, traffic=ctx.traffic_path, seed=o.seed, timeout_s=client_timeout_s(o),
                            ready_timeout_s=setup_timeout_s(deadline),
                            requests="tokens" if o.input == "tokens" else "auto")
-            result = sweep(ctx, pool, deadline, "bundle", served.probes())
+            try:
+                result, failed = sweep(ctx, pool, deadline, "bundle", served.probes()), None
+            except NoLevelMeasured as e:  # failed, but its start-up and instances are still worth reporting
+                result, failed = e.sweep, str(e)
         with GrpcClient(served.grpc_url, model=name, timeout_s=60.0) as client:  # after every level: still right?
             after = check_answers_at_once("the bundle after the sweep", client.embed, texts, expected)
     correctness = dataclasses.replace(correctness, at_once=at_once, after_sweep=after)
     ref_step = result.best or (max(result.steps, key=lambda s: s.offered_rps) if result.steps else None)
     padding = tokens_ratio(ref_step.extra.get("encoder", {})) if ref_step else {}
     return BundleResult(
-        status="ok", sweep=result, best_rps=result.best_rps, load_processes=procs, startup_s=round(startup_s, 1),
+        status="failed" if failed else "ok", error=failed, sweep=result, best_rps=result.best_rps, load_processes=procs, startup_s=round(startup_s, 1),
         correctness=correctness, protocol="grpc (tritonbundle.clients.AsyncGrpcClient)", input=o.input,
         precision=o.precision, encoder_instances=info, padding=padding,
         computed_per_useful=padding.get("computed_per_useful"), seq_padded_per_useful=padding.get("seq_padded_per_useful"),

@@ -11,6 +11,7 @@ from typing import Any
 
 from tritonbundle import traffic as traffic_mod
 from tritonbundle.bench.options import BenchOptions, Clock, expected_steps, step_timing
+from tritonbundle.errors import TritonBundleError
 from tritonbundle.log import LOG
 from tritonbundle.measure.latency import Slo
 from tritonbundle.measure.levels import Ladder, Probes, measure_rates
@@ -51,11 +52,21 @@ def sweep(ctx: Context, pool: LoadPool, phase_deadline: float, system: str, prob
     result = measure_rates(pool, system=system, slo=ctx.slo, timing=timing, ladder=ladder, probes=probes,
                            deadline=phase_deadline, seed=o.seed * 100, gpu=ctx.gpu)
     if not result.steps:  # a phase that measured nothing has no rate to report: it failed, and says why
-        raise NoLevelMeasured(
-            f"{system}: no load level was measured: {max(0.0, left_s):.0f} s of the phase were left after the system "
-            f"started, and one level takes {timing.cost_s:.1f} s; give the run more --budget-s")
+        if result.stopped == "time budget":
+            why = (f"{max(0.0, left_s):.0f} s of the phase were left after the system started, and one level takes "
+                   f"{timing.cost_s:.1f} s; give the run more --budget-s")
+        elif result.stopped == "max rate":
+            why = f"the first rate, {ladder.start:g} req/s, is above --max-rate {ladder.max_rate:g}"
+        else:
+            why = f"the search stopped: {result.stopped}"
+        raise NoLevelMeasured(f"{system}: no load level was measured: {why}", result)
     return result
 
 
-class NoLevelMeasured(RuntimeError):
-    """The phase's time ran out before its first load level (start-up took it)."""
+class NoLevelMeasured(TritonBundleError):
+    """The phase measured no load level (its time ran out during start-up, or the ladder had no rate to
+    try); ``sweep`` is the empty search, for a system that still reports what it knows."""
+
+    def __init__(self, message: str, sweep: Sweep) -> None:
+        super().__init__(message)
+        self.sweep = sweep
