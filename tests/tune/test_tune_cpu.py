@@ -1,5 +1,5 @@
 """``tritonbundle tune`` on the CPU tier, on the real tritonserver: from a deliberately bad start (a
-45 ms batcher delay, 90 % of the 50 ms SLO, and one instance) the search must find a configuration
+140 ms batcher delay, 93 % of the test's 150 ms SLO, and one instance) the search must find a configuration
 that sustains more load within the SLO, measure the shipped defaults on the same footing, and write
 the report, the winner and a manifest with the winner that the build stage accepts.
 
@@ -7,7 +7,10 @@ On this 2-core machine the shipped defaults (2 ms, one instance) and "queue dela
 measurement noise of each other (p99 over a few seconds at 10-20 req/s), and a 20 ms start was too:
 from a clean clone with other work beside it the winner equalled the start (1.67 req/s both). So the
 start is one whose cost is larger than any noise: below the batch-filling rates this tier reaches,
-every request waits most of the 45 ms, and p99 misses the SLO at every rate.
+every request waits most of the delay, and p99 misses the SLO at every rate. The SLO is 150 ms, not
+the manifest's 50: here a request takes 30-50 ms at p50 with nothing queued, and with 50 ms a clean-clone
+CI run at a38646a found no rate at which even the defaults met it (p99 67 ms at 1 req/s; 45-48 ms on
+the idle machine right after).
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ from tritonbundle.cli import main
 
 pytestmark = pytest.mark.slow
 
+#: The bad start's batcher delay: most of the SLO, so every request it serves below the batch-filling rates misses.
+BAD_DELAY_US = 140_000
+
 
 def test_tune_beats_a_bad_start_and_reports_the_defaults(exported_minilm: Path, tmp_path: Path) -> None:
     # Short requests: more of them per window, so each level's p99 rests on more samples.
@@ -33,7 +39,8 @@ def test_tune_beats_a_bad_start_and_reports_the_defaults(exported_minilm: Path, 
     manifest.write_text(MANIFEST.read_text().replace("traffic: traffic/chat.jsonl", f"traffic: {sample}"))
     out = tmp_path / "tune"
     code = main(["tune", "--manifest", str(manifest), "--artifacts", str(ARTIFACTS), "--budget-s", "110",
-                 "--window-s", "3", "--start-rate", "8", "--start", "instances=1,max_queue_delay_us=45000",
+                 "--slo-p99-ms", "150", "--window-s", "3", "--start-rate", "8",
+                 "--start", f"instances=1,max_queue_delay_us={BAD_DELAY_US}",
                  "--knobs", "max_queue_delay_us,instances", "--out", str(out)])
     result = json.loads((out / "tune.json").read_text())
     print(f"\ntune (CPU tier): {result['reason']}")
@@ -43,12 +50,12 @@ def test_tune_beats_a_bad_start_and_reports_the_defaults(exported_minilm: Path, 
     assert result["status"] == "done"
 
     start = result["points"][0]
-    assert start["config"] == {"instances": 1, "max_queue_delay_us": 45000}
+    assert start["config"] == {"instances": 1, "max_queue_delay_us": BAD_DELAY_US}
     baseline, winner = result["baseline"], result["winner"]
     assert baseline["config"] == {"instances": 1, "max_queue_delay_us": 2000}, "the shipped defaults are measured"
     assert winner["rate"] > (start["rate"] or 0.0), "the search found a better point than the bad start"
     assert winner["rate"] >= (baseline["rate"] or 0.0), "the winner is at least the defaults on the same measurement"
-    assert winner["config"]["max_queue_delay_us"] < 45000
+    assert winner["config"]["max_queue_delay_us"] < BAD_DELAY_US
 
     assert {"tune.json", "tune.md", "tune.png", "winner.yaml"} <= {f.name for f in out.iterdir()}
     assert yaml.safe_load((out / "winner.yaml").read_text()) == winner["config"]
