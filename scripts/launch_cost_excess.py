@@ -45,7 +45,7 @@ def excess(table: Table, truth: Table, calls: list[np.ndarray]) -> float:
         return LaunchPlanner(targets, buckets, {k: v + LAUNCH_OVERHEAD_S for k, v in t.items()})
 
     priced = planner(truth)
-    chosen = [planner(t) for t in (table, truth)]
+    chosen = [planner(table), priced]  # the truth's own plans are priced by its own planner
     cost = [sum(priced.launch_cost(p.plan_packed(call)[1]) for call in calls) for p in chosen]
     return cost[0] / cost[1]
 

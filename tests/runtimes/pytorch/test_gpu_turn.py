@@ -24,13 +24,19 @@ def _hold(folder: str, ready: Any, seconds: float) -> None:
         time.sleep(seconds)
 
 
-def test_a_second_process_waits_for_the_first_ones_turn_to_end(tmp_path: Path) -> None:
+def _holder(folder: Path, seconds: float) -> Any:
+    """A process that holds GPU-1234's turn for ``seconds``, started and holding it."""
     ctx = multiprocessing.get_context("spawn")
     ready = ctx.Event()
-    holder = ctx.Process(target=_hold, args=(str(tmp_path), ready, 1.0))
+    holder = ctx.Process(target=_hold, args=(str(folder), ready, seconds))
     holder.start()
+    assert ready.wait(30), "the holder never took its turn"
+    return holder
+
+
+def test_a_second_process_waits_for_the_first_ones_turn_to_end(tmp_path: Path) -> None:
+    holder = _holder(tmp_path, 1.0)
     try:
-        assert ready.wait(30)
         with gpu_turn("GPU-1234", folder=tmp_path) as turn:
             assert turn.held and 0.5 < turn.waited_s < 10, turn
         with gpu_turn("GPU-5678", folder=tmp_path) as other:  # another GPU: no wait
@@ -41,12 +47,8 @@ def test_a_second_process_waits_for_the_first_ones_turn_to_end(tmp_path: Path) -
 
 
 def test_a_turn_held_past_the_timeout_is_timed_without_it_and_a_dead_holder_lets_go(tmp_path: Path) -> None:
-    ctx = multiprocessing.get_context("spawn")
-    ready = ctx.Event()
-    holder = ctx.Process(target=_hold, args=(str(tmp_path), ready, 60.0))
-    holder.start()
+    holder = _holder(tmp_path, 60.0)
     try:
-        assert ready.wait(30)
         with gpu_turn("GPU-1234", timeout_s=0.3, folder=tmp_path) as turn:
             assert not turn.held and 0.3 <= turn.waited_s < 5, turn
         holder.kill()
