@@ -83,7 +83,7 @@ def needed_libraries(binaries: list[Path], lib_dir: Path) -> list[Path]:
 
 def stage_server(stage: Path, *, python_version: str = PY_TARGET, strip: bool = True, stub_icu: bool = True) -> dict[str, Any]:
     """Lay out the trimmed server under ``stage``: tritonserver/{bin,backends/python}, lib/."""
-    from tritonbundle.server import _pytriton_root
+    from tritonbundle.installation import _pytriton_root
 
     root = _pytriton_root()
     server = root / "tritonserver"

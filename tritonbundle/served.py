@@ -68,6 +68,8 @@ class ServedRepository:
         self.startup_s = self._launch(timeout_s)
         installation = self.server.installation
         LOG.info("    tritonserver ready in %.1f s (%s)", self.startup_s, installation.description if installation else "")
+        if self.server.mps is not None:
+            LOG.info("    CUDA MPS: server process(es) %s", self.server.mps.servers() or "none: the models reach no MPS server")
         return self.startup_s
 
     def restart(self, timeout_s: float) -> float:

@@ -1,26 +1,16 @@
-"""Start, supervise and stop a real ``tritonserver``.
-
-Two installations are supported:
-
-* the Triton 2.51 binary inside the ``nvidia-pytriton`` wheel (Python backend only; runs on CPU),
-  prepared the way the README's "The CPU server" section describes: the wheel's bundled libraries on
-  ``LD_LIBRARY_PATH``, the Python backend stub of this interpreter's version next to the backend, and
-  this environment's ``bin/`` first on ``PATH`` so Python models import this environment's packages;
-* any other install (the NGC image's ``/opt/tritonserver``), named by ``$TRITONSERVER`` or
-  ``--tritonserver``.
+"""Start, supervise and stop a real ``tritonserver`` (found by :mod:`tritonbundle.installation`).
 
 The server binds to 127.0.0.1 unless told otherwise, writes its log to a file, and is stopped with
 SIGTERM (Triton then drains in-flight requests for up to ``exit_timeout_s``) and SIGKILL after that.
+With ``TRITONBUNDLE_GPU_SHARING=mps`` its model instances share the GPU through a private CUDA MPS
+daemon, started before it and stopped after it (:mod:`tritonbundle.gpu_sharing`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import importlib.util
 import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -31,106 +21,14 @@ from tritonbundle import proc
 from tritonbundle.canary import Canary
 from tritonbundle.contract import RESTRICTED_APIS, RESTRICTED_HEADER, TENANT_HEADER
 from tritonbundle.errors import ServerError
+from tritonbundle.gpu_sharing import MpsDaemon, sharing_from_env
+from tritonbundle.installation import Installation, find_installation
 from tritonbundle.log import LOG
-
-
-@dataclass(frozen=True)
-class Installation:
-    """Where a tritonserver binary, its backends and the environment it needs are."""
-
-    binary: Path
-    backend_dir: Path
-    env: dict[str, str]
-    description: str
 
 
 def redact(text: str, secret: str | None) -> str:
     """``text`` with ``secret`` replaced by ``***`` (keys never reach a log)."""
     return text.replace(secret, "***") if secret else text
-
-
-def _pytriton_root() -> Path:
-    spec = importlib.util.find_spec("pytriton")
-    if spec is None or not spec.submodule_search_locations:
-        raise ServerError(
-            "no tritonserver found: install the CPU server with `pip install nvidia-pytriton==0.7.0` "
-            "(make demo does), or point $TRITONSERVER at a tritonserver binary"
-        )
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "tritonbundle"
-
-
-def wheel_installation() -> Installation:
-    """Prepare the ``tritonserver`` inside the nvidia-pytriton wheel for this interpreter.
-
-    The Python backend's stub must match the interpreter's minor version; the wheel ships one per
-    version, and the backend looks for it in its own directory. Rather than writing into
-    site-packages, a private backend directory is assembled in the user's cache.
-    """
-    root = _pytriton_root()
-    server_dir = root / "tritonserver"
-    binary = server_dir / "bin" / "tritonserver"
-    libs = root.parent / "nvidia_pytriton.libs"
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    stub = server_dir / "python_backend_stubs" / version / "triton_python_backend_stub"
-    if not binary.exists() or not stub.exists():
-        raise ServerError(f"the nvidia-pytriton wheel at {root} has no tritonserver or no stub for Python {version}")
-    backends = _cache_dir() / f"backends-py{version}-{_file_tag(binary)}"
-    python_backend = backends / "python"
-    if not (python_backend / "triton_python_backend_stub").exists():
-        tmp = backends.with_name(backends.name + f".tmp{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        (tmp / "python").mkdir(parents=True)
-        for item in (server_dir / "backends" / "python").iterdir():
-            if item.is_file():
-                shutil.copy2(item, tmp / "python" / item.name)
-        shutil.copy2(stub, tmp / "python" / "triton_python_backend_stub")
-        with contextlib.suppress(OSError):
-            tmp.rename(backends)  # another process may have won the race: fine
-        shutil.rmtree(tmp, ignore_errors=True)
-    _warn_about_numpy_2()
-    env = {
-        "LD_LIBRARY_PATH": os.pathsep.join(p for p in (str(libs), os.environ.get("LD_LIBRARY_PATH", "")) if p),
-        # Python models run in the stub's embedded interpreter, which finds its prefix through
-        # PATH: this environment's bin/ first makes them import this environment's packages.
-        "PATH": os.pathsep.join((str(Path(sys.executable).parent), os.environ.get("PATH", ""))),
-    }
-    return Installation(binary, backends, env, f"tritonserver 2.51 from nvidia-pytriton ({root})")
-
-
-def _warn_about_numpy_2() -> None:
-    """The wheel's Python-backend stubs misread numpy 2 arrays (inputs arrive corrupted; found on the
-    GPU machine, see docs/benchmarks.md): say so before serving with such an environment."""
-    try:
-        from importlib.metadata import version
-
-        major = int(version("numpy").split(".")[0])
-    except Exception:  # noqa: BLE001 - no numpy: nothing to warn about
-        return
-    if major >= 2:
-        LOG.warning("numpy %s is installed: the nvidia-pytriton 0.7.0 Python backend reads numpy 2 tensors "
-                    "wrongly; use numpy<2 (requirements/constraints.txt pins 1.26)", version("numpy"))
-
-
-def _file_tag(path: Path) -> str:
-    st = path.stat()
-    return f"{st.st_size:x}{int(st.st_mtime):x}"
-
-
-def find_installation(tritonserver: str | None = None) -> Installation:
-    """The installation named by the argument or ``$TRITONSERVER``, else the wheel's."""
-    explicit = tritonserver or os.environ.get("TRITONSERVER")
-    if explicit:
-        binary = Path(explicit)
-        if not binary.exists():
-            raise ServerError(f"tritonserver binary {binary} does not exist")
-        backend_dir = Path(os.environ.get("TRITON_BACKEND_DIR", binary.parent.parent / "backends"))
-        return Installation(binary, backend_dir, {}, f"tritonserver at {binary}")
-    return wheel_installation()
 
 
 @dataclass
@@ -184,6 +82,8 @@ class TritonServer:
     installation: Installation | None = None
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
     _log_offset: int = field(default=0, init=False, repr=False)
+    #: The server's own MPS daemon while it runs with ``TRITONBUNDLE_GPU_SHARING=mps``.
+    mps: MpsDaemon | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         o = self.options
@@ -257,7 +157,7 @@ class TritonServer:
         self._log_offset = log.stat().st_size if log is not None and log.exists() else 0
         # The key reaches tritonserver on its command line only (2.51 has no other way to take it):
         # never through the environment, which every Python stub inherits and may log.
-        env = {k: v for k, v in {**os.environ, **self.installation.env}.items()
+        env = {k: v for k, v in {**os.environ, **self.installation.env, **self._gpu_sharing_env()}.items()
                if not (o.restricted_api_key and v == o.restricted_api_key)}
         # Dies with us (a SIGKILLed `serve` leaves no server holding the ports), but only when started
         # from the main thread: the kernel's "parent" is the thread that forked (prctl(2),
@@ -267,6 +167,16 @@ class TritonServer:
         if wait:
             self.wait_ready(timeout_s=ready_timeout_s)
         return self
+
+    def _gpu_sharing_env(self) -> dict[str, str]:
+        """With ``TRITONBUNDLE_GPU_SHARING=mps``: this server's own MPS daemon (started with the server,
+        stopped by :meth:`stop`) and the variables that send its processes there."""
+        if sharing_from_env() != "mps":
+            return {}
+        if self.mps is None:
+            self.mps = MpsDaemon()
+            self.mps.start()
+        return self.mps.env
 
     def _check_ports(self) -> None:
         """Refuse to start on a port someone else holds: the readiness poll would ask them, not us."""
@@ -359,10 +269,12 @@ class TritonServer:
 
     def stop(self, *, timeout_s: float | None = None) -> int | None:
         """SIGTERM, wait for Triton's own drain (``exit_timeout_s`` + margin), then SIGKILL."""
-        if self.process is None:
-            return None
         grace = timeout_s if timeout_s is not None else self.options.exit_timeout_s + 10
-        return proc.stop_group(self.process, grace_s=grace)
+        code = None if self.process is None else proc.stop_group(self.process, grace_s=grace)
+        if self.mps is not None:  # after the server: its processes are the daemon's clients
+            self.mps.stop()
+            self.mps = None
+        return code
 
     def __enter__(self) -> TritonServer:
         if self.process is None:

@@ -127,7 +127,8 @@ def markdown(result: BenchResult) -> str:
         "# tritonbundle bench gpu", "",
         f"- date: {env.get('date')}  (elapsed {result.elapsed_s} s, status {result.status})",
         f"- device: {opts.get('device')}; GPU: {gpu.get('name', '-')}, driver {gpu.get('driver', '-')}, "
-        f"{gpu.get('memory_mib', '-')} MiB; CPUs: {env.get('cpus')}"
+        f"{gpu.get('memory_mib', '-')} MiB" + (f", shared by {env['gpu_sharing']}" if env.get("gpu_sharing") else "")
+        + f"; CPUs: {env.get('cpus')}"
         + (f" ({env['physical_cores']} physical cores)" if env.get("physical_cores") else ""),
         "- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
         f"- command: `{result.command}`",

@@ -247,7 +247,7 @@ def test_the_trimmed_server_that_is_carried_to_the_gpu_machine_serves_the_reposi
 
     stage_server = load_device_pack().stage_server
 
-    from tritonbundle.server import Installation
+    from tritonbundle.installation import Installation
 
     stage = tmp_path / "server"
     info = stage_server(stage, python_version=f"{sys.version_info.major}.{sys.version_info.minor}")

@@ -1,0 +1,193 @@
+"""GPU sharing (tritonbundle/gpu_sharing.py): the private MPS daemon that TritonServer starts with
+``TRITONBUNDLE_GPU_SHARING=mps``.
+
+``nvidia-cuda-mps-control`` needs an NVIDIA driver, which this machine has not: a recording double
+stands in for it. It reproduces what a caller can get wrong, as NVIDIA's MPS guide describes the
+program (https://docs.nvidia.com/deploy/mps/, "nvidia-cuda-mps-control"): ``-d`` forks a daemon that
+outlives the call and keeps the descriptors it inherited (a caller reading the call's output through
+a pipe waits until the daemon quits); the daemon is found only through ``CUDA_MPS_PIPE_DIRECTORY``;
+commands arrive on standard input (``get_server_list``, ``quit``); with no daemon to talk to the
+program exits non-zero. It proves the calls and their environment, not MPS: the real daemon ran on
+the H200 (docs/benchmarks.md, "MPS").
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tritonbundle.errors import ServerError
+from tritonbundle.gpu_sharing import GPU_SHARING_ENV, PIPE_ENV, MpsDaemon, sharing_from_env
+
+DOUBLE = r'''#!/usr/bin/env bash
+# A stand-in for nvidia-cuda-mps-control: records each call, keeps a "daemon" (a sleeper) per pipe folder.
+echo "$* pipe=${CUDA_MPS_PIPE_DIRECTORY:-} log=${CUDA_MPS_LOG_DIRECTORY:-}" >> "$MPS_DOUBLE_CALLS"
+pipe=${CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps}
+if [ "${1:-}" = -d ]; then
+  [ -z "${MPS_DOUBLE_REFUSE:-}" ] || { echo "$MPS_DOUBLE_REFUSE"; exit 1; }
+  sleep 600 &                         # the daemon: inherits stdout/stderr and keeps them open
+  echo $! > "$pipe/control.pid"
+  echo "daemon started" > "${CUDA_MPS_LOG_DIRECTORY:-/var/log/nvidia-mps}/control.log"
+  exit 0
+fi
+pid=$(cat "$pipe/control.pid" 2>/dev/null) && kill -0 "$pid" 2>/dev/null || { echo "Cannot find MPS control daemon process"; exit 1; }
+read -r command
+case "$command" in
+  get_server_list) echo "${MPS_DOUBLE_SERVERS:-}"; exit 0 ;;
+  quit) kill "$pid"; exit 0 ;;
+  *) echo "unknown command $command"; exit 1 ;;
+esac
+'''
+
+
+@pytest.fixture
+def double(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The double first on PATH; returns the file its calls are recorded in."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    control = bin_dir / "nvidia-cuda-mps-control"
+    control.write_text(DOUBLE)
+    control.chmod(0o755)
+    calls = tmp_path / "calls"
+    calls.touch()
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("MPS_DOUBLE_CALLS", str(calls))
+    return calls
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_sharing_defaults_to_time_slicing_and_refuses_other_words(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(GPU_SHARING_ENV, raising=False)
+    assert sharing_from_env() == "time-slicing"
+    monkeypatch.setenv(GPU_SHARING_ENV, "mps")
+    assert sharing_from_env() == "mps"
+    monkeypatch.setenv(GPU_SHARING_ENV, "MPS!")
+    with pytest.raises(ServerError, match=r"TRITONBUNDLE_GPU_SHARING='MPS!': must be one of time-slicing, mps"):
+        sharing_from_env()
+
+
+def test_the_daemon_starts_in_its_own_folder_answers_and_quits(double: Path) -> None:
+    daemon = MpsDaemon()
+    started = time.monotonic()
+    env = daemon.start()
+    assert time.monotonic() - started < 5, "waited on the daemon's inherited output"
+    pipe = Path(env[PIPE_ENV])
+    pid = int((pipe / "control.pid").read_text())
+    assert _alive(pid)
+    calls = double.read_text().splitlines()
+    assert calls[0].startswith(f"-d pipe={pipe} log={env['CUDA_MPS_LOG_DIRECTORY']}")
+    assert calls[1].startswith(f" pipe={pipe}")  # get_server_list, through the same pipe folder
+    assert daemon.servers() == []  # no CUDA client connected yet
+    os.environ["MPS_DOUBLE_SERVERS"] = "4242"
+    try:
+        assert daemon.servers() == [4242]
+    finally:
+        del os.environ["MPS_DOUBLE_SERVERS"]
+    daemon.stop()
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid)
+    assert not pipe.parent.exists(), "the daemon's folder outlived it"
+
+
+def test_a_missing_control_program_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(ServerError, match=r"nvidia-cuda-mps-control is not on PATH.*unset TRITONBUNDLE_GPU_SHARING"):
+        MpsDaemon().start()
+
+
+def test_a_daemon_that_does_not_start_says_why_and_leaves_nothing(double: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MPS_DOUBLE_REFUSE", "An instance of this daemon is already running")
+    daemon = MpsDaemon()
+    with pytest.raises(ServerError, match=r"did not start \(`nvidia-cuda-mps-control -d` exited 1\): An instance"):
+        daemon.start()
+    assert daemon.folder is None
+
+
+MODEL = '''
+import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        with open(os.environ["MPS_TEST_OUT"], "a") as f:
+            f.write(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "-") + "\\n")
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUT", np.ones((1,), np.float32))])
+                for _ in requests]
+'''
+
+
+@pytest.mark.slow
+def test_the_server_s_stubs_reach_the_daemon_and_it_stops_with_the_server(
+        double: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real tritonserver with two instances of a Python model: both stubs see the daemon's pipe folder,
+    the daemon lives while the server does and goes with it; a refused daemon starts no server."""
+    from tritonbundle.modelconfig import InstanceGroup, ModelConfig, TensorSpec, write_config
+    from tritonbundle.server import ServerOptions, TritonServer
+
+    repo = tmp_path / "repo"
+    (repo / "probe" / "1").mkdir(parents=True)
+    (repo / "probe" / "1" / "model.py").write_text(MODEL)
+    write_config(ModelConfig(name="probe", backend="python", max_batch_size=0, inputs=(TensorSpec("IN", "FP32", (1,)),),
+                             outputs=(TensorSpec("OUT", "FP32", (1,)),), instance_groups=(InstanceGroup(2, "KIND_CPU"),)),
+                 repo / "probe")
+    out = tmp_path / "seen"
+    monkeypatch.setenv("MPS_TEST_OUT", str(out))
+    monkeypatch.setenv(GPU_SHARING_ENV, "mps")
+    server = TritonServer(ServerOptions(repo, http_port=0, grpc_port=0, metrics_port=0, log_path=tmp_path / "log",
+                                        exit_timeout_s=2))
+    try:
+        server.start(ready_timeout_s=120)
+        assert server.mps is not None
+        pipe = server.mps.env[PIPE_ENV]
+        assert out.read_text().splitlines() == [pipe, pipe]
+        pid = int((Path(pipe) / "control.pid").read_text())
+        assert _alive(pid)
+    finally:
+        server.stop()
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid), "the daemon outlived its server"
+    assert not Path(pipe).exists()
+
+    monkeypatch.setenv("MPS_DOUBLE_REFUSE", "no GPU")
+    refused = TritonServer(ServerOptions(repo, http_port=0, grpc_port=0, metrics_port=0, log_path=tmp_path / "log2"))
+    with pytest.raises(ServerError, match="did not start.*no GPU"):
+        refused.start(ready_timeout_s=30)
+    assert refused.process is None
+
+
+def test_stop_is_bounded_when_the_daemon_ignores_quit(double: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """stop() gives up after QUIT_S when the daemon still answers (its folder is removed all the same)."""
+    from tritonbundle import gpu_sharing
+
+    monkeypatch.setattr(gpu_sharing, "QUIT_S", 1.0)
+    daemon = MpsDaemon()
+    env = daemon.start()
+    pid = int((Path(env[PIPE_ENV]) / "control.pid").read_text())
+    os.kill(pid, signal.SIGSTOP)  # cannot act on quit's SIGTERM until continued
+    try:
+        started = time.monotonic()
+        daemon.stop()
+        assert time.monotonic() - started < 5
+        assert daemon.folder is None
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        os.kill(pid, signal.SIGKILL)

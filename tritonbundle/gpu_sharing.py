@@ -1,0 +1,131 @@
+"""How the served model instances share a GPU: time-slicing (CUDA's default) or CUDA MPS.
+
+Each instance of a Python-backend model is its own stub process with its own CUDA context, and a GPU
+runs one context at a time: four BERT-base encoder instances on one H200 time-slice it. Under MPS
+(NVIDIA's Multi-Process Service) their work goes through one server process and their kernels may run
+side by side. Measured on the H200 (docs/benchmarks.md, "MPS"): +10.7 % at the knee with token rows,
+6 interleaved rounds each (13,488 [12,163-14,095] req/s against 12,184 [12,144-12,927]).
+
+``TRITONBUNDLE_GPU_SHARING=mps`` makes whatever starts ``tritonserver`` here (``serve``, ``bench``,
+``tune``; :class:`tritonbundle.server.TritonServer`) start a private MPS control daemon first and point
+the server's processes at it (``CUDA_MPS_PIPE_DIRECTORY``); it is stopped with the server. It matters
+for Python-backend models with several instances on a GPU (the pytorch runtime). TensorRT and ONNX
+Runtime models run inside tritonserver's own process, whose instances already share one context: the
+images, which serve those, do not start MPS.
+
+What MPS changes beyond speed (NVIDIA's MPS guide, "Limitations" and "Error containment",
+https://docs.nvidia.com/deploy/mps/): on Volta and later a fatal GPU fault in one client (an illegal
+address, an assertion in a kernel) ends every client of that MPS server, so all instances of the
+server's models fail together instead of one; and a non-MPS CUDA process cannot use the GPU while an
+MPS server runs on it. The default stays ``time-slicing``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from tritonbundle.errors import ServerError
+from tritonbundle.log import LOG
+
+GPU_SHARING_ENV = "TRITONBUNDLE_GPU_SHARING"
+SHARINGS = ("time-slicing", "mps")
+CONTROL = "nvidia-cuda-mps-control"
+PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
+LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
+#: Seconds the daemon may take to answer after it forked, and to go away after ``quit``.
+START_S = 10.0
+QUIT_S = 10.0
+
+
+def sharing_from_env() -> str:
+    """``$TRITONBUNDLE_GPU_SHARING`` (default ``time-slicing``); anything else is refused, naming it."""
+    value = os.environ.get(GPU_SHARING_ENV, "").strip() or SHARINGS[0]
+    if value not in SHARINGS:
+        raise ServerError(f"{GPU_SHARING_ENV}={value!r}: must be one of {', '.join(SHARINGS)}")
+    return value
+
+
+class MpsDaemon:
+    """A private MPS control daemon: ``env = daemon.start()`` (the variables the CUDA processes that
+    should use it need), ``daemon.stop()``. Its pipe and log folders live in a fresh temporary folder,
+    so it neither finds nor disturbs a daemon someone else runs on the host."""
+
+    def __init__(self, control: str | None = None) -> None:
+        self.control = control or CONTROL
+        self.folder: Path | None = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        assert self.folder is not None, "start() first"
+        return {PIPE_ENV: str(self.folder / "pipe"), LOG_ENV: str(self.folder / "log")}
+
+    def start(self) -> dict[str, str]:
+        binary = shutil.which(self.control)
+        if binary is None:
+            raise ServerError(
+                f"{GPU_SHARING_ENV}=mps, but {self.control} is not on PATH: install the NVIDIA driver's utilities "
+                "(in a container: NVIDIA_DRIVER_CAPABILITIES must include compute and utility), or unset "
+                f"{GPU_SHARING_ENV} to let the instances time-slice the GPU")
+        self.folder = Path(tempfile.mkdtemp(prefix="tritonbundle-mps-"))
+        for path in self.env.values():
+            Path(path).mkdir(mode=0o700)
+        daemon = self._call([binary, "-d"], "", timeout_s=START_S)
+        deadline = time.monotonic() + START_S
+        while daemon.returncode == 0 and time.monotonic() < deadline:
+            if self._call([binary], "get_server_list\n", timeout_s=START_S).returncode == 0:
+                LOG.info("CUDA MPS control daemon started (pipes in %s)", self.env[PIPE_ENV])
+                return self.env
+            time.sleep(0.1)
+        why = daemon.stdout.strip() or self._log_tail() or (
+            "no GPU it can use (check CUDA_VISIBLE_DEVICES)" if daemon.returncode == 100 else "it said nothing")
+        self.stop()
+        raise ServerError(f"{GPU_SHARING_ENV}=mps: the MPS control daemon did not start "
+                          f"(`{CONTROL} -d` exited {daemon.returncode}): {why}")
+
+    def servers(self) -> list[int]:
+        """The MPS servers' process ids (``get_server_list``): the daemon starts one when the first CUDA
+        client connects. None running after the models loaded on a GPU means they did not come: a client
+        that cannot reach the daemon runs without MPS and says nothing (NVIDIA's MPS guide)."""
+        if self.folder is None:
+            return []
+        done = self._call([shutil.which(self.control) or self.control], "get_server_list\n", timeout_s=START_S)
+        return [int(w) for w in done.stdout.split() if w.isdigit()] if done.returncode == 0 else []
+
+    def stop(self) -> None:
+        """``quit``, then wait (bounded) until the daemon no longer answers; remove its folder."""
+        if self.folder is None:
+            return
+        binary = shutil.which(self.control) or self.control
+        self._call([binary], "quit\n", timeout_s=QUIT_S)
+        deadline = time.monotonic() + QUIT_S
+        while time.monotonic() < deadline and self._call([binary], "get_server_list\n", timeout_s=QUIT_S).returncode == 0:
+            time.sleep(0.1)
+        self._remove()
+
+    def _call(self, argv: list[str], stdin: str, *, timeout_s: float) -> subprocess.CompletedProcess[str]:
+        """Run the control program; its output goes through a file, not a pipe: with ``-d`` the forked
+        daemon keeps what it inherited open, and a pipe would not reach its end until the daemon quits."""
+        with tempfile.TemporaryFile("w+") as out:
+            try:
+                done = subprocess.run(argv, input=stdin, text=True, stdout=out, stderr=subprocess.STDOUT,  # noqa: S603
+                                      timeout=timeout_s, env={**os.environ, **self.env}, check=False)
+            except (OSError, subprocess.TimeoutExpired) as e:
+                return subprocess.CompletedProcess(argv, -1, str(e), "")
+            out.seek(0)
+            return subprocess.CompletedProcess(argv, done.returncode, out.read(), "")
+
+    def _log_tail(self) -> str:
+        log = self.folder / "log" / "control.log" if self.folder is not None else None
+        if log is None or not log.exists():
+            return ""
+        return " | ".join(log.read_text(errors="replace").strip().splitlines()[-3:])
+
+    def _remove(self) -> None:
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
