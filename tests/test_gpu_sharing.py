@@ -89,11 +89,9 @@ def test_the_daemon_starts_in_its_own_folder_answers_and_quits(double: Path) -> 
     assert calls[0].startswith(f"-d pipe={pipe} log={env['CUDA_MPS_LOG_DIRECTORY']}")
     assert calls[1].startswith(f" pipe={pipe}")  # get_server_list, through the same pipe folder
     assert daemon.servers() == []  # no CUDA client connected yet
-    os.environ["MPS_DOUBLE_SERVERS"] = "4242"
-    try:
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("MPS_DOUBLE_SERVERS", "4242")
         assert daemon.servers() == [4242]
-    finally:
-        del os.environ["MPS_DOUBLE_SERVERS"]
     daemon.stop()
     deadline = time.monotonic() + 5
     while _alive(pid) and time.monotonic() < deadline:
