@@ -53,3 +53,13 @@ def test_a_run_cut_short_has_no_verdict(tmp_path: Path) -> None:
     assert TuneResult.from_json(data) == result
     report.write(result, tmp_path)
     assert not (tmp_path / "winner.yaml").exists() and "Status: interrupted" in (tmp_path / "tune.md").read_text()
+
+
+def test_a_gpu_run_says_how_its_instances_shared_the_gpu(tmp_path: Path) -> None:
+    """A winner found under MPS holds under MPS: the report keeps the mode (README, "Sharing the GPU")."""
+    result = TuneResult(command="c", model="m", slo_p99_ms=50.0, budget_s=60.0, manifest="models.yaml", overrides={},
+                        defaults={"instances": 4}, start={"instances": 4}, status="interrupted", gpu_sharing="mps")
+    data = result.to_json()
+    assert data["gpu_sharing"] == "mps" and TuneResult.from_json(data) == result
+    report.write(result, tmp_path)
+    assert "the instances shared the GPU by mps" in (tmp_path / "tune.md").read_text()

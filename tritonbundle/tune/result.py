@@ -117,6 +117,9 @@ class TuneResult:
     status: str = "running"
     space: Space | None = None
     verdict: Verdict | None = None
+    #: How the instances shared the GPU (``TRITONBUNDLE_GPU_SHARING``; None on the CPU): a winner holds
+    #: for that mode only.
+    gpu_sharing: str | None = None
 
     @property
     def winner(self) -> PointSummary | None:
@@ -128,6 +131,8 @@ class TuneResult:
             "manifest": self.manifest, "overrides": self.overrides, "defaults": self.defaults, "start": self.start,
             "points": [p.to_json() for p in self.points], "status": self.status,
         }
+        if self.gpu_sharing is not None:
+            data["gpu_sharing"] = self.gpu_sharing
         if self.space is not None:
             data["space"] = space_json(self.space)
         if self.verdict is not None:
@@ -141,4 +146,4 @@ class TuneResult:
                    data.get("manifest", ""), dict(data.get("overrides") or {}), dict(data.get("defaults") or {}),
                    dict(data.get("start") or {}), [Point.from_json(p) for p in data.get("points") or []],
                    data.get("status", ""), space_from_json(space) if space is not None else None,
-                   Verdict.from_json(data) if "winner" in data else None)
+                   Verdict.from_json(data) if "winner" in data else None, data.get("gpu_sharing"))

@@ -22,6 +22,7 @@ from typing import Any
 
 from tritonbundle.build.stage import BuildOptions, build, load_manifest
 from tritonbundle.errors import ConfigError, TritonBundleError
+from tritonbundle.gpu_sharing import sharing_from_env
 from tritonbundle.log import LOG, step
 from tritonbundle.manifest import ModelSpec
 from tritonbundle.measure.latency import Slo
@@ -67,7 +68,7 @@ def run_tune(options: TuneOptions) -> TuneResult:
     start = {**defaults, **options.start}
     result = TuneResult(command="tritonbundle " + " ".join(sys.argv[1:]), model=spec.name, slo_p99_ms=options.slo_ms,
                         budget_s=options.budget_s, manifest=str(options.manifest), overrides=options.overrides,
-                        defaults=defaults, start=start)
+                        defaults=defaults, start=start, gpu_sharing=sharing_from_env() if spec.target == "gpu" else None)
     gpu = GpuSampler().start() if spec.target == "gpu" else None
     pool = LoadPool(options.load_procs, work / "logs", "tune").start()
     points = result.points
