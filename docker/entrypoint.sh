@@ -47,6 +47,12 @@ if [ "$serving" = 1 ] && [ -z "${TRITONBUNDLE_API_KEY:-}" ]; then
 fi
 
 if [ "${first##*/}" = tritonserver ]; then
+  # MPS pays off for models whose instances are separate processes (the pytorch runtime, which
+  # `tritonbundle serve` runs); this image serves TensorRT and ONNX Runtime models: one process already.
+  if [ "${TRITONBUNDLE_GPU_SHARING:-time-slicing}" != time-slicing ]; then
+    echo "entrypoint: TRITONBUNDLE_GPU_SHARING=$TRITONBUNDLE_GPU_SHARING is ignored by tritonserver here: it is for" \
+      "\`tritonbundle serve\`, \`bench\` and \`tune\` (README, \"Sharing the GPU\")" >&2
+  fi
   binary="$first"
   shift
   if [ "$binary" = tritonserver ]; then

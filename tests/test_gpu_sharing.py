@@ -13,9 +13,13 @@ the H200 (docs/benchmarks.md, "MPS").
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,6 +33,8 @@ echo "$* pipe=${CUDA_MPS_PIPE_DIRECTORY:-} log=${CUDA_MPS_LOG_DIRECTORY:-}" >> "
 pipe=${CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps}
 if [ "${1:-}" = -d ]; then
   [ -z "${MPS_DOUBLE_REFUSE:-}" ] || { echo "$MPS_DOUBLE_REFUSE"; exit 1; }
+  [ -z "${MPS_DOUBLE_NO_GPU:-}" ] || exit 100      # the real one, with no GPU it can use: silent
+  [ -z "${MPS_DOUBLE_MUTE:-}" ] || exit 0          # forked, but never answers
   sleep 600 &                         # the daemon: inherits stdout/stderr and keeps them open
   echo $! > "$pipe/control.pid"
   echo "daemon started" > "${CUDA_MPS_LOG_DIRECTORY:-/var/log/nvidia-mps}/control.log"
@@ -45,7 +51,22 @@ esac
 
 
 @pytest.fixture
-def double(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def temp(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A short private temporary folder (the daemons' folders go there); at the end, every daemon the
+    double left is killed and the folder must hold no daemon folder."""
+    folder = Path(tempfile.mkdtemp(prefix="tb-", dir="/tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    yield folder
+    left = sorted(folder.glob("tritonbundle-mps-*"))
+    for pid_file in folder.glob("tritonbundle-mps-*/pipe/control.pid"):
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    shutil.rmtree(folder, ignore_errors=True)
+    assert not left, f"daemon folders left behind: {left}"
+
+
+@pytest.fixture
+def double(tmp_path: Path, temp: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The double first on PATH; returns the file its calls are recorded in."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -92,6 +113,7 @@ def test_the_daemon_starts_in_its_own_folder_answers_and_quits(double: Path) -> 
     with pytest.MonkeyPatch.context() as m:
         m.setenv("MPS_DOUBLE_SERVERS", "4242")
         assert daemon.servers() == [4242]
+    assert pipe.parent.parent == Path(tempfile.gettempdir())
     daemon.stop()
     deadline = time.monotonic() + 5
     while _alive(pid) and time.monotonic() < deadline:
@@ -100,18 +122,66 @@ def test_the_daemon_starts_in_its_own_folder_answers_and_quits(double: Path) -> 
     assert not pipe.parent.exists(), "the daemon's folder outlived it"
 
 
+def test_under_a_long_tmpdir_the_sockets_go_to_tmp(double: Path, temp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A socket path over ~107 bytes fails, and a client that cannot reach the daemon runs without MPS silently."""
+    deep = temp / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    daemon = MpsDaemon()
+    pipe = Path(daemon.start()[PIPE_ENV])
+    try:
+        assert pipe.parent.parent == Path("/tmp") and len(str(pipe / "nvidia-cuda-mps-control.pid")) <= 100
+    finally:
+        daemon.stop()
+    assert not pipe.exists()
+
+
 def test_a_missing_control_program_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(ServerError, match=r"nvidia-cuda-mps-control is not on PATH.*unset TRITONBUNDLE_GPU_SHARING"):
         MpsDaemon().start()
 
 
-def test_a_daemon_that_does_not_start_says_why_and_leaves_nothing(double: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MPS_DOUBLE_REFUSE", "An instance of this daemon is already running")
+@pytest.mark.parametrize(("setting", "why"), [
+    ("MPS_DOUBLE_REFUSE", r"exited 1\): An instance of this daemon is already running"),
+    ("MPS_DOUBLE_NO_GPU", r"exited 100\): no GPU it can use \(check CUDA_VISIBLE_DEVICES\)"),
+    ("MPS_DOUBLE_MUTE", r"exited 0\): it did not answer within 1 s"),
+])
+def test_a_daemon_that_does_not_start_says_why_and_leaves_nothing(
+        double: Path, monkeypatch: pytest.MonkeyPatch, setting: str, why: str) -> None:
+    from tritonbundle import gpu_sharing
+
+    monkeypatch.setattr(gpu_sharing, "START_S", 1.0)
+    monkeypatch.setenv(setting, "An instance of this daemon is already running")
     daemon = MpsDaemon()
-    with pytest.raises(ServerError, match=r"did not start \(`nvidia-cuda-mps-control -d` exited 1\): An instance"):
+    started = time.monotonic()
+    with pytest.raises(ServerError, match=r"did not start \(`nvidia-cuda-mps-control -d` " + why):
         daemon.start()
-    assert daemon.folder is None
+    assert time.monotonic() - started < 1.0 + 2.0
+    assert daemon.folder is None  # and the temp fixture finds no folder left
+
+
+def test_a_server_that_fails_to_start_ends_its_daemon_and_a_retry_gets_a_new_one(
+        double: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No daemon outlives a start that failed, whether the daemon or tritonserver failed; the next start
+    (supervise retries) starts a daemon of its own instead of tripping on the failed one."""
+    from tritonbundle.installation import Installation
+    from tritonbundle.server import ServerOptions, TritonServer
+
+    monkeypatch.setenv(GPU_SHARING_ENV, "mps")
+    (tmp_path / "repo").mkdir()
+    server = TritonServer(ServerOptions(tmp_path / "repo", http_port=0, grpc_port=0, metrics_port=0,
+                                        log_path=tmp_path / "log"),
+                          installation=Installation(Path("/bin/false"), tmp_path, {}, "a tritonserver that exits at once"))
+    monkeypatch.setenv("MPS_DOUBLE_REFUSE", "An instance of this daemon is already running")
+    with pytest.raises(ServerError, match="did not start"):
+        server.start(ready_timeout_s=10)
+    assert server.mps is None and server.process is None
+    monkeypatch.delenv("MPS_DOUBLE_REFUSE")
+    with pytest.raises(ServerError, match="tritonserver exited with code 1"):
+        server.start(ready_timeout_s=10)
+    assert server.mps is None, "the daemon outlived the server that failed"
+    assert sum(line.startswith("-d ") for line in double.read_text().splitlines()) == 2
 
 
 MODEL = '''
@@ -187,5 +257,6 @@ def test_stop_is_bounded_when_the_daemon_ignores_quit(double: Path, monkeypatch:
         assert time.monotonic() - started < 5
         assert daemon.folder is None
     finally:
-        os.kill(pid, signal.SIGCONT)
-        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGKILL)

@@ -4,7 +4,7 @@ Each instance of a Python-backend model is its own stub process with its own CUD
 runs one context at a time: four BERT-base encoder instances on one H200 time-slice it. Under MPS
 (NVIDIA's Multi-Process Service) their work goes through one server process and their kernels may run
 side by side. Measured on the H200 (docs/benchmarks.md, "MPS"): +10.7 % at the knee with token rows,
-6 interleaved rounds each (13,488 [12,163-14,095] req/s against 12,184 [12,144-12,927]).
+6 interleaved rounds each (13,489 [12,163-14,095] req/s against 12,184 [12,144-12,927]).
 
 ``TRITONBUNDLE_GPU_SHARING=mps`` makes whatever starts ``tritonserver`` here (``serve``, ``bench``,
 ``tune``; :class:`tritonbundle.server.TritonServer`) start a private MPS control daemon first and point
@@ -53,7 +53,11 @@ def sharing_from_env() -> str:
 class MpsDaemon:
     """A private MPS control daemon: ``env = daemon.start()`` (the variables the CUDA processes that
     should use it need), ``daemon.stop()``. Its pipe and log folders live in a fresh temporary folder,
-    so it neither finds nor disturbs a daemon someone else runs on the host."""
+    so it neither finds nor disturbs a daemon someone else runs on the host.
+
+    Started with ``-d`` (it forks and outlives the call; the measured path on the H200): a ``serve``
+    killed by SIGKILL, which no handler sees, leaves it running, idle; ``echo quit |
+    CUDA_MPS_PIPE_DIRECTORY=<folder>/pipe nvidia-cuda-mps-control`` ends it (the folder is logged)."""
 
     def __init__(self, control: str | None = None) -> None:
         self.control = control or CONTROL
@@ -69,20 +73,21 @@ class MpsDaemon:
         if binary is None:
             raise ServerError(
                 f"{GPU_SHARING_ENV}=mps, but {self.control} is not on PATH: install the NVIDIA driver's utilities "
-                "(in a container: NVIDIA_DRIVER_CAPABILITIES must include compute and utility), or unset "
+                "(in a container: NVIDIA_DRIVER_CAPABILITIES must include compute), or unset "
                 f"{GPU_SHARING_ENV} to let the instances time-slice the GPU")
-        self.folder = Path(tempfile.mkdtemp(prefix="tritonbundle-mps-"))
+        self.folder = _short_temp_folder()
         for path in self.env.values():
             Path(path).mkdir(mode=0o700)
-        daemon = self._call([binary, "-d"], "", timeout_s=START_S)
         deadline = time.monotonic() + START_S
+        daemon = self._call([binary, "-d"], "", deadline)
         while daemon.returncode == 0 and time.monotonic() < deadline:
-            if self._call([binary], "get_server_list\n", timeout_s=START_S).returncode == 0:
+            if self._answers(deadline):
                 LOG.info("CUDA MPS control daemon started (pipes in %s)", self.env[PIPE_ENV])
                 return self.env
             time.sleep(0.1)
         why = daemon.stdout.strip() or self._log_tail() or (
-            "no GPU it can use (check CUDA_VISIBLE_DEVICES)" if daemon.returncode == 100 else "it said nothing")
+            "no GPU it can use (check CUDA_VISIBLE_DEVICES)" if daemon.returncode == 100
+            else f"it did not answer within {START_S:g} s" if daemon.returncode == 0 else "it said nothing")
         self.stop()
         raise ServerError(f"{GPU_SHARING_ENV}=mps: the MPS control daemon did not start "
                           f"(`{CONTROL} -d` exited {daemon.returncode}): {why}")
@@ -93,27 +98,40 @@ class MpsDaemon:
         that cannot reach the daemon runs without MPS and says nothing (NVIDIA's MPS guide)."""
         if self.folder is None:
             return []
-        done = self._call([shutil.which(self.control) or self.control], "get_server_list\n", timeout_s=START_S)
+        done = self._call([self._binary()], "get_server_list\n", time.monotonic() + START_S)
         return [int(w) for w in done.stdout.split() if w.isdigit()] if done.returncode == 0 else []
 
     def stop(self) -> None:
-        """``quit``, then wait (bounded) until the daemon no longer answers; remove its folder."""
+        """``quit``, then wait (``QUIT_S`` in all) until the daemon no longer answers; remove its folder."""
         if self.folder is None:
             return
-        binary = shutil.which(self.control) or self.control
-        self._call([binary], "quit\n", timeout_s=QUIT_S)
         deadline = time.monotonic() + QUIT_S
-        while time.monotonic() < deadline and self._call([binary], "get_server_list\n", timeout_s=QUIT_S).returncode == 0:
+        self._call([self._binary()], "quit\n", deadline)
+        while self._answers(deadline) and time.monotonic() < deadline:
             time.sleep(0.1)
-        self._remove()
+        if self._answers(time.monotonic() + 1.0):
+            LOG.warning("the CUDA MPS control daemon in %s still answers %g s after quit: left running",
+                        self.env[PIPE_ENV], QUIT_S)
+        shutil.rmtree(self.folder, ignore_errors=True)
+        self.folder = None
 
-    def _call(self, argv: list[str], stdin: str, *, timeout_s: float) -> subprocess.CompletedProcess[str]:
-        """Run the control program; its output goes through a file, not a pipe: with ``-d`` the forked
-        daemon keeps what it inherited open, and a pipe would not reach its end until the daemon quits."""
+    def _binary(self) -> str:
+        return shutil.which(self.control) or self.control
+
+    def _answers(self, deadline: float) -> bool:
+        """Whether the daemon answers ``get_server_list`` (exit 0) before ``deadline``."""
+        return self._call([self._binary()], "get_server_list\n", deadline).returncode == 0
+
+    def _call(self, argv: list[str], stdin: str, deadline: float) -> subprocess.CompletedProcess[str]:
+        """Run the control program until ``deadline`` at most. Its output goes through a file, not a
+        pipe: with ``-d`` the forked daemon keeps what it inherited open, and a pipe would not reach
+        its end until the daemon quits. (Not :func:`tritonbundle.proc.run`, which reads through pipes.)"""
+        LOG.debug("$ %s <<< %r (%s)", " ".join(argv), stdin, self.env[PIPE_ENV])
         with tempfile.TemporaryFile("w+") as out:
             try:
                 done = subprocess.run(argv, input=stdin, text=True, stdout=out, stderr=subprocess.STDOUT,  # noqa: S603
-                                      timeout=timeout_s, env={**os.environ, **self.env}, check=False)
+                                      timeout=max(0.1, deadline - time.monotonic()), env={**os.environ, **self.env},
+                                      check=False)
             except (OSError, subprocess.TimeoutExpired) as e:
                 return subprocess.CompletedProcess(argv, -1, str(e), "")
             out.seek(0)
@@ -125,7 +143,13 @@ class MpsDaemon:
             return ""
         return " | ".join(log.read_text(errors="replace").strip().splitlines()[-3:])
 
-    def _remove(self) -> None:
-        if self.folder is not None:
-            shutil.rmtree(self.folder, ignore_errors=True)
-            self.folder = None
+
+def _short_temp_folder() -> Path:
+    """A fresh private folder for the daemon's sockets. A UNIX socket's path holds at most 107 bytes,
+    and a client whose socket path does not work runs without MPS, silently: under a long ``$TMPDIR``
+    the folder goes to /tmp instead."""
+    folder = Path(tempfile.mkdtemp(prefix="tritonbundle-mps-"))
+    if len(str(folder / "pipe" / "nvidia-cuda-mps-control.pid")) <= 100:
+        return folder
+    folder.rmdir()
+    return Path(tempfile.mkdtemp(prefix="tritonbundle-mps-", dir="/tmp"))

@@ -47,6 +47,8 @@ class ServedRepository:
             repository, http_port=0, grpc_port=0, metrics_port=0, log_path=log_path or folder / "tritonserver.log", exit_timeout_s=5,
             extra_args=list(extra_args)))
         self.startup_s: float | None = None
+        #: The MPS servers' process ids after the start (``TRITONBUNDLE_GPU_SHARING=mps``; else None).
+        self.mps_servers: list[int] | None = None
         self._start_timeout_s = 120.0
         self._pool: LoadPool | None = None
         #: connect()'s arguments, for the load generators' setup after a restart.
@@ -68,8 +70,9 @@ class ServedRepository:
         self.startup_s = self._launch(timeout_s)
         installation = self.server.installation
         LOG.info("    tritonserver ready in %.1f s (%s)", self.startup_s, installation.description if installation else "")
-        if self.server.mps is not None:
-            LOG.info("    CUDA MPS: server process(es) %s", self.server.mps.servers() or "none: the models reach no MPS server")
+        self.mps_servers = self.server.mps.servers() if self.server.mps is not None else None
+        if self.mps_servers is not None:
+            LOG.info("    CUDA MPS: server process(es) %s", self.mps_servers or "none: the models reach no MPS server")
         return self.startup_s
 
     def restart(self, timeout_s: float) -> float:

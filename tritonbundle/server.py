@@ -162,8 +162,12 @@ class TritonServer:
         # Dies with us (a SIGKILLed `serve` leaves no server holding the ports), but only when started
         # from the main thread: the kernel's "parent" is the thread that forked (prctl(2),
         # PR_SET_PDEATHSIG), so a server started from a short-lived thread would die with that thread.
-        self.process = proc.start_group(self.command(), log=o.log_path, env=env, inherit_env=False,
-                                        die_with_parent=threading.current_thread() is threading.main_thread())
+        try:
+            self.process = proc.start_group(self.command(), log=o.log_path, env=env, inherit_env=False,
+                                            die_with_parent=threading.current_thread() is threading.main_thread())
+        except BaseException:
+            self._stop_gpu_sharing()
+            raise
         if wait:
             self.wait_ready(timeout_s=ready_timeout_s)
         return self
@@ -174,9 +178,15 @@ class TritonServer:
         if sharing_from_env() != "mps":
             return {}
         if self.mps is None:
-            self.mps = MpsDaemon()
-            self.mps.start()
+            daemon = MpsDaemon()
+            daemon.start()  # a daemon that does not start leaves nothing for the next start to trip on
+            self.mps = daemon
         return self.mps.env
+
+    def _stop_gpu_sharing(self) -> None:
+        if self.mps is not None:  # after the server: its processes are the daemon's clients
+            self.mps.stop()
+            self.mps = None
 
     def _check_ports(self) -> None:
         """Refuse to start on a port someone else holds: the readiness poll would ask them, not us."""
@@ -213,6 +223,7 @@ class TritonServer:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
+                self._stop_gpu_sharing()
                 raise ServerError(f"tritonserver exited with code {self.process.returncode} before becoming ready: "
                                   f"{self.cause()}\n{self.log_tail()}")
             if self.is_ready():
@@ -271,9 +282,7 @@ class TritonServer:
         """SIGTERM, wait for Triton's own drain (``exit_timeout_s`` + margin), then SIGKILL."""
         grace = timeout_s if timeout_s is not None else self.options.exit_timeout_s + 10
         code = None if self.process is None else proc.stop_group(self.process, grace_s=grace)
-        if self.mps is not None:  # after the server: its processes are the daemon's clients
-            self.mps.stop()
-            self.mps = None
+        self._stop_gpu_sharing()
         return code
 
     def __enter__(self) -> TritonServer:

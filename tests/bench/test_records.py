@@ -52,3 +52,22 @@ def test_a_failed_system_and_build_keep_their_error(tmp_path: Path) -> None:
     result = BenchResult.from_json(data)
     assert result.to_json() == data
     assert "- build failed: ConfigError: no weights" in report.markdown(result)
+
+
+@pytest.mark.parametrize(("servers", "line"), [
+    ([1046], "GPU sharing: mps, MPS server process(es) [1046]"),
+    ([], "GPU sharing: mps was asked for, but the instances reached no MPS server: they time-sliced the GPU"),
+])
+def test_the_report_says_whether_the_bundle_reached_an_mps_server(servers: list[int], line: str) -> None:
+    """The H200 run through TRITONBUNDLE_GPU_SHARING=mps (before the bench kept the server ids): with
+    them it says which; a client that reaches no MPS server runs without it silently, and the report says so."""
+    import dataclasses
+
+    result = BenchResult.from_json(json.loads((DOCS / "h200-mps" / "mps-tokens-bench.json").read_text()))
+    model = result.models["bert_base"]
+    bundle = model.systems["bundle"]
+    assert isinstance(bundle, BundleResult) and bundle.mps_servers is None
+    model.systems["bundle"] = dataclasses.replace(bundle, mps_servers=servers)
+    text = report.markdown(result)
+    assert f"\n{line}\n" in text and "- GPU sharing (the bundle's instances): mps" in text
+    assert BenchResult.from_json(result.to_json()).models["bert_base"].systems["bundle"] == model.systems["bundle"]

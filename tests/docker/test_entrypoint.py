@@ -45,7 +45,7 @@ class Started:
 
 
 def start(tmp_path: Path, *args: str, tensorrt: str | None = "11.1.0.106",
-          plans_check: Path | None = PLANS_CHECK) -> Started:
+          plans_check: Path | None = PLANS_CHECK, environment: dict[str, str] | None = None) -> Started:
     """`sh docker/entrypoint.sh tritonserver ARGS...` as the server image runs it (NVIDIA's entry point
     skipped: there is none here), with this machine's Python as python3."""
     bin_dir = tmp_path / "bin"
@@ -62,6 +62,7 @@ def start(tmp_path: Path, *args: str, tensorrt: str | None = "11.1.0.106",
         env["TRITONBUNDLE_TENSORRT_VERSION"] = tensorrt
     if plans_check is not None:
         env["TRITONBUNDLE_TENSORRT_PLANS"] = str(plans_check)
+    env.update(environment or {})
     process = subprocess.Popen(["sh", str(ENTRYPOINT), "tritonserver", *args], env=env, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     stdout, stderr = process.communicate(timeout=60)
@@ -137,3 +138,14 @@ def test_other_commands_do_not_run_the_check(tmp_path: Path) -> None:
     result = subprocess.run(["sh", str(ENTRYPOINT), "echo", "--model-repository=/nowhere"], env=env,
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 0 and result.stdout.strip() == "--model-repository=/nowhere"
+
+
+def test_gpu_sharing_is_said_to_be_ignored_by_the_image_s_tritonserver(tmp_path: Path) -> None:
+    """TRITONBUNDLE_GPU_SHARING=mps is `tritonbundle serve`'s (Python-backend instances); the image's
+    tritonserver serves one-process TensorRT/ONNX Runtime models and says it ignores it, then starts."""
+    repository = plan_repository(tmp_path, built_with="11.1.0.106", version_compatible=False)
+    result = start(tmp_path, f"--model-repository={repository}", environment={"TRITONBUNDLE_GPU_SHARING": "mps"})
+    assert result.returncode == 0 and "fake-tritonserver" in result.stdout, result.stderr
+    assert "TRITONBUNDLE_GPU_SHARING=mps is ignored by tritonserver here" in result.stderr
+    quiet = start(tmp_path, f"--model-repository={repository}")
+    assert "TRITONBUNDLE_GPU_SHARING" not in quiet.stderr

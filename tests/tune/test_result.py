@@ -62,4 +62,4 @@ def test_a_gpu_run_says_how_its_instances_shared_the_gpu(tmp_path: Path) -> None
     data = result.to_json()
     assert data["gpu_sharing"] == "mps" and TuneResult.from_json(data) == result
     report.write(result, tmp_path)
-    assert "the instances shared the GPU by mps" in (tmp_path / "tune.md").read_text()
+    assert "GPU sharing (the instances'): mps" in (tmp_path / "tune.md").read_text()

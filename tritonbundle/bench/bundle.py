@@ -53,6 +53,7 @@ def run_bundle(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> B
         precision=o.precision, encoder_instances=info, padding=padding,
         computed_per_useful=padding.get("computed_per_useful"), seq_padded_per_useful=padding.get("seq_padded_per_useful"),
         breakdown=breakdown(recipe, ref_step, o) if ref_step else None,
+        mps_servers=served.mps_servers,
         # Levels during which tritonserver went down (it was restarted; they count as failed).
         went_down=[Restart(s.offered_rps, s.extra["down"], s.extra.get("restart_s"))
                    for s in result.steps if s.extra.get("down")],

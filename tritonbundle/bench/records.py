@@ -273,6 +273,9 @@ class BundleResult(ServedResult):
     seq_padded_per_useful: float | None
     breakdown: Breakdown | None
     went_down: list[Restart] | None = None
+    #: With ``TRITONBUNDLE_GPU_SHARING=mps``: the MPS servers' process ids once the models loaded
+    #: (empty: the instances reached no MPS server and time-sliced the GPU); None without MPS.
+    mps_servers: list[int] | None = None
 
     def to_json(self) -> Json:
         return self._with_tail(drop_none({
@@ -282,8 +285,9 @@ class BundleResult(ServedResult):
             "encoder_instances": self.encoder_instances, "padding": self.padding,
             "computed_per_useful": self.computed_per_useful, "seq_padded_per_useful": self.seq_padded_per_useful,
             "breakdown": self.breakdown.to_json() if self.breakdown else None,
-            "went_down": None if self.went_down is None else [d.to_json() for d in self.went_down]},
-            "input", "went_down"))
+            "went_down": None if self.went_down is None else [d.to_json() for d in self.went_down],
+            "mps_servers": self.mps_servers},
+            "input", "went_down", "mps_servers"))
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> BundleResult:
@@ -292,7 +296,8 @@ class BundleResult(ServedResult):
                    padding=dict(data["padding"]), computed_per_useful=data.get("computed_per_useful"),
                    seq_padded_per_useful=data.get("seq_padded_per_useful"),
                    breakdown=Breakdown.from_json(b) if b else None,
-                   went_down=None if down is None else [Restart(**d) for d in down], **cls._served(data))
+                   went_down=None if down is None else [Restart(**d) for d in down], mps_servers=data.get("mps_servers"),
+                   **cls._served(data))
 
 
 @dataclass(frozen=True)

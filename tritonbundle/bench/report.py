@@ -127,9 +127,9 @@ def markdown(result: BenchResult) -> str:
         "# tritonbundle bench gpu", "",
         f"- date: {env.get('date')}  (elapsed {result.elapsed_s} s, status {result.status})",
         f"- device: {opts.get('device')}; GPU: {gpu.get('name', '-')}, driver {gpu.get('driver', '-')}, "
-        f"{gpu.get('memory_mib', '-')} MiB" + (f", shared by {env['gpu_sharing']}" if env.get("gpu_sharing") else "")
-        + f"; CPUs: {env.get('cpus')}"
+        f"{gpu.get('memory_mib', '-')} MiB; CPUs: {env.get('cpus')}"
         + (f" ({env['physical_cores']} physical cores)" if env.get("physical_cores") else ""),
+        *([f"- GPU sharing (the bundle's instances): {env['gpu_sharing']}"] if env.get("gpu_sharing") else []),
         "- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
         f"- command: `{result.command}`",
         f"- traffic: {t.get('source')}: {int(t.get('requests', 0))} requests, mean {_f(t.get('mean_tokens'))} tokens, "
@@ -233,6 +233,9 @@ def _bundle_lines(bundle: BundleResult) -> list[str]:
                   + (f", graph capture failed: {inst.get('graph_error')}" if inst.get("graph_error") else "")
                   + _timing_words(inst))
     md += _launch_cost_spread(bundle.encoder_instances or [])
+    if bundle.mps_servers is not None:
+        md.append(f"\nGPU sharing: mps, MPS server process(es) {bundle.mps_servers}" if bundle.mps_servers else
+                  "\nGPU sharing: mps was asked for, but the instances reached no MPS server: they time-sliced the GPU")
     for down in bundle.went_down or []:
         md.append(f"\nbundle: tritonserver went down at {_f(down.offered_rps, ',.0f')} req/s offered ({down.why}); "
                   f"restarted in {_f(down.restart_s, '.1f')} s, the level counts as failed.")

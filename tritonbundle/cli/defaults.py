@@ -69,9 +69,9 @@ ENVIRONMENT = {
     "TRITONBUNDLE_SHAPE_TIMING": "`concurrent`: the pytorch runtime's instances time their launch costs all at once "
                                  "(the mean of each shape's replays) instead of one at a time (`alone`, the default: "
                                  "the fastest replay); for A/B measurements",
-    "TRITONBUNDLE_GPU_SHARING": "`mps`: the served models' instances share each GPU through a CUDA MPS daemon "
-                                "that whatever starts tritonserver (`serve`, `bench`, `tune`, the images' entry point) "
-                                "starts first; `time-slicing` (the default) leaves them to CUDA's time slices "
-                                "(README, \"Sharing the GPU\")",
+    "TRITONBUNDLE_GPU_SHARING": "`mps`: `serve`, `bench` and `tune` start a private CUDA MPS daemon before "
+                                "tritonserver, so a model's instances (Python-backend processes, the pytorch runtime) "
+                                "share each GPU side by side; `time-slicing` (the default) leaves them to CUDA's time "
+                                "slices (README, \"Sharing the GPU\")",
     "TRITONBUNDLE_LOADTEST": "set by `loadtest`: the settings the locustfile reads",
 }

@@ -64,6 +64,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         return _serve(args, server, stop)
     finally:
+        server.stop()  # stopped already on every path but an error's; then it ends what is left (the MPS daemon)
         for path in key_files:
             path.unlink(missing_ok=True)
 
