@@ -260,3 +260,47 @@ def test_stop_is_bounded_when_the_daemon_ignores_quit(double: Path, monkeypatch:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_serve_says_whether_the_models_reached_the_daemon_and_ends_it_on_sigterm(
+        double: Path, temp: Path, tmp_path: Path) -> None:
+    """`tritonbundle serve` with the setting: the log says which MPS servers the models reached (none here:
+    the double starts none, and the probe model runs on the CPU); SIGTERM ends the daemon too."""
+    import subprocess
+    import sys
+
+    from tritonbundle.modelconfig import InstanceGroup, ModelConfig, TensorSpec, write_config
+    from tritonbundle.proc import free_ports
+
+    repo = tmp_path / "repo"
+    (repo / "probe" / "1").mkdir(parents=True)
+    (repo / "probe" / "1" / "model.py").write_text(MODEL)
+    write_config(ModelConfig(name="probe", backend="python", max_batch_size=0, inputs=(TensorSpec("IN", "FP32", (1,)),),
+                             outputs=(TensorSpec("OUT", "FP32", (1,)),), instance_groups=(InstanceGroup(1, "KIND_CPU"),)),
+                 repo / "probe")
+    http, grpc, metrics = free_ports(3)
+    ready = tmp_path / "ready.json"
+    env = {**os.environ, GPU_SHARING_ENV: "mps", "TMPDIR": str(temp), "MPS_TEST_OUT": str(tmp_path / "seen"),
+           "XDG_STATE_HOME": str(tmp_path / "state")}
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "tritonbundle", "serve", "--repository", str(repo), "--http-port", str(http),
+         "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--log-file", str(tmp_path / "tritonserver.log"),
+         "--ready-file", str(ready), "--canary-interval-s", "0"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists() and serve.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert ready.exists(), "serve did not become ready"
+        (folder,) = temp.glob("tritonbundle-mps-*")
+        pid = int((folder / "pipe" / "control.pid").read_text())
+        assert _alive(pid)
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        out, _ = serve.communicate(timeout=60)
+    assert "CUDA MPS: server process(es) none: no model reached it" in out, out[-2000:]
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid) and not folder.exists(), "the daemon outlived serve"
