@@ -201,20 +201,27 @@ class TritonPythonModel:
 '''
 
 
-@pytest.mark.slow
-def test_the_server_s_stubs_reach_the_daemon_and_it_stops_with_the_server(
-        double: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A real tritonserver with two instances of a Python model: both stubs see the daemon's pipe folder,
-    the daemon lives while the server does and goes with it; a refused daemon starts no server."""
+def probe_repository(tmp_path: Path, instances: int) -> Path:
+    """A repository with ``probe``: a Python model whose instances each write the MPS pipe folder they see."""
     from tritonbundle.modelconfig import InstanceGroup, ModelConfig, TensorSpec, write_config
-    from tritonbundle.server import ServerOptions, TritonServer
 
     repo = tmp_path / "repo"
     (repo / "probe" / "1").mkdir(parents=True)
     (repo / "probe" / "1" / "model.py").write_text(MODEL)
     write_config(ModelConfig(name="probe", backend="python", max_batch_size=0, inputs=(TensorSpec("IN", "FP32", (1,)),),
-                             outputs=(TensorSpec("OUT", "FP32", (1,)),), instance_groups=(InstanceGroup(2, "KIND_CPU"),)),
-                 repo / "probe")
+                             outputs=(TensorSpec("OUT", "FP32", (1,)),),
+                             instance_groups=(InstanceGroup(instances, "KIND_CPU"),)), repo / "probe")
+    return repo
+
+
+@pytest.mark.slow
+def test_the_server_s_stubs_reach_the_daemon_and_it_stops_with_the_server(
+        double: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real tritonserver with two instances of a Python model: both stubs see the daemon's pipe folder,
+    the daemon lives while the server does and goes with it; a refused daemon starts no server."""
+    from tritonbundle.server import ServerOptions, TritonServer
+
+    repo = probe_repository(tmp_path, instances=2)
     out = tmp_path / "seen"
     monkeypatch.setenv("MPS_TEST_OUT", str(out))
     monkeypatch.setenv(GPU_SHARING_ENV, "mps")
@@ -264,30 +271,16 @@ def test_stop_is_bounded_when_the_daemon_ignores_quit(double: Path, monkeypatch:
 
 @pytest.mark.slow
 def test_serve_says_whether_the_models_reached_the_daemon_and_ends_it_on_sigterm(
-        double: Path, temp: Path, tmp_path: Path) -> None:
+        double: Path, temp: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`tritonbundle serve` with the setting: the log says which MPS servers the models reached (none here:
     the double starts none, and the probe model runs on the CPU); SIGTERM ends the daemon too."""
-    import subprocess
-    import sys
+    from tests.reliability.supervised import spawn_serve, stop_serve
 
-    from tritonbundle.modelconfig import InstanceGroup, ModelConfig, TensorSpec, write_config
-    from tritonbundle.proc import free_ports
-
-    repo = tmp_path / "repo"
-    (repo / "probe" / "1").mkdir(parents=True)
-    (repo / "probe" / "1" / "model.py").write_text(MODEL)
-    write_config(ModelConfig(name="probe", backend="python", max_batch_size=0, inputs=(TensorSpec("IN", "FP32", (1,)),),
-                             outputs=(TensorSpec("OUT", "FP32", (1,)),), instance_groups=(InstanceGroup(1, "KIND_CPU"),)),
-                 repo / "probe")
-    http, grpc, metrics = free_ports(3)
+    repo = probe_repository(tmp_path, instances=1)
+    for name, value in ((GPU_SHARING_ENV, "mps"), ("TMPDIR", str(temp)), ("MPS_TEST_OUT", str(tmp_path / "seen"))):
+        monkeypatch.setenv(name, value)
     ready = tmp_path / "ready.json"
-    env = {**os.environ, GPU_SHARING_ENV: "mps", "TMPDIR": str(temp), "MPS_TEST_OUT": str(tmp_path / "seen"),
-           "XDG_STATE_HOME": str(tmp_path / "state")}
-    serve = subprocess.Popen(
-        [sys.executable, "-m", "tritonbundle", "serve", "--repository", str(repo), "--http-port", str(http),
-         "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--log-file", str(tmp_path / "tritonserver.log"),
-         "--ready-file", str(ready), "--canary-interval-s", "0"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    serve, _, _ = spawn_serve(repo, tmp_path, "--ready-file", str(ready), "--canary-interval-s", "0")
     try:
         deadline = time.monotonic() + 120
         while not ready.exists() and serve.poll() is None and time.monotonic() < deadline:
@@ -297,8 +290,8 @@ def test_serve_says_whether_the_models_reached_the_daemon_and_ends_it_on_sigterm
         pid = int((folder / "pipe" / "control.pid").read_text())
         assert _alive(pid)
     finally:
-        serve.send_signal(signal.SIGTERM)
-        out, _ = serve.communicate(timeout=60)
+        stop_serve(serve)
+    out = (tmp_path / "serve.log").read_text()
     assert "CUDA MPS: server process(es) none: no model reached it" in out, out[-2000:]
     deadline = time.monotonic() + 5
     while _alive(pid) and time.monotonic() < deadline:

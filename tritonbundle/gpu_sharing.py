@@ -98,7 +98,7 @@ class MpsDaemon:
         that cannot reach the daemon runs without MPS and says nothing (NVIDIA's MPS guide)."""
         if self.folder is None:
             return []
-        done = self._call([self._binary()], "get_server_list\n", time.monotonic() + START_S)
+        done = self._server_list(time.monotonic() + START_S)
         return [int(w) for w in done.stdout.split() if w.isdigit()] if done.returncode == 0 else []
 
     def stop(self) -> None:
@@ -107,9 +107,10 @@ class MpsDaemon:
             return
         deadline = time.monotonic() + QUIT_S
         self._call([self._binary()], "quit\n", deadline)
-        while self._answers(deadline) and time.monotonic() < deadline:
+        answering = True
+        while time.monotonic() < deadline and (answering := self._answers(deadline)):
             time.sleep(0.1)
-        if self._answers(time.monotonic() + 1.0):
+        if answering:
             LOG.warning("the CUDA MPS control daemon in %s still answers %g s after quit: left running",
                         self.env[PIPE_ENV], QUIT_S)
         shutil.rmtree(self.folder, ignore_errors=True)
@@ -118,9 +119,12 @@ class MpsDaemon:
     def _binary(self) -> str:
         return shutil.which(self.control) or self.control
 
+    def _server_list(self, deadline: float) -> subprocess.CompletedProcess[str]:
+        return self._call([self._binary()], "get_server_list\n", deadline)
+
     def _answers(self, deadline: float) -> bool:
         """Whether the daemon answers ``get_server_list`` (exit 0) before ``deadline``."""
-        return self._call([self._binary()], "get_server_list\n", deadline).returncode == 0
+        return self._server_list(deadline).returncode == 0
 
     def _call(self, argv: list[str], stdin: str, deadline: float) -> subprocess.CompletedProcess[str]:
         """Run the control program until ``deadline`` at most. Its output goes through a file, not a
@@ -142,6 +146,13 @@ class MpsDaemon:
         if log is None or not log.exists():
             return ""
         return " | ".join(log.read_text(errors="replace").strip().splitlines()[-3:])
+
+
+def servers_words(servers: list[int]) -> str:
+    """What a log says of :meth:`MpsDaemon.servers` once the models loaded."""
+    return (f"CUDA MPS: server process(es) {servers}" if servers else
+            "CUDA MPS: server process(es) none: no model reached it (models on the CPU, or clients that cannot "
+            "reach its pipes)")
 
 
 def _short_temp_folder() -> Path:

@@ -15,6 +15,7 @@ from typing import Any
 
 from tritonbundle import proc
 from tritonbundle.canary import Canary, server_cpu_s
+from tritonbundle.gpu_sharing import servers_words
 from tritonbundle.log import LOG
 from tritonbundle.measure import triton_metrics
 from tritonbundle.measure.latency import Slo
@@ -72,7 +73,7 @@ class ServedRepository:
         LOG.info("    tritonserver ready in %.1f s (%s)", self.startup_s, installation.description if installation else "")
         self.mps_servers = self.server.mps.servers() if self.server.mps is not None else None
         if self.mps_servers is not None:
-            LOG.info("    CUDA MPS: server process(es) %s", self.mps_servers or "none: the models reach no MPS server")
+            LOG.info("    %s", servers_words(self.mps_servers))
         return self.startup_s
 
     def restart(self, timeout_s: float) -> float:

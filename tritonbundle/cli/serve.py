@@ -99,8 +99,9 @@ def _serve(args: argparse.Namespace, server: Any, stop: threading.Event) -> int:
         LOG.info("ready: HTTP %s  gRPC %s  metrics %s%s", server.http_url, server.grpc_url, server.metrics_url,
                  f"  (log: {args.log_file})" if args.log_file else "")
         if server.mps is not None:  # TRITONBUNDLE_GPU_SHARING=mps: did the models' processes come?
-            LOG.info("CUDA MPS: server process(es) %s", server.mps.servers()
-                     or "none: no model reached it (models on the CPU, or clients that cannot reach its pipes)")
+            from tritonbundle.gpu_sharing import servers_words
+
+            LOG.info("%s", servers_words(server.mps.servers()))
         if args.ready_file:
             args.ready_file.write_text(json.dumps({"http": server.http_url, "grpc": server.grpc_url,
                                                    "metrics": server.metrics_url}))
