@@ -13,8 +13,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tritonbundle"
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"__init__", "contract", "errors", "canary"}),
     frozenset({"log", "files"}),
-    frozenset({"proc", "modelconfig", "traffic", "installation", "gpu_sharing"}),
-    frozenset({"manifest", "payloads"}),
+    frozenset({"proc", "modelconfig", "traffic", "installation"}),
+    frozenset({"manifest", "payloads", "gpu_sharing"}),
     frozenset({"plan", "recipes", "server", "clients"}),
     frozenset({"runtimes", "measure"}),
     frozenset({"tasks", "served"}),

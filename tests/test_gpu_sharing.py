@@ -3,9 +3,9 @@
 
 ``nvidia-cuda-mps-control`` needs an NVIDIA driver, which this machine has not: a recording double
 stands in for it. It reproduces what a caller can get wrong, as NVIDIA's MPS guide describes the
-program (https://docs.nvidia.com/deploy/mps/, "nvidia-cuda-mps-control"): ``-d`` forks a daemon that
-outlives the call and keeps the descriptors it inherited (a caller reading the call's output through
-a pipe waits until the daemon quits); the daemon is found only through ``CUDA_MPS_PIPE_DIRECTORY``;
+program (https://docs.nvidia.com/deploy/mps/, "nvidia-cuda-mps-control"): ``-f`` runs the daemon in
+the foreground until ``quit``, or refuses and exits (exit 100: no GPU it can use); the daemon is found
+only through ``CUDA_MPS_PIPE_DIRECTORY``;
 commands arrive on standard input (``get_server_list``, ``quit``); with no daemon to talk to the
 program exits non-zero. It proves the calls and their environment, not MPS: the real daemon ran on
 the H200 (docs/benchmarks.md, "MPS").
@@ -31,14 +31,13 @@ DOUBLE = r'''#!/usr/bin/env bash
 # A stand-in for nvidia-cuda-mps-control: records each call, keeps a "daemon" (a sleeper) per pipe folder.
 echo "$* pipe=${CUDA_MPS_PIPE_DIRECTORY:-} log=${CUDA_MPS_LOG_DIRECTORY:-}" >> "$MPS_DOUBLE_CALLS"
 pipe=${CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps}
-if [ "${1:-}" = -d ]; then
+if [ "${1:-}" = -f ]; then
   [ -z "${MPS_DOUBLE_REFUSE:-}" ] || { echo "$MPS_DOUBLE_REFUSE"; exit 1; }
   [ -z "${MPS_DOUBLE_NO_GPU:-}" ] || exit 100      # the real one, with no GPU it can use: silent
-  [ -z "${MPS_DOUBLE_MUTE:-}" ] || exit 0          # forked, but never answers
-  sleep 600 &                         # the daemon: inherits stdout/stderr and keeps them open
-  echo $! > "$pipe/control.pid"
+  [ -z "${MPS_DOUBLE_MUTE:-}" ] || exec sleep 600  # runs, but never answers
+  echo $$ > "$pipe/control.pid"
   echo "daemon started" > "${CUDA_MPS_LOG_DIRECTORY:-/var/log/nvidia-mps}/control.log"
-  exit 0
+  exec sleep 600                      # the daemon, in the foreground: this process until quit
 fi
 pid=$(cat "$pipe/control.pid" 2>/dev/null) && kill -0 "$pid" 2>/dev/null || { echo "Cannot find MPS control daemon process"; exit 1; }
 read -r command
@@ -102,13 +101,13 @@ def test_the_daemon_starts_in_its_own_folder_answers_and_quits(double: Path) -> 
     daemon = MpsDaemon()
     started = time.monotonic()
     env = daemon.start()
-    assert time.monotonic() - started < 5, "waited on the daemon's inherited output"
+    assert time.monotonic() - started < 5
     pipe = Path(env[PIPE_ENV])
     pid = int((pipe / "control.pid").read_text())
     assert _alive(pid)
     calls = double.read_text().splitlines()
-    assert calls[0].startswith(f"-d pipe={pipe} log={env['CUDA_MPS_LOG_DIRECTORY']}")
-    assert calls[1].startswith(f" pipe={pipe}")  # get_server_list, through the same pipe folder
+    assert [c for c in calls if c.startswith("-f ")] == [f"-f pipe={pipe} log={env['CUDA_MPS_LOG_DIRECTORY']}"]
+    assert f" pipe={pipe} log={env['CUDA_MPS_LOG_DIRECTORY']}" in calls  # get_server_list, through the same folder
     assert daemon.servers() == []  # no CUDA client connected yet
     with pytest.MonkeyPatch.context() as m:
         m.setenv("MPS_DOUBLE_SERVERS", "4242")
@@ -145,7 +144,7 @@ def test_a_missing_control_program_is_named(monkeypatch: pytest.MonkeyPatch, tmp
 @pytest.mark.parametrize(("setting", "why"), [
     ("MPS_DOUBLE_REFUSE", r"exited 1\): An instance of this daemon is already running"),
     ("MPS_DOUBLE_NO_GPU", r"exited 100\): no GPU it can use \(check CUDA_VISIBLE_DEVICES\)"),
-    ("MPS_DOUBLE_MUTE", r"exited 0\): it did not answer within 1 s"),
+    ("MPS_DOUBLE_MUTE", r"still running\): it did not answer within 1 s"),
 ])
 def test_a_daemon_that_does_not_start_says_why_and_leaves_nothing(
         double: Path, monkeypatch: pytest.MonkeyPatch, setting: str, why: str) -> None:
@@ -155,7 +154,7 @@ def test_a_daemon_that_does_not_start_says_why_and_leaves_nothing(
     monkeypatch.setenv(setting, "An instance of this daemon is already running")
     daemon = MpsDaemon()
     started = time.monotonic()
-    with pytest.raises(ServerError, match=r"did not start \(`nvidia-cuda-mps-control -d` " + why):
+    with pytest.raises(ServerError, match=r"did not start \(`nvidia-cuda-mps-control -f` " + why):
         daemon.start()
     assert time.monotonic() - started < 1.0 + 2.0
     assert daemon.folder is None  # and the temp fixture finds no folder left
@@ -181,7 +180,7 @@ def test_a_server_that_fails_to_start_ends_its_daemon_and_a_retry_gets_a_new_one
     with pytest.raises(ServerError, match="tritonserver exited with code 1"):
         server.start(ready_timeout_s=10)
     assert server.mps is None, "the daemon outlived the server that failed"
-    assert sum(line.startswith("-d ") for line in double.read_text().splitlines()) == 2
+    assert sum(line.startswith("-f ") for line in double.read_text().splitlines()) == 2
 
 
 MODEL = '''
@@ -249,8 +248,8 @@ def test_the_server_s_stubs_reach_the_daemon_and_it_stops_with_the_server(
     assert refused.process is None
 
 
-def test_stop_is_bounded_when_the_daemon_ignores_quit(double: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """stop() gives up after QUIT_S when the daemon still answers (its folder is removed all the same)."""
+def test_a_daemon_that_ignores_quit_is_ended_in_bounded_time(double: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """stop() waits QUIT_S for the daemon to act on quit, then ends its process group."""
     from tritonbundle import gpu_sharing
 
     monkeypatch.setattr(gpu_sharing, "QUIT_S", 1.0)
@@ -258,15 +257,41 @@ def test_stop_is_bounded_when_the_daemon_ignores_quit(double: Path, monkeypatch:
     env = daemon.start()
     pid = int((Path(env[PIPE_ENV]) / "control.pid").read_text())
     os.kill(pid, signal.SIGSTOP)  # cannot act on quit's SIGTERM until continued
+    started = time.monotonic()
+    daemon.stop()
+    assert time.monotonic() - started < 5
+    assert daemon.folder is None and daemon.process is None
+    assert not _alive(pid), "a daemon that ignored quit was left running"
+
+
+KILLED_STARTER = """
+import sys, time
+from tritonbundle.gpu_sharing import MpsDaemon, PIPE_ENV
+print(MpsDaemon().start(die_with_parent=True)[PIPE_ENV], flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_daemon_dies_with_a_starter_killed_by_sigkill(double: Path, temp: Path) -> None:
+    """A `serve` killed by SIGKILL runs no cleanup: the kernel ends the daemon it started (no idle daemon left)."""
+    import subprocess
+    import sys
+
+    starter = subprocess.Popen([sys.executable, "-c", KILLED_STARTER], stdout=subprocess.PIPE, text=True,  # noqa: S603
+                               env={**os.environ, "TMPDIR": str(temp)})
     try:
-        started = time.monotonic()
-        daemon.stop()
-        assert time.monotonic() - started < 5
-        assert daemon.folder is None
+        assert starter.stdout is not None
+        pipe = Path(starter.stdout.readline().strip())
+        pid = int((pipe / "control.pid").read_text())
+        assert _alive(pid)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)
-            os.kill(pid, signal.SIGKILL)
+        starter.kill()
+        starter.wait(timeout=10)
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid), "the daemon outlived the process that started it"
+    shutil.rmtree(pipe.parent)  # a SIGKILLed starter cannot remove its folder
 
 
 @pytest.mark.slow

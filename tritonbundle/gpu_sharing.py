@@ -31,6 +31,7 @@ from pathlib import Path
 
 from tritonbundle.errors import ServerError
 from tritonbundle.log import LOG
+from tritonbundle.proc import start_group, stop_group
 
 GPU_SHARING_ENV = "TRITONBUNDLE_GPU_SHARING"
 SHARINGS = ("time-slicing", "mps")
@@ -40,6 +41,8 @@ LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
 #: Seconds the daemon may take to answer after it forked, and to go away after ``quit``.
 START_S = 10.0
 QUIT_S = 10.0
+#: The foreground daemon's own output, in its log folder.
+FOREGROUND_LOG = "foreground.log"
 
 
 def sharing_from_env() -> str:
@@ -55,20 +58,22 @@ class MpsDaemon:
     should use it need), ``daemon.stop()``. Its pipe and log folders live in a fresh temporary folder,
     so it neither finds nor disturbs a daemon someone else runs on the host.
 
-    Started with ``-d`` (it forks and outlives the call; the measured path on the H200): a ``serve``
-    killed by SIGKILL, which no handler sees, leaves it running, idle; ``echo quit |
-    CUDA_MPS_PIPE_DIRECTORY=<folder>/pipe nvidia-cuda-mps-control`` ends it (the folder is logged)."""
+    Run in the foreground (``-f``) as this process's child, in a process group of its own, its output
+    in ``<folder>/log/foreground.log``. With ``die_with_parent`` the kernel kills it when the starting
+    thread dies, even by SIGKILL, which no handler sees (:func:`tritonbundle.proc.start_group`): a
+    killed ``serve`` leaves no daemon behind. (``-d`` would fork it away from us.)"""
 
     def __init__(self, control: str | None = None) -> None:
         self.control = control or CONTROL
         self.folder: Path | None = None
+        self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def env(self) -> dict[str, str]:
         assert self.folder is not None, "start() first"
         return {PIPE_ENV: str(self.folder / "pipe"), LOG_ENV: str(self.folder / "log")}
 
-    def start(self) -> dict[str, str]:
+    def start(self, *, die_with_parent: bool = False) -> dict[str, str]:
         binary = shutil.which(self.control)
         if binary is None:
             raise ServerError(
@@ -79,18 +84,20 @@ class MpsDaemon:
         for path in self.env.values():
             Path(path).mkdir(mode=0o700)
         deadline = time.monotonic() + START_S
-        daemon = self._call([binary, "-d"], "", deadline)
-        while daemon.returncode == 0 and time.monotonic() < deadline:
+        self.process = start_group([binary, "-f"], log=self.folder / "log" / FOREGROUND_LOG, env=self.env,
+                                   die_with_parent=die_with_parent)
+        while self.process.poll() is None and time.monotonic() < deadline:
             if self._answers(deadline):
                 LOG.info("CUDA MPS control daemon started (pipes in %s)", self.env[PIPE_ENV])
                 return self.env
             time.sleep(0.1)
-        why = daemon.stdout.strip() or self._log_tail() or (
-            "no GPU it can use (check CUDA_VISIBLE_DEVICES)" if daemon.returncode == 100
-            else f"it did not answer within {START_S:g} s" if daemon.returncode == 0 else "it said nothing")
+        code = self.process.poll()
+        why = self._log_tail() or (
+            "no GPU it can use (check CUDA_VISIBLE_DEVICES)" if code == 100
+            else f"it did not answer within {START_S:g} s" if code is None else "it said nothing")
         self.stop()
         raise ServerError(f"{GPU_SHARING_ENV}=mps: the MPS control daemon did not start "
-                          f"(`{CONTROL} -d` exited {daemon.returncode}): {why}")
+                          f"(`{CONTROL} -f` {'still running' if code is None else f'exited {code}'}): {why}")
 
     def servers(self) -> list[int]:
         """The MPS servers' process ids (``get_server_list``): the daemon starts one when the first CUDA
@@ -102,17 +109,21 @@ class MpsDaemon:
         return [int(w) for w in done.stdout.split() if w.isdigit()] if done.returncode == 0 else []
 
     def stop(self) -> None:
-        """``quit``, then wait (``QUIT_S`` in all) until the daemon no longer answers; remove its folder."""
+        """``quit``, then wait (``QUIT_S``) for the daemon to exit, else end its process group; remove its
+        folder."""
         if self.folder is None:
             return
-        deadline = time.monotonic() + QUIT_S
-        self._call([self._binary()], "quit\n", deadline)
-        answering = True
-        while time.monotonic() < deadline and (answering := self._answers(deadline)):
-            time.sleep(0.1)
-        if answering:
-            LOG.warning("the CUDA MPS control daemon in %s still answers %g s after quit: left running",
-                        self.env[PIPE_ENV], QUIT_S)
+        if self.process is not None and self.process.poll() is None:
+            deadline = time.monotonic() + QUIT_S
+            quit_sent = self._call([self._binary()], "quit\n", deadline).returncode == 0
+            try:  # one that never answered is not waited for
+                self.process.wait(timeout=max(0.1, deadline - time.monotonic()) if quit_sent else 0.1)
+            except subprocess.TimeoutExpired:
+                if quit_sent:
+                    LOG.warning("the CUDA MPS control daemon in %s did not quit within %g s: ending its "
+                                "process group", self.env[PIPE_ENV], QUIT_S)
+                stop_group(self.process, grace_s=1.0)
+        self.process = None
         shutil.rmtree(self.folder, ignore_errors=True)
         self.folder = None
 
@@ -127,9 +138,9 @@ class MpsDaemon:
         return self._server_list(deadline).returncode == 0
 
     def _call(self, argv: list[str], stdin: str, deadline: float) -> subprocess.CompletedProcess[str]:
-        """Run the control program until ``deadline`` at most. Its output goes through a file, not a
-        pipe: with ``-d`` the forked daemon keeps what it inherited open, and a pipe would not reach
-        its end until the daemon quits. (Not :func:`tritonbundle.proc.run`, which reads through pipes.)"""
+        """Run the control program (a client of the daemon) until ``deadline`` at most. Its output goes
+        through a file, not a pipe: should it start anything that inherits the descriptors, a pipe would
+        not reach its end. (Not :func:`tritonbundle.proc.run`, which reads through pipes.)"""
         LOG.debug("$ %s <<< %r (%s)", " ".join(argv), stdin, self.env[PIPE_ENV])
         with tempfile.TemporaryFile("w+") as out:
             try:
@@ -142,10 +153,14 @@ class MpsDaemon:
             return subprocess.CompletedProcess(argv, done.returncode, out.read(), "")
 
     def _log_tail(self) -> str:
-        log = self.folder / "log" / "control.log" if self.folder is not None else None
-        if log is None or not log.exists():
+        """The last lines the daemon wrote: its own output, else its control log."""
+        if self.folder is None:
             return ""
-        return " | ".join(log.read_text(errors="replace").strip().splitlines()[-3:])
+        for log in (self.folder / "log" / FOREGROUND_LOG, self.folder / "log" / "control.log"):
+            lines = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
+            if lines:
+                return " | ".join(lines[-3:])
+        return ""
 
 
 def servers_words(servers: list[int]) -> str:

@@ -179,7 +179,9 @@ class TritonServer:
             return {}
         if self.mps is None:
             daemon = MpsDaemon()
-            daemon.start()  # a daemon that does not start leaves nothing for the next start to trip on
+            # A daemon that does not start leaves nothing for the next start to trip on; one that did
+            # dies with this thread, as the server does (see start()).
+            daemon.start(die_with_parent=threading.current_thread() is threading.main_thread())
             self.mps = daemon
         return self.mps.env
 
