@@ -105,3 +105,60 @@ def test_the_first_rate_comes_from_the_engines_launch_timings() -> None:
     # 64 rows: 40 ms is over half of a 50 ms SLO; per length the best fitting batch: 4 and 1.6 rows/ms.
     assert capacity_estimate(launches, 2, 50.0) == 2 * (4000 + 1600) / 2
     assert capacity_estimate(None, 2, 50.0) is None
+
+
+def _noisy(rates: dict[int, list[float | None]]) -> tuple[Any, list[tuple[str, int]]]:
+    """A measure whose n-th measurement of ``instances=k`` returns ``rates[k][n]``; records the order."""
+    calls: list[tuple[str, int]] = []
+
+    def measure(label: str, config: dict[str, Any]) -> Point:
+        k = config["instances"]
+        n = sum(1 for _, c in calls if c == k)
+        calls.append((label, k))
+        return Point(label, config, rates[k][n])
+
+    return measure, calls
+
+
+def test_the_finalists_are_measured_again_in_turns_and_the_better_median_wins() -> None:
+    """One lucky search (130 for 2 instances, then 80, 82) loses to a steady 100 by median."""
+    from tritonbundle.tune.search import Result, confirm
+
+    measure, calls = _noisy({1: [100.0, 101.0, 99.0], 2: [130.0, 80.0, 82.0], 3: [90.0]})
+    points = [measure("start", {"instances": k}) for k in (1, 2, 3)]
+    result = Result(points, max(points, key=lambda p: p.score), [], "converged")
+    confirm(measure, result, points, rounds=2, can_continue=lambda: True)
+    assert [k for _, k in calls[3:]] == [2, 1, 2, 1], "in turns, the single best first"
+    assert calls[3][0] == "again 1: start"
+    assert result.best is not None and result.best.config == {"instances": 1}
+    assert result.best.rate == 100.0 and result.best.detail["rates"] == [100.0, 101.0, 99.0]
+    assert "median 100.0 of [100.0, 101.0, 99.0]" in reason(result, None)
+    assert "median 82.0 of [130.0, 80.0, 82.0]" in reason(result, None)
+
+
+def test_the_defaults_are_the_other_finalist_and_a_failed_measurement_counts_zero() -> None:
+    from tritonbundle.tune.search import Result, confirm, confirmed
+
+    measure, calls = _noisy({1: [50.0, 60.0, 55.0], 2: [70.0, None, 71.0], 3: [65.0]})
+    points = [measure("start", {"instances": k}) for k in (1, 2, 3)]
+    result = Result(points, points[1], [], "converged")
+    defaults = points[0]
+    confirm(measure, result, points, rounds=2, can_continue=lambda: True, versus=defaults)
+    assert sorted({k for _, k in calls[3:]}) == [1, 2], "the defaults, not the runner-up (3), are re-measured"
+    assert result.best is not None and result.best.rate == 70.0  # median of 70, 0, 71
+    again = confirmed(result, defaults)
+    assert again is not None and again.rate == 55.0
+    assert "+27% on the same measurement" in reason(result, again)
+
+
+def test_no_time_or_one_round_leaves_the_single_best() -> None:
+    from tritonbundle.tune.search import Result, confirm
+
+    measure, calls = _noisy({1: [100.0], 2: [130.0]})
+    points = [measure("start", {"instances": k}) for k in (1, 2)]
+    result = Result(points, points[1], [], "converged")
+    confirm(measure, result, points, rounds=2, can_continue=lambda: False)
+    assert len(calls) == 2
+    assert result.best is points[1] and "re-measured" not in reason(result, None)
+    confirm(measure, result, points, rounds=0, can_continue=lambda: True)
+    assert len(calls) == 2 and result.best is points[1]

@@ -73,7 +73,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         model=args.model, traffic=args.traffic, overrides=overrides, start=args.start, knobs=args.knobs,
         window_s=args.window_s, load_procs=args.load_procs or 1, start_rate=args.start_rate, work=args.work,
         rate_factor=args.rate_factor, refine=args.refine, max_rate=args.max_rate,
-        max_failure_ratio=args.max_failure_ratio,
+        max_failure_ratio=args.max_failure_ratio, repeat=args.repeat,
         tuned_manifest=tuned, extra_server_args=server_args,
     )
     result = run_tune(options)
@@ -143,6 +143,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     shared.window(p, default=_DEFAULT.window_s)
     shared.rate_search(p, start=_DEFAULT.start_rate, factor=_DEFAULT.rate_factor, refine=_DEFAULT.refine,
                        max_rate=_DEFAULT.max_rate)
+    p.add_argument("--repeat", type=int, default=_DEFAULT.repeat,
+                   help="the two best configurations are measured this many times in all, in turns, and the winner is "
+                        "the better median (1: the best single measurement wins; one search moves 15-40%% on a GPU); "
+                        "the search keeps time for it, a third of --budget-s at most")
     p.add_argument("--load-procs", type=int, default=0, help="load generator processes (default: 1; --bench-model: cores/2 - 1)")
     p.add_argument("--out", type=Path, default=defaults.TUNE_REPORT, help="report folder")
     p.add_argument("--write", action="store_true", help="write the winner into the manifest itself (keeps <manifest>.bak)")

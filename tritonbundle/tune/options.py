@@ -31,6 +31,9 @@ class TuneOptions:
     rate_factor: float = 2.0
     refine: int = 2
     max_rate: float = 100_000.0
+    #: The best two configurations are measured this many times in all, in turns, and the winner is
+    #: named by median (1: the best single measurement wins). The bench's ``--repeat``, for finalists.
+    repeat: int = 3
     #: Failed requests a level may have and still meet the SLO.
     max_failure_ratio: float = FAILURE_BUDGET
     work: Path | None = None
@@ -41,5 +44,7 @@ class TuneOptions:
     def __post_init__(self) -> None:
         if self.budget_s < 20:
             raise ConfigError("--budget-s must be at least 20 seconds (a few load levels of one configuration)")
+        if self.repeat < 1:
+            raise ConfigError("--repeat must be at least 1")
         if self.slo_ms <= 0:
             raise ConfigError("--slo-p99-ms must be > 0")

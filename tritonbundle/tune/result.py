@@ -32,18 +32,23 @@ class PointSummary:
     rate: float | None
     p50_ms: float | None
     p99_ms: float | None
+    #: Every measurement of a configuration measured more than once (``rate`` is then their median).
+    rates: tuple[float, ...] = ()
 
     @classmethod
     def of(cls, point: Point) -> PointSummary:
-        return cls(point.label, point.config, point.rate, point.detail.get("p50_ms"), point.detail.get("p99_ms"))
+        return cls(point.label, point.config, point.rate, point.detail.get("p50_ms"), point.detail.get("p99_ms"),
+                   tuple(point.detail.get("rates") or ()))
 
     def to_json(self) -> Json:
-        return {"label": self.label, "config": self.config, "rate": self.rate, "p50_ms": self.p50_ms,
+        data = {"label": self.label, "config": self.config, "rate": self.rate, "p50_ms": self.p50_ms,
                 "p99_ms": self.p99_ms}
+        return {**data, "rates": list(self.rates)} if self.rates else data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> PointSummary:
-        return cls(data["label"], dict(data["config"]), data.get("rate"), data.get("p50_ms"), data.get("p99_ms"))
+        return cls(data["label"], dict(data["config"]), data.get("rate"), data.get("p50_ms"), data.get("p99_ms"),
+                   tuple(data.get("rates") or ()))
 
 
 @dataclass(frozen=True)

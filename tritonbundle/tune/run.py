@@ -33,7 +33,7 @@ from tritonbundle.served import ServedRepository
 from tritonbundle.tune import report
 from tritonbundle.tune.options import TuneOptions
 from tritonbundle.tune.result import TuneResult
-from tritonbundle.tune.search import Point, Result, coordinate_descent
+from tritonbundle.tune.search import Point, Result, confirm, confirmed, coordinate_descent
 from tritonbundle.tune.space import Config, Space, describe, key, space
 
 
@@ -82,6 +82,8 @@ def run_tune(options: TuneOptions) -> TuneResult:
         # configuration would only confirm what is already known.
         known = max((p.score for p in points), default=0.0)
         start_rate = max(options.start_rate, known / 4)
+        # Measured again (tune/search.py, confirm): from half its earlier rate.
+        start_rate = max([start_rate] + [p.score / 2 for p in points if p.config == config])
         point = _measure(label, config, options, base, spec, Path(traffic_path), work, pool, gpu, clock, len(points),
                          start_rate)
         point.detail["seconds"] = round(time.monotonic() - t0, 1)
@@ -103,10 +105,12 @@ def run_tune(options: TuneOptions) -> TuneResult:
                          include=(start, defaults))
         result.space = searched
         # The descent steps from the better of the start and the defaults.
-        found = _search(measure, {key(p.config): p for p in points}, max(first, baseline, key=lambda p: p.score).config,
-                        searched, clock)
+        found = _search(measure, points, max(first, baseline, key=lambda p: p.score).config, searched, clock,
+                        reserve_points=2 * (options.repeat - 1), reserve_cap_s=options.budget_s / 3)
         found.best = max((p for p in points if p.rate), key=lambda p: p.score, default=None)
-        result.verdict = report.summary(found, baseline, searched)
+        confirm(measure, found, list(points), rounds=options.repeat - 1, versus=baseline,
+                can_continue=lambda: _time_for_a_point(points, clock))
+        result.verdict = report.summary(found, confirmed(found, baseline), searched)
         result.status = "done"
     except (KeyboardInterrupt, SystemExit):
         result.status = "interrupted"
@@ -140,17 +144,25 @@ def _spec(base: BuildOptions, model: str | None) -> ModelSpec:
     return specs[0]
 
 
-def _search(measure: Callable[[str, Config], Point], known: dict[Any, Point], start: Config, searched: Space,
-            clock: _Clock) -> Result:
+def _search(measure: Callable[[str, Config], Point], points: list[Point], start: Config, searched: Space,
+            clock: _Clock, *, reserve_points: int = 0, reserve_cap_s: float = 0.0) -> Result:
+    """The descent from ``start``, reusing the ``points`` measured before it and leaving time for
+    ``reserve_points`` more points after it (the finalists' re-measurements), ``reserve_cap_s`` at most."""
+    known = {key(p.config): p for p in points}
+
     def measure_or_reuse(label: str, config: Config) -> Point:
         return known.get(key(config)) or measure(label, config)
 
-    def can_continue() -> bool:
-        """Time for another point like the ones so far (a point cut short says nothing)."""
-        durations = [float(p.detail.get("seconds", 0.0)) for p in known.values()]
-        return clock.left() > max(15.0, 0.8 * sum(durations) / max(1, len(durations)))
+    return coordinate_descent(measure_or_reuse, start, searched,
+                              can_continue=lambda: _time_for_a_point(points, clock, reserve_points, reserve_cap_s))
 
-    return coordinate_descent(measure_or_reuse, start, searched, can_continue=can_continue)
+
+def _time_for_a_point(points: list[Point], clock: _Clock, reserve_points: int = 0, reserve_cap_s: float = 0.0) -> bool:
+    """Time for another point like the ones so far (a point cut short says nothing), keeping time for
+    ``reserve_points`` more (``reserve_cap_s`` at most) after it."""
+    durations = [float(p.detail.get("seconds", 0.0)) for p in points]
+    mean = sum(durations) / max(1, len(durations))
+    return clock.left() > max(15.0, 0.8 * mean) + min(reserve_points * mean, reserve_cap_s)
 
 
 def _measure(label: str, config: Config, options: TuneOptions, base: BuildOptions, spec: ModelSpec, traffic_path: Path,

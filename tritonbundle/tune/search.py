@@ -1,9 +1,14 @@
 """Coordinate descent over the tuner's knobs: from a start, try each knob's neighbouring values, move
 to the best, knob after knob, until a full round improves nothing or the budget runs out. Every
-measured point is kept (the report shows them all), and a point is never measured twice."""
+measured point is kept (the report shows them all), and the descent never measures a point twice.
+
+One rate search moves 15-40 % from run to run on the H200 (docs/tuning.md, "Re-run"), more than most
+knobs do, so a winner picked from single searches is partly picked by noise. :func:`confirm` then
+re-measures the best few side by side, in turns, and the winner is the one with the best median."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +45,8 @@ class Result:
     #: Accepted moves: (knob, from, to, rate before, rate after).
     moves: list[tuple[str, Any, Any, float, float]]
     stopped: str
+    #: After :func:`confirm`: each finalist (by :func:`.space.key`) and its rates, first measurement first.
+    finals: dict[Any, tuple[Point, list[float]]] = field(default_factory=dict)
 
 
 def coordinate_descent(
@@ -79,6 +86,43 @@ def coordinate_descent(
     return Result(points, _best(points), moves, stopped)
 
 
+def confirm(measure: Callable[[str, Config], Point], result: Result, candidates: list[Point], *, rounds: int,
+            can_continue: Callable[[], bool], versus: Point | None = None) -> None:
+    """Measure two finalists ``rounds`` more times each, in turns (A, B, A, B: a slow spell of the
+    machine hits both), while ``can_continue()``: the best of ``candidates`` and ``versus`` (the
+    manifest's defaults, whose comparison the report states), or the runner-up when the best is
+    ``versus`` or there is none. Then ``result.best`` is the finalist with the higher median rate (a
+    failed measurement counts 0), as a copy whose rate is that median and whose ``detail["rates"]``
+    lists every measurement (:func:`confirmed`). Keeping the re-measured points is ``measure``'s
+    business, as in the descent."""
+    ranked = sorted((p for p in candidates if p.rate), key=lambda p: p.score, reverse=True)
+    if versus is not None and ranked and versus.rate and key(versus.config) != key(ranked[0].config):
+        ranked = [ranked[0], versus]
+    ranked = ranked[:2]
+    if rounds < 1 or len(ranked) < 2:
+        return
+    finals = {key(p.config): (p, [p.score]) for p in ranked}
+    for round_ in range(rounds):
+        for point in ranked:
+            if not can_continue():
+                break
+            again = measure(f"again {round_ + 1}: {point.label}", dict(point.config))
+            finals[key(point.config)][1].append(again.score)
+    if all(len(rates) == 1 for _, rates in finals.values()):
+        return  # no time for any: the single best stands
+    result.finals = finals
+    result.best = confirmed(result, max(ranked, key=lambda p: statistics.median(finals[key(p.config)][1])))
+
+
+def confirmed(result: Result, point: Point | None) -> Point | None:
+    """``point`` with its median rate when :func:`confirm` re-measured it (for comparisons on the same
+    footing as the winner's), else ``point``."""
+    if point is None or key(point.config) not in result.finals:
+        return point
+    first, rates = result.finals[key(point.config)]
+    return Point(first.label, first.config, statistics.median(rates) or None, {**first.detail, "rates": rates})
+
+
 def _best(points: list[Point]) -> Point | None:
     passing = [p for p in points if p.rate]
     return max(passing, key=lambda p: p.score) if passing else None
@@ -90,7 +134,7 @@ def reason(result: Result, baseline: Point | None) -> str:
     if best is None:
         return "no configuration met the SLO at any rate tried"
     lines = [f"the winner ({describe(best.config)}) sustains {best.score:,.1f} req/s within the SLO"]
-    if baseline is best:
+    if baseline is best or (baseline is not None and baseline.config == best.config):
         lines.append("it is the manifest's own setting")
     elif baseline is not None and baseline.score:
         gain = (best.score / baseline.score - 1) * 100
@@ -100,6 +144,10 @@ def reason(result: Result, baseline: Point | None) -> str:
         lines.append("the manifest's settings met the SLO at no rate tried")
     for knob, old, new, before, after in result.moves:
         lines.append(f"{knob} {old} -> {new}: {before:,.1f} -> {after:,.1f} req/s")
+    if result.finals:
+        lines.append("re-measured side by side, in turns, the winner by median: " + "; ".join(
+            f"{describe(p.config)}: median {statistics.median(rates):,.1f} of "
+            f"[{', '.join(f'{r:,.1f}' for r in rates)}]" for p, rates in result.finals.values()))
     tried = [p for p in result.points if p.label != "start"]
     if not result.moves:
         if tried:
