@@ -38,7 +38,7 @@ SHARINGS = ("time-slicing", "mps")
 CONTROL = "nvidia-cuda-mps-control"
 PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
-#: Seconds the daemon may take to answer after it forked, and to go away after ``quit``.
+#: Seconds the daemon may take to answer after it started, and to exit after ``quit``.
 START_S = 10.0
 QUIT_S = 10.0
 #: The foreground daemon's own output, in its log folder.

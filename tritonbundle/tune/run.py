@@ -78,12 +78,11 @@ def run_tune(options: TuneOptions) -> TuneResult:
 
     def measure(label: str, config: Config) -> Point:
         t0 = time.monotonic()
-        # The ladder starts below the best rate any point sustained: the first levels of a good
-        # configuration would only confirm what is already known.
+        # The ladder starts below the best rate any point sustained (the first levels of a good
+        # configuration would only confirm what is already known), and a point measured again
+        # (search.confirm) from half its earlier rate.
         known = max((p.score for p in points), default=0.0)
-        start_rate = max(options.start_rate, known / 4)
-        # Measured again (tune/search.py, confirm): from half its earlier rate.
-        start_rate = max([start_rate] + [p.score / 2 for p in points if p.config == config])
+        start_rate = max([options.start_rate, known / 4] + [p.score / 2 for p in points if p.config == config])
         point = _measure(label, config, options, base, spec, Path(traffic_path), work, pool, gpu, clock, len(points),
                          start_rate)
         point.detail["seconds"] = round(time.monotonic() - t0, 1)

@@ -134,7 +134,7 @@ def reason(result: Result, baseline: Point | None) -> str:
     if best is None:
         return "no configuration met the SLO at any rate tried"
     lines = [f"the winner ({describe(best.config)}) sustains {best.score:,.1f} req/s within the SLO"]
-    if baseline is best or (baseline is not None and baseline.config == best.config):
+    if baseline is not None and baseline.config == best.config:  # the same point, or its re-measured copy
         lines.append("it is the manifest's own setting")
     elif baseline is not None and baseline.score:
         gain = (best.score / baseline.score - 1) * 100
