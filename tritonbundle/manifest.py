@@ -95,7 +95,7 @@ class Tunables:
     tokenize_in_encoder: bool = knob(False, {"type": "boolean"},
                                      "pytorch runtime: <name> is one Python model that tokenizes and encodes in "
                                      "the same process (no ensemble, no tokenizer model); <name>_encoder still "
-                                     "takes token input")
+                                     "takes token input, with one instance")
     packing: bool = knob(True, {"type": "boolean"},
                          "pytorch runtime: short texts share rows of a launch, each attending only to itself, "
                          "when that costs less than padding them to their own rows")

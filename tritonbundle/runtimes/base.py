@@ -175,14 +175,15 @@ def queue_policy(spec: ModelSpec, instances: int) -> QueuePolicy:
     )
 
 
-def dynamic_batching(ctx: BuildContext) -> DynamicBatching | None:
+def dynamic_batching(ctx: BuildContext, instances: int | None = None) -> DynamicBatching | None:
+    """The plan's batching, the queue sized for ``instances`` (the manifest's ``instances`` unless given)."""
     spec, plan = ctx.spec, ctx.plan
     if not spec.batched:
         return None
     return DynamicBatching(
         preferred_batch_sizes=plan.preferred_batch_sizes,
         max_queue_delay_us=plan.max_queue_delay_us,
-        queue_policy=queue_policy(spec, spec.instances),
+        queue_policy=queue_policy(spec, spec.instances if instances is None else instances),
     )
 
 
@@ -224,17 +225,20 @@ def axis_sizes(plan: ModelPlan) -> dict[str, str]:
 
 
 def encoder_config(
-    ctx: BuildContext, parameters: Parameters, *, ragged: bool, kind: str, **fields: Any,
+    ctx: BuildContext, parameters: Parameters, *, ragged: bool, kind: str, instances: int | None = None,
+    **fields: Any,
 ) -> ModelConfig:
-    """The encoder's config: the manifest's tensors, the plan's batching, ``instances`` of ``kind``."""
+    """The encoder's config: the manifest's tensors, the plan's batching, ``instances`` of ``kind`` (the
+    manifest's ``instances`` unless given)."""
     spec = ctx.spec
+    count = spec.instances if instances is None else instances
     inputs, outputs = tensor_specs(spec, ragged=ragged)
-    fields.setdefault("instance_groups", (InstanceGroup(count=spec.instances, kind=kind),))
+    fields.setdefault("instance_groups", (InstanceGroup(count=count, kind=kind),))
     if isinstance(parameters, EncoderParameters):  # what the build knows and the runtime need not
         parameters = dataclasses.replace(
             parameters, task=spec.task, axes={t.name: ",".join(map(str, t.shape)) for t in spec.inputs},
             axis_sizes=axis_sizes(ctx.plan))
     return ModelConfig(
         name=spec.encoder_name, max_batch_size=spec.max_batch_size, inputs=inputs, outputs=outputs,
-        dynamic_batching=dynamic_batching(ctx), parameters=parameters.to_parameters(), **fields,
+        dynamic_batching=dynamic_batching(ctx, count), parameters=parameters.to_parameters(), **fields,
     )

@@ -139,3 +139,17 @@ def test_the_text_model_config_carries_the_encoders_and_the_tokenizers_settings(
     params = TextPyTorchParameters.from_parameters(dict(config.parameters), strict=True)
     assert params.tokenizer_file == "tokenizer.json" and params.packing and params.precision == "fp16"
     assert (text_dir / "model.py").exists() and (text_dir / "model.safetensors").read_text() == "model.safetensors"
+
+
+def test_the_token_rows_encoder_keeps_one_instance_when_the_text_model_tokenizes(tmp_path: Path) -> None:
+    """With ``tokenize_in_encoder`` the text model carries the traffic with ``instances``; <name>_encoder
+    (token rows, for clients that tokenize) starts one instance, its queue sized for one."""
+    runtime = runtimes.get("pytorch")
+    folded = runtime.config(_ctx(tmp_path, _spec(tmp_path, tokenize_in_encoder=True, instances=6)), Written())
+    plain = runtime.config(_ctx(tmp_path, _spec(tmp_path, instances=6)), Written())
+    assert [(g.count, g.kind) for g in folded.instance_groups] == [(1, "KIND_GPU")]
+    assert [(g.count, g.kind) for g in plain.instance_groups] == [(6, "KIND_GPU")]
+    assert folded.dynamic_batching is not None and plain.dynamic_batching is not None
+    queued = folded.dynamic_batching.queue_policy, plain.dynamic_batching.queue_policy
+    assert queued[0] is not None and queued[1] is not None
+    assert queued[1].max_queue_size == 6 * queued[0].max_queue_size == 6 * 2 * 16

@@ -43,6 +43,12 @@ MODEL_PY = Path(__file__).with_name("model.py")
 RECORD = "weights.json"
 #: Storage dtype of the weights per manifest precision (int8 is refused: no quantisation here).
 STORAGE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+#: Instances of ``<name>_encoder`` (token rows in) when ``<name>`` tokenizes itself (``tokenize_in_encoder``):
+#: the text model, with the manifest's ``instances``, carries the traffic; the token-rows model stays for
+#: clients that tokenize, with one instance. Each instance captures and times its own graphs at start-up
+#: and holds its own weights: with six of each, BERT-base took 34-39 s to start on the H200 against
+#: 17-22 s for six instances alone (docs/benchmarks.md, "texts in under MPS").
+TOKEN_MODEL_INSTANCES = 1
 
 
 class PyTorchRuntime:
@@ -90,6 +96,7 @@ class PyTorchRuntime:
         # The model captures and warms every (batch bucket, target) graph in initialize(); one
         # small sample here runs the whole execute path once before the model is READY.
         return encoder_config(ctx, params, ragged=True, kind="KIND_GPU" if gpu else "KIND_CPU", backend="python",
+                              instances=TOKEN_MODEL_INSTANCES if ctx.spec.tokenize_in_encoder else None,
                               warmups=warmups(ctx, every_bucket=False))
 
     def write_files(self, ctx: BuildContext, version_dir: Path) -> Written:
