@@ -162,3 +162,27 @@ def test_no_time_or_one_round_leaves_the_single_best() -> None:
     assert result.best is points[1] and "re-measured" not in reason(result, None)
     confirm(measure, result, points, rounds=0, can_continue=lambda: True)
     assert len(calls) == 2 and result.best is points[1]
+
+
+def test_a_folded_configuration_spends_no_point_on_the_tokenizer_models_knobs() -> None:
+    """With the tokenizer in the encoder there is no tokenizer model: its instances and queue delay do
+    nothing, so the descent does not measure them; the tokenizer's threads still count."""
+    from tritonbundle.tune.space import inert
+
+    space = Space((Knob("tokenize_in_encoder", (False, True)), Knob("tokenizer_instances", (1, 2, 4)),
+                   Knob("tokenizer_queue_delay_us", (0, 100)), Knob("tokenizer_threads", (1, 2))))
+    measured: list[dict[str, Any]] = []
+
+    def measure(label: str, config: dict[str, Any]) -> Point:
+        measured.append(config)
+        return Point(label, config, 200.0 if config["tokenize_in_encoder"] else 100.0)
+
+    start = {"tokenize_in_encoder": False, "tokenizer_instances": 2, "tokenizer_queue_delay_us": 0, "tokenizer_threads": 1}
+    result = coordinate_descent(measure, start, space, can_continue=lambda: True)
+    assert result.best is not None and result.best.config["tokenize_in_encoder"] is True
+    folded = [c for c in measured if c["tokenize_in_encoder"]]
+    assert {c["tokenizer_threads"] for c in folded} == {1, 2}
+    assert {(c["tokenizer_instances"], c["tokenizer_queue_delay_us"]) for c in folded} == {(2, 0)}
+    assert inert("tokenizer_instances", {"tokenize_in_encoder": True})
+    assert not inert("tokenizer_threads", {"tokenize_in_encoder": True})
+    assert not inert("tokenizer_instances", {"tokenize_in_encoder": False})

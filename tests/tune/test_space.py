@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from tritonbundle.manifest import Tunables
 from tritonbundle.tune.space import ORDER, Knob, describe, key, space
 
@@ -60,3 +62,29 @@ def test_the_start_and_the_defaults_join_the_candidates() -> None:
 def test_tokenizer_threads_leave_half_the_cores_to_the_rest() -> None:
     assert space(slo_ms=50, cores=16, text=True, gpu=True).knob("tokenizer_threads").values == (1, 2, 4, 8)
     assert space(slo_ms=50, cores=2, text=True, gpu=False).knob("tokenizer_threads").values == (1,)
+
+
+def test_folding_the_tokenizer_is_a_knob_only_where_the_model_can() -> None:
+    def names(**kw: bool) -> list[str]:
+        return [k.name for k in space(slo_ms=50, cores=16, gpu=True, **kw).knobs]
+
+    assert "tokenize_in_encoder" in names(text=True, fold=True)
+    assert "tokenize_in_encoder" not in names(text=True, fold=False)
+    folds = space(slo_ms=50, cores=16, text=True, gpu=True, fold=True).knob("tokenize_in_encoder")
+    assert folds.values == (False, True) and folds.neighbours(False) == [True] and folds.neighbours(True) == [False]
+
+
+def test_the_tuner_offers_folding_where_the_runtime_and_the_task_accept_it() -> None:
+    import dataclasses
+
+    from tests.conftest import ARTIFACTS, MANIFEST
+    from tritonbundle.build.stage import BuildOptions, load_manifest
+    from tritonbundle.tune.run import _can_fold
+
+    def spec(**overrides: str) -> Any:
+        return load_manifest(BuildOptions(manifest=MANIFEST, artifacts=ARTIFACTS, overrides=overrides)).models[0]
+
+    pytorch = spec(runtime="pytorch", target="gpu", precision="fp16")
+    assert _can_fold(pytorch)
+    assert not _can_fold(spec(runtime="onnxruntime"))
+    assert not _can_fold(dataclasses.replace(pytorch, task="text-classification"))

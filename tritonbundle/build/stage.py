@@ -65,11 +65,16 @@ def load_manifest(options: BuildOptions) -> Manifest:
         m = dataclasses.replace(m, models=tuple(s for s in m.models if s.name in options.models))
     for spec in m.models:
         try:
-            runtimes.get(spec.runtime).check(spec)
-            tasks.get(spec.task).check(spec)
+            check(spec)
         except ConfigError as e:
             raise ConfigError(f"{options.manifest}: {e}") from e
     return m
+
+
+def check(spec: ModelSpec) -> None:
+    """Refuse, with a :class:`ConfigError` naming the key, a model its runtime or its task cannot serve."""
+    runtimes.get(spec.runtime).check(spec)
+    tasks.get(spec.task).check(spec)
 
 
 def traffic_for(spec: ModelSpec, options: BuildOptions) -> traffic_mod.TrafficSample | None:

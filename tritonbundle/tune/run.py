@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tritonbundle.build.stage import BuildOptions, build, load_manifest
+from tritonbundle.build.stage import BuildOptions, build, check, load_manifest
 from tritonbundle.errors import ConfigError, TritonBundleError
 from tritonbundle.gpu_sharing import sharing_from_env
 from tritonbundle.log import LOG, step
@@ -34,7 +34,7 @@ from tritonbundle.tune import report
 from tritonbundle.tune.options import TuneOptions
 from tritonbundle.tune.result import TuneResult
 from tritonbundle.tune.search import Point, Result, confirm, confirmed, coordinate_descent
-from tritonbundle.tune.space import Config, Space, describe, key, space
+from tritonbundle.tune.space import Config, Space, describe, key, offered, space
 
 
 class _Clock:
@@ -63,8 +63,9 @@ def run_tune(options: TuneOptions) -> TuneResult:
 
         traffic_path = traffic_mod.dump(traffic_mod.synthetic("fixed", n=100, fixed_tokens=1), work / "traffic.jsonl")
     # A model without a tokenizer has no tokenizer settings to show or search (tune/space.py leaves them out too).
+    fold = _can_fold(spec)
     defaults: Config = {k: getattr(spec, k) for k in options.knobs
-                        if hasattr(spec, k) and (spec.text or not k.startswith("tokenizer_"))}
+                        if hasattr(spec, k) and offered(k, text=spec.text, fold=fold)}
     start = {**defaults, **options.start}
     result = TuneResult(command="tritonbundle " + " ".join(sys.argv[1:]), model=spec.name, slo_p99_ms=options.slo_ms,
                         budget_s=options.budget_s, manifest=str(options.manifest), overrides=options.overrides,
@@ -101,7 +102,7 @@ def run_tune(options: TuneOptions) -> TuneResult:
         launch_ms = {_shape(text): float(ms) for text, ms in (first.detail.get("launch_ms_by_shape") or {}).items()}
         searched = space(slo_ms=options.slo_ms, cores=os.cpu_count() or 1, text=spec.text,
                          gpu=spec.target == "gpu", launch_ms=launch_ms or None, knobs=options.knobs,
-                         include=(start, defaults))
+                         include=(start, defaults), fold=fold)
         result.space = searched
         # The descent steps from the better of the start and the defaults.
         found = _search(measure, points, max(first, baseline, key=lambda p: p.score).config, searched, clock,
@@ -141,6 +142,18 @@ def _spec(base: BuildOptions, model: str | None) -> ModelSpec:
             raise ConfigError(f"--model {model}: the manifest has {', '.join(s.name for s in specs)}")
         specs = named
     return specs[0]
+
+
+def _can_fold(spec: ModelSpec) -> bool:
+    """Whether the model's runtime and task accept ``tokenize_in_encoder`` (a text-embedding model on the
+    pytorch runtime, today): only then is it a knob."""
+    if not spec.text:
+        return False
+    try:
+        check(dataclasses.replace(spec, tokenize_in_encoder=True))
+    except ConfigError:
+        return False
+    return True
 
 
 def _search(measure: Callable[[str, Config], Point], points: list[Point], start: Config, searched: Space,

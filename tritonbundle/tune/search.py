@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tritonbundle.tune.space import Config, Space, describe, key
+from tritonbundle.tune.space import Config, Space, describe, inert, key
 
 
 @dataclass
@@ -71,6 +71,8 @@ def coordinate_descent(
     for round_ in range(rounds):
         improved = False
         for knob in space.knobs:
+            if inert(knob.name, current.config):
+                continue
             for value in knob.neighbours(current.config.get(knob.name)):
                 if not can_continue():
                     return Result(points, _best(points), moves, "time budget")
