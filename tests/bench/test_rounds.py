@@ -63,3 +63,31 @@ def test_rounds_interleave_the_systems_and_report_medians(tmp_path: Path, monkey
     assert "medians of 3 rounds" in lines[0] and "bundle/peer = 7.14 [6.50-7.78]" in lines[0]
     table = report.console_table(result)
     assert "6,500-7,000 (3 runs, 1 failed, spread 7 %)" in table
+
+
+def test_a_failed_phase_shows_the_end_of_the_server_log_it_wrote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """The console travels back from the GPU machine where the logs may not: a failed phase prints the
+    end of the server log written during it (a stalled lane's stacks included), not an older one's."""
+    old = tmp_path / "tritonserver-old.log"
+    old.write_text("from an earlier phase\n")
+    import os
+
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+
+    def bundle(ctx: Context, built: Any, recipe: Any, deadline: float) -> SystemResult:
+        lines = [f"line {i}" for i in range(100)] + ["bert_base: no lane has come back in 30 s; threads:"]
+        (ctx.logs / "tritonserver-bert_base.log").write_text("\n".join(lines) + "\n")
+        raise RuntimeError("model 'bert_base' over grpc: Deadline Exceeded")
+
+    monkeypatch.setattr(run, "PHASES", {"bundle": bundle})
+    options = BenchOptions(out=tmp_path, systems=("bundle",), budget_s=600)
+    ctx = Context(options, Clock(600), tmp_path, tmp_path, tmp_path / "t.jsonl", synthetic("chat", n=10),
+                  tmp_path / "tok.json", None, lambda: None)
+    with caplog.at_level("WARNING", logger="tritonbundle"):
+        record = run._phase(ctx, None, BENCH_MODELS["bert-base"], "bundle", time.monotonic() + 60)  # type: ignore[arg-type]
+    assert record.status == "failed" and "Deadline Exceeded" in (record.error or "")
+    shown = caplog.text
+    first = 101 - run.FAILED_LOG_LINES  # 101 lines written: the last FAILED_LOG_LINES are shown
+    assert "no lane has come back" in shown and "line 99" in shown and f"line {first}\n" in shown
+    assert f"line {first - 1}\n" not in shown and "from an earlier phase" not in shown

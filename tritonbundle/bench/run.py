@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tritonbundle import proc
 from tritonbundle import traffic as traffic_mod
 from tritonbundle.bench import repeats, report
 from tritonbundle.bench.answers import references
@@ -145,13 +146,28 @@ def run_model(ctx: Context, recipe: Recipe, model_deadline: float, entry: ModelR
 def _phase(ctx: Context, built: Built, recipe: Recipe, system: str, phase_deadline: float) -> SystemResult:
     if time.monotonic() + 5.0 > phase_deadline:
         return SystemResult(status="skipped", error="out of time budget")
-    t0 = time.monotonic()
+    t0, started = time.monotonic(), time.time()
     try:
         record = PHASES[system](ctx, built, recipe, phase_deadline)
     except Exception as e:  # noqa: BLE001 - recorded as failed; the run goes on
         LOG.warning("    %s %s failed: %s", recipe.model_name, system, e)
+        _show_server_logs(ctx.logs, started)
         record = SystemResult.failed(Failure.of(e))
     return dataclasses.replace(record, seconds=round(time.monotonic() - t0, 1))
+
+
+#: Lines of a failed phase's server log shown on the console: enough for the stacks a stalled model
+#: logs (runtimes/pytorch/model.py, LANE_REPORT_S) and a crash's last words.
+FAILED_LOG_LINES = 60
+
+
+def _show_server_logs(logs: Path, since: float) -> None:
+    """The end of each server log written since ``since``, on the console: the console and the report
+    travel back from a GPU machine where ``logs.tar.gz`` may not (a failed phase on the H200 left only
+    "Deadline Exceeded" to read)."""
+    for path in sorted(logs.glob("tritonserver-*.log")):
+        if path.stat().st_mtime >= since:
+            LOG.warning("    the end of %s:\n%s", path.name, proc.tail(path, FAILED_LOG_LINES))
 
 
 def _terminate(signum: int, _frame: object) -> None:
