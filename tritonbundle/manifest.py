@@ -101,9 +101,8 @@ class Tunables:
                          "when that costs less than padding them to their own rows")
     batches_in_flight: int = knob(1, {"type": "integer", "minimum": 1, "maximum": 8}, (
         "pytorch runtime: batches one encoder instance runs at once, each with its own CUDA stream and graphs, so one "
-        "batch's host work overlaps another's GPU work in one process (1: execute() runs its batch itself; on the "
-        "H200, 2 did not raise the knee of 4 instances; with tokenize_in_encoder under MPS, 2 left the first request "
-        "unanswered, not diagnosed: docs/benchmarks.md)"))
+        "batch's host work overlaps another's GPU work in one process (1: execute() runs its batch itself; H200: 2 did "
+        "not raise the knee of 4 instances; with tokenize_in_encoder, 2 hung: docs/benchmarks.md)"))
     multi_arch: bool = knob(False, {"type": "boolean"}, "name plans per compute capability (cc_model_filenames)")
 
 
