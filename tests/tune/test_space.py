@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from tests.conftest import ARTIFACTS, MANIFEST
+from tritonbundle.build.stage import BuildOptions, load_manifest
 from tritonbundle.manifest import Tunables
+from tritonbundle.tune.run import can_fold
 from tritonbundle.tune.space import ORDER, Knob, describe, key, space
 
 
@@ -75,16 +79,10 @@ def test_folding_the_tokenizer_is_a_knob_only_where_the_model_can() -> None:
 
 
 def test_the_tuner_offers_folding_where_the_runtime_and_the_task_accept_it() -> None:
-    import dataclasses
-
-    from tests.conftest import ARTIFACTS, MANIFEST
-    from tritonbundle.build.stage import BuildOptions, load_manifest
-    from tritonbundle.tune.run import _can_fold
-
     def spec(**overrides: str) -> Any:
         return load_manifest(BuildOptions(manifest=MANIFEST, artifacts=ARTIFACTS, overrides=overrides)).models[0]
 
     pytorch = spec(runtime="pytorch", target="gpu", precision="fp16")
-    assert _can_fold(pytorch)
-    assert not _can_fold(spec(runtime="onnxruntime"))
-    assert not _can_fold(dataclasses.replace(pytorch, task="text-classification"))
+    assert can_fold(pytorch)
+    assert not can_fold(spec(runtime="onnxruntime"))
+    assert not can_fold(dataclasses.replace(pytorch, task="text-classification"))

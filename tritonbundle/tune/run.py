@@ -62,8 +62,8 @@ def run_tune(options: TuneOptions) -> TuneResult:
         from tritonbundle import traffic as traffic_mod
 
         traffic_path = traffic_mod.dump(traffic_mod.synthetic("fixed", n=100, fixed_tokens=1), work / "traffic.jsonl")
-    # A model without a tokenizer has no tokenizer settings to show or search (tune/space.py leaves them out too).
-    fold = _can_fold(spec)
+    # Only the knobs this model has are shown and searched (space.offered decides for both).
+    fold = can_fold(spec)
     defaults: Config = {k: getattr(spec, k) for k in options.knobs
                         if hasattr(spec, k) and offered(k, text=spec.text, fold=fold)}
     start = {**defaults, **options.start}
@@ -144,7 +144,7 @@ def _spec(base: BuildOptions, model: str | None) -> ModelSpec:
     return specs[0]
 
 
-def _can_fold(spec: ModelSpec) -> bool:
+def can_fold(spec: ModelSpec) -> bool:
     """Whether the model's runtime and task accept ``tokenize_in_encoder`` (a text-embedding model on the
     pytorch runtime, today): only then is it a knob."""
     if not spec.text:
