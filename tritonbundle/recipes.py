@@ -36,6 +36,8 @@ MINILM_DIR_ENV = "TRITONBUNDLE_MINILM_DIR"
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 CLS_ID = 101
+#: The benchmark's usual target for the bundle's share of the ceiling (:attr:`Recipe.ceiling_target`).
+CEILING_TARGET = 0.75
 
 
 @dataclass(frozen=True)
@@ -49,10 +51,13 @@ class Recipe:
     #: Short name in ``tritonbundle bench gpu --models`` and the served model's name there.
     bench_key: str
     model_name: str
+    #: The benchmark's target for the bundle's share of the ceiling (the in-process engine's rate): a small
+    #: encoder's GPU work per request is a small part of the serving work around it, so its bar is lower.
+    ceiling_target: float = CEILING_TARGET
 
 
 RECIPES = {
-    "minilm": Recipe("minilm", "all-MiniLM-L6-v2 (real weights; 6 layers, hidden 384)", False, 384, "minilm", "minilm"),
+    "minilm": Recipe("minilm", "all-MiniLM-L6-v2 (real weights; 6 layers, hidden 384)", False, 384, "minilm", "minilm", 0.5),
     "bert-base-random": Recipe(
         "bert-base-random", "BERT-base-sized encoder (RANDOM weights, seed 0: speed only; 12 layers, hidden 768)",
         True, 768, "bert-base", "bert_base",

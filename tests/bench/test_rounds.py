@@ -91,3 +91,23 @@ def test_a_failed_phase_shows_the_end_of_the_server_log_it_wrote(tmp_path: Path,
     first = 101 - run.FAILED_LOG_LINES  # 101 lines written: the last FAILED_LOG_LINES are shown
     assert "no lane has come back" in shown and "line 99" in shown and f"line {first}\n" in shown
     assert f"line {first - 1}\n" not in shown and "from an earlier phase" not in shown
+
+
+def test_the_ceiling_target_is_the_models() -> None:
+    """The issue's bars: bundle/ceiling >= 0.75 for BERT-base, >= 0.5 for MiniLM; 0.6 meets only MiniLM's."""
+    from tritonbundle.bench import repeats
+    from tritonbundle.bench.result import Ratios
+
+    def rounds_at(share: float) -> list[dict[str, SystemResult]]:
+        return [{"bundle": SystemResult(status="ok", best_rps=600.0 * share / 0.6),
+                 "ceiling": SystemResult(status="ok", best_rps=1000.0)}]
+
+    for key, met in (("bert-base", False), ("minilm", True)):
+        recipe = BENCH_MODELS[key]
+        ratios = repeats.ratios(rounds_at(0.6), None, ceiling_target=recipe.ceiling_target)
+        label = f"bundle_over_ceiling >= {recipe.ceiling_target:g}"
+        assert ratios.targets[label] is met, (key, ratios.targets)
+        entry = ModelResult(recipe.description, recipe.name, recipe.random_weights, ratios=ratios)
+        lines = report.ratio_lines(BenchResult(command="", options={}, environment={}, models={key: entry}))
+        assert f"bundle/ceiling = 0.60 (target >= {recipe.ceiling_target:g})" in lines[0]
+        assert Ratios.from_json(ratios.to_json()).ceiling_target == recipe.ceiling_target

@@ -12,13 +12,19 @@ from collections.abc import Mapping, Sequence
 from tritonbundle.bench.accounting import ratio
 from tritonbundle.bench.records import BundleResult, Spread, SystemResult
 from tritonbundle.bench.result import Ratios
+from tritonbundle.recipes import CEILING_TARGET
 
 #: ratio name -> (numerator system, denominator system)
 RATIOS = {"bundle_over_naive": ("bundle", "naive"), "bundle_over_peer": ("bundle", "peer"),
           "bundle_over_ceiling": ("bundle", "ceiling")}
-TARGETS = {"bundle_over_naive >= 8": ("bundle_over_naive", 8.0, 1), "bundle_over_peer >= 10": ("bundle_over_peer", 10.0, 1),
-           "bundle_over_ceiling >= 0.75": ("bundle_over_ceiling", 0.75, 1),
-           "computed_per_useful <= 1.15": ("computed_per_useful", 1.15, -1)}
+
+
+def targets(ceiling_target: float = CEILING_TARGET) -> dict[str, tuple[str, float, int]]:
+    """The bench's targets: label -> (figure, bound, sign: 1 for at least, -1 for at most); the share of the
+    ceiling is the model's (:attr:`tritonbundle.recipes.Recipe.ceiling_target`)."""
+    return {"bundle_over_naive >= 8": ("bundle_over_naive", 8.0, 1), "bundle_over_peer >= 10": ("bundle_over_peer", 10.0, 1),
+            f"bundle_over_ceiling >= {ceiling_target:g}": ("bundle_over_ceiling", ceiling_target, 1),
+            "computed_per_useful <= 1.15": ("computed_per_useful", 1.15, -1)}
 
 
 def best_rps(record: SystemResult) -> float | None:
@@ -51,7 +57,8 @@ def combine(records: Sequence[SystemResult]) -> SystemResult:
     return dataclasses.replace(chosen, repeats=spread([best_rps(r) for r in records]))
 
 
-def ratios(rounds: Sequence[Mapping[str, SystemResult]], bundle: SystemResult | None) -> Ratios:
+def ratios(rounds: Sequence[Mapping[str, SystemResult]], bundle: SystemResult | None, *,
+           ceiling_target: float = CEILING_TARGET) -> Ratios:
     """The bundle's ratios, each the median over rounds of the ratio measured within one round (both
     systems on the same machine minutes apart), with its range; the padding figures of ``bundle`` (its
     combined record); and whether each target is met."""
@@ -67,14 +74,15 @@ def ratios(rounds: Sequence[Mapping[str, SystemResult]], bundle: SystemResult | 
         **medians, "computed_per_useful": bundle.computed_per_useful if bundle else None,
         "seq_padded_per_useful": bundle.seq_padded_per_useful if isinstance(bundle, BundleResult) else None,
     }
-    targets: dict[str, bool | None] = {}
-    for label, (key, bound, sign) in TARGETS.items():
+    met: dict[str, bool | None] = {}
+    for label, (key, bound, sign) in targets(ceiling_target).items():
         value = figures[key]
-        targets[label] = None if value is None else sign * value >= sign * bound
+        met[label] = None if value is None else sign * value >= sign * bound
     return Ratios(rounds=len(rounds), bundle_over_naive=figures["bundle_over_naive"],
                   bundle_over_peer=figures["bundle_over_peer"], bundle_over_ceiling=figures["bundle_over_ceiling"],
                   computed_per_useful=figures["computed_per_useful"],
-                  seq_padded_per_useful=figures["seq_padded_per_useful"], ranges=ranges or None, targets=targets)
+                  seq_padded_per_useful=figures["seq_padded_per_useful"], ranges=ranges or None, targets=met,
+                  ceiling_target=ceiling_target)
 
 
 def _rps(round_: Mapping[str, SystemResult], system: str) -> float | None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from tritonbundle.bench.records import Failure, Json, SystemResult, drop_none, system_from_json
+from tritonbundle.recipes import CEILING_TARGET
 
 SystemT = TypeVar("SystemT", bound=SystemResult)
 
@@ -59,9 +60,11 @@ class Ratios:
     ranges: dict[str, list[float]] | None = None
     #: target ("bundle_over_naive >= 8"...) -> met (None: not measured)
     targets: dict[str, bool | None] = field(default_factory=dict)
+    #: The model's target for bundle/ceiling (:attr:`tritonbundle.recipes.Recipe.ceiling_target`).
+    ceiling_target: float = CEILING_TARGET
 
     def value(self, name: str) -> float | None:
-        """A figure by its name in :data:`.repeats.RATIOS` and :data:`.repeats.TARGETS`."""
+        """A figure by its name in :data:`.repeats.RATIOS` and :func:`.repeats.targets`."""
         found: float | None = getattr(self, name)
         return found
 

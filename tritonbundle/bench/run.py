@@ -140,7 +140,7 @@ def run_model(ctx: Context, recipe: Recipe, model_deadline: float, entry: ModelR
         ctx.save()
     if options.repeat > 1:
         entry.rounds = [{system: repeats.best_rps(record) for system, record in done.items()} for done in rounds]
-    entry.ratios = repeats.ratios(rounds, entry.systems.get("bundle"))
+    entry.ratios = repeats.ratios(rounds, entry.systems.get("bundle"), ceiling_target=recipe.ceiling_target)
 
 
 def _phase(ctx: Context, built: Built, recipe: Recipe, system: str, phase_deadline: float) -> SystemResult:
