@@ -178,10 +178,16 @@ class ServedRepository:
         stuck = [problem.message for problem in canary.check() if problem.fatal]
         if not stuck:
             return ""
-        assert self.server.process is not None
+        return f"{model}: {stuck[0]} ({self.write_stacks()})"
+
+    def write_stacks(self) -> str:
+        """Ask every Python stub of the server to write each thread's stack to the server log
+        (:mod:`tritonbundle.runtimes.stacks`), and say so: a model that stopped answering can be read."""
+        if self.server.process is None:
+            return "no server process to ask for its stubs' stacks"
         stubs = proc.signal_descendants(self.server.process.pid, STUB_NAME, STACKS_SIGNAL)
         time.sleep(1.0)  # the stubs write from their signal handlers
-        return f"{model}: {stuck[0]} ({stubs} Python stub(s) wrote every thread's stack to {self.server.options.log_path})"
+        return f"{stubs} Python stub(s) wrote every thread's stack to {self.server.options.log_path}"
 
     def measure(self, *, system: str, slo: Slo, timing: Timing, ladder: Ladder, deadline: float, seed: int,
                 gpu: GpuSampler | None = None) -> Sweep:

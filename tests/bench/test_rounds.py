@@ -76,7 +76,7 @@ def test_a_failed_phase_shows_the_end_of_the_server_log_it_wrote(tmp_path: Path,
     os.utime(old, (time.time() - 3600, time.time() - 3600))
 
     def bundle(ctx: Context, built: Any, recipe: Any, deadline: float) -> SystemResult:
-        lines = [f"line {i}" for i in range(100)] + ["bert_base: no lane has come back in 30 s; threads:"]
+        lines = [f"line {i}" for i in range(run.FAILED_LOG_LINES + 40)] + ["bert_base: no lane has come back in 30 s; threads:"]
         (ctx.logs / "tritonserver-bert_base.log").write_text("\n".join(lines) + "\n")
         raise RuntimeError("model 'bert_base' over grpc: Deadline Exceeded")
 
@@ -88,8 +88,8 @@ def test_a_failed_phase_shows_the_end_of_the_server_log_it_wrote(tmp_path: Path,
         record = run._phase(ctx, None, BENCH_MODELS["bert-base"], "bundle", time.monotonic() + 60)  # type: ignore[arg-type]
     assert record.status == "failed" and "Deadline Exceeded" in (record.error or "")
     shown = caplog.text
-    first = 101 - run.FAILED_LOG_LINES  # 101 lines written: the last FAILED_LOG_LINES are shown
-    assert "no lane has come back" in shown and "line 99" in shown and f"line {first}\n" in shown
+    first = 41  # FAILED_LOG_LINES + 41 lines written: the last FAILED_LOG_LINES are shown
+    assert "no lane has come back" in shown and f"line {run.FAILED_LOG_LINES + 39}" in shown and f"line {first}\n" in shown
     assert f"line {first - 1}\n" not in shown and "from an earlier phase" not in shown
 
 
@@ -111,3 +111,42 @@ def test_the_ceiling_target_is_the_models() -> None:
         lines = report.ratio_lines(BenchResult(command="", options={}, environment={}, models={key: entry}))
         assert f"bundle/ceiling = 0.60 (target >= {recipe.ceiling_target:g})" in lines[0]
         assert Ratios.from_json(ratios.to_json()).ceiling_target == recipe.ceiling_target
+
+
+def test_first_answers_that_never_come_fail_the_phase_in_its_time_with_the_stubs_stacks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the H200 a folded model with two lanes never answered its first request: the 60 s deadline
+    outlived the phase and the run was killed from outside before it wrote anything. The first answers'
+    deadline is now bounded by the phase, and the stubs write their stacks before the phase fails. (The
+    client is a stand-in that times out; the stacks' writing is tested on the real server in
+    tests/measure/test_served.py.)"""
+    import tritonbundle.clients
+    from tritonbundle.bench import bundle
+    from tritonbundle.clients import DeadlineExceededError
+    from tritonbundle.errors import ServerError
+
+    deadlines: list[float] = []
+
+    class Silent:
+        def __init__(self, url: str, *, model: str, timeout_s: float) -> None:
+            deadlines.append(timeout_s)
+
+        def __enter__(self) -> Silent:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def embed(self, texts: list[str]) -> Any:
+            raise DeadlineExceededError("model 'bert_base' over grpc: Deadline Exceeded")
+
+    asked: list[str] = []
+    served = SimpleNamespace(grpc_url="127.0.0.1:1", write_stacks=lambda: asked.append("stacks") or
+                             "7 Python stub(s) wrote every thread's stack to tritonserver-bert_base.log")
+    monkeypatch.setattr(tritonbundle.clients, "GrpcClient", Silent)
+    for left_s, bound in ((12.0, 30.0), (45.0, 35.0), (600.0, bundle.FIRST_ANSWER_S)):
+        with pytest.raises(ServerError) as failed:
+            bundle.first_answers(served, "bert_base", ["a"], None, time.monotonic() + left_s)  # type: ignore[arg-type]
+        assert deadlines[-1] == pytest.approx(bound, abs=0.5), (left_s, deadlines)
+        assert "Deadline Exceeded" in str(failed.value) and "wrote every thread's stack" in str(failed.value)
+    assert asked == ["stacks"] * 3

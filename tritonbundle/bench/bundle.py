@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any
 
 from tritonbundle.bench.accounting import tokens_ratio
 from tritonbundle.bench.answers import check_answers, check_answers_at_once, references
 from tritonbundle.bench.breakdown import breakdown
 from tritonbundle.bench.options import client_timeout_s, setup_timeout_s
 from tritonbundle.bench.phase import Context, NoLevelMeasured, sweep
-from tritonbundle.bench.records import BundleResult, Restart
+from tritonbundle.bench.records import AnswersCheck, BundleResult, Restart
 from tritonbundle.bench.workspace import SERVER_ARGS, Built, load_procs
+from tritonbundle.errors import ServerError
 from tritonbundle.measure.loadgen import LoadPool
 from tritonbundle.recipes import Recipe
 from tritonbundle.served import ServedRepository
@@ -29,11 +31,7 @@ def run_bundle(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> B
                           log_path=ctx.logs / f"tritonserver-{name}.log") as served:
         startup_s = served.start(timeout_s=min(300.0, max(30.0, deadline - time.monotonic())))
         info = served.instances()
-        from tritonbundle.clients import GrpcClient
-
-        with GrpcClient(served.grpc_url, model=name, timeout_s=60.0) as client:
-            correctness = check_answers("the bundle", client.embed(texts), expected)
-            at_once = check_answers_at_once("the bundle", client.embed, texts, expected)
+        correctness, at_once = first_answers(served, name, texts, expected, deadline)
         with LoadPool(procs, ctx.logs, f"bundle-{name}") as pool:
             served.connect(pool, model=name, traffic=ctx.traffic_path, seed=o.seed, timeout_s=client_timeout_s(o),
                            ready_timeout_s=setup_timeout_s(deadline),
@@ -42,7 +40,9 @@ def run_bundle(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> B
                 result, failed = sweep(ctx, pool, deadline, "bundle", served.probes()), None
             except NoLevelMeasured as e:  # failed, but its start-up and instances are still worth reporting
                 result, failed = e.sweep, str(e)
-        with GrpcClient(served.grpc_url, model=name, timeout_s=60.0) as client:  # after every level: still right?
+        from tritonbundle.clients import GrpcClient
+
+        with GrpcClient(served.grpc_url, model=name, timeout_s=FIRST_ANSWER_S) as client:  # after the levels: still right?
             after = check_answers_at_once("the bundle after the sweep", client.embed, texts, expected)
     correctness = dataclasses.replace(correctness, at_once=at_once, after_sweep=after)
     ref_step = result.best or (max(result.steps, key=lambda s: s.offered_rps) if result.steps else None)
@@ -58,3 +58,24 @@ def run_bundle(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> B
         went_down=[Restart(s.offered_rps, s.extra["down"], s.extra.get("restart_s"))
                    for s in result.steps if s.extra.get("down")],
     )
+
+
+#: The first answers' deadline per request: long enough for a cold first batch, bounded by the phase.
+FIRST_ANSWER_S = 60.0
+
+
+def first_answers(served: ServedRepository, name: str, texts: list[str], expected: Any,
+                  deadline: float) -> tuple[AnswersCheck, AnswersCheck]:
+    """The bundle's answers, one request then many at once, against the reference, before any load. A
+    request that gets no answer within the phase's time (at most :data:`FIRST_ANSWER_S`, at least 30 s)
+    fails the phase with every Python stub's stacks in the server log, where the failed phase's console
+    shows them (bench/run.py): on the H200 a model that never answered left only "Deadline Exceeded"."""
+    from tritonbundle.clients import ClientError, GrpcClient
+
+    timeout_s = min(FIRST_ANSWER_S, max(30.0, deadline - time.monotonic() - 10.0))
+    try:
+        with GrpcClient(served.grpc_url, model=name, timeout_s=timeout_s) as client:
+            return (check_answers("the bundle", client.embed(texts), expected),
+                    check_answers_at_once("the bundle", client.embed, texts, expected))
+    except ClientError as e:
+        raise ServerError(f"the bundle's first answers: {e} ({served.write_stacks()})") from e

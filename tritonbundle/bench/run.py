@@ -158,7 +158,7 @@ def _phase(ctx: Context, built: Built, recipe: Recipe, system: str, phase_deadli
 
 #: Lines of a failed phase's server log shown on the console: enough for the stacks a stalled model
 #: logs (runtimes/pytorch/model.py, LANE_REPORT_S) and a crash's last words.
-FAILED_LOG_LINES = 60
+FAILED_LOG_LINES = 120
 
 
 def _show_server_logs(logs: Path, since: float) -> None:
