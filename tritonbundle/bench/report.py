@@ -102,7 +102,7 @@ def ratio_lines(result: BenchResult) -> list[str]:
         rounds = f" (medians of {r.rounds} rounds, [range])" if (r.rounds or 1) > 1 else ""
         out.append(f"{name}{rounds}: bundle/naive = {value('bundle_over_naive')} (target >= 8)   "
                    f"bundle/peer = {value('bundle_over_peer')} (target >= 10)   "
-                   f"bundle/ceiling = {value('bundle_over_ceiling')} (target >= {r.ceiling_target:g})   "
+                   f"bundle/ceiling = {value('bundle_over_ceiling')} (target >= {r.ceiling_bar:g})   "
                    f"computed/useful = {_f(r.computed_per_useful, '.2f')} (target <= 1.15)")
     return out
 

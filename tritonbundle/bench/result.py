@@ -60,8 +60,13 @@ class Ratios:
     ranges: dict[str, list[float]] | None = None
     #: target ("bundle_over_naive >= 8"...) -> met (None: not measured)
     targets: dict[str, bool | None] = field(default_factory=dict)
-    #: The model's target for bundle/ceiling (:attr:`tritonbundle.recipes.Recipe.ceiling_target`).
-    ceiling_target: float = CEILING_TARGET
+    #: The model's target for bundle/ceiling (:attr:`tritonbundle.recipes.Recipe.ceiling_target`; None in
+    #: reports written before it was recorded, which all used the usual one: :attr:`ceiling_bar`).
+    ceiling_target: float | None = None
+
+    @property
+    def ceiling_bar(self) -> float:
+        return CEILING_TARGET if self.ceiling_target is None else self.ceiling_target
 
     def value(self, name: str) -> float | None:
         """A figure by its name in :data:`.repeats.RATIOS` and :func:`.repeats.targets`."""
@@ -69,7 +74,7 @@ class Ratios:
         return found
 
     def to_json(self) -> Json:
-        return drop_none(dataclasses.asdict(self), "rounds", "ranges")
+        return drop_none(dataclasses.asdict(self), "rounds", "ranges", "ceiling_target")
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Ratios:
