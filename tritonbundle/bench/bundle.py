@@ -21,6 +21,10 @@ from tritonbundle.measure.loadgen import LoadPool
 from tritonbundle.recipes import Recipe
 from tritonbundle.served import ServedRepository
 
+#: The answers checks' deadline per request (before the levels: also bounded by the phase's time left):
+#: long enough for a cold first batch.
+FIRST_ANSWER_S = 60.0
+
 
 def run_bundle(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> BundleResult:
     o = ctx.options
@@ -58,10 +62,6 @@ def run_bundle(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> B
         went_down=[Restart(s.offered_rps, s.extra["down"], s.extra.get("restart_s"))
                    for s in result.steps if s.extra.get("down")],
     )
-
-
-#: The first answers' deadline per request: long enough for a cold first batch, bounded by the phase.
-FIRST_ANSWER_S = 60.0
 
 
 def first_answers(served: ServedRepository, name: str, texts: list[str], expected: Any,
