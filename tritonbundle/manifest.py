@@ -102,7 +102,7 @@ class Tunables:
     batches_in_flight: int = knob(1, {"type": "integer", "minimum": 1, "maximum": 8}, (
         "pytorch runtime: batches one encoder instance runs at once, each with its own CUDA stream and graphs, so one "
         "batch's host work overlaps another's GPU work in one process (1: execute() runs its batch itself; H200: 2 did "
-        "not raise the knee of 4 instances; with tokenize_in_encoder, 2 hung: docs/benchmarks.md)"))
+        "not raise the knee, with token rows or with tokenize_in_encoder: docs/benchmarks.md)"))
     multi_arch: bool = knob(False, {"type": "boolean"}, "name plans per compute capability (cc_model_filenames)")
 
 

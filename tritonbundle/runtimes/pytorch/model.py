@@ -21,6 +21,13 @@ still serves it. Triton gives the instance its next batch as soon as ``execute()
 (core ``backend_model_instance.cc``), so at most ``batches_in_flight`` batches are in flight and the
 dynamic batcher gathers the next one while they run.
 
+Only the outputs a request asked for go into its response. The Python backend of tritonserver 2.51
+(python_backend r24.10) drops the others from a response sent through a response sender while it does
+not hold the GIL, freeing their numpy arrays unlocked (``src/response_sender.cc`` releases the GIL, then
+``PruneOutputTensors``; fixed upstream in python_backend #390, r24.12, "Hold GIL when deleting numpy
+array"): on the H200 a lane's first ``send`` of a response with the unrequested ``tokens`` output never
+returned, and the same model without that output answered (docs/benchmarks.md, "lanes").
+
 Served as ``<name>`` with a ``TEXT`` input (manifest ``tokenize_in_encoder``), the same model also
 tokenizes: every text of the dynamic batch in one call of the fast tokenizer, read and refused exactly
 as the tokenizer model does (:mod:`tritonbundle.runtimes.text`), with no ensemble and no second
@@ -214,13 +221,15 @@ class TritonPythonModel:
                 responses[index] = pb_utils.InferenceResponse(output_tensors=[], error=_error(str(e)))
                 stats["errors"] += 1
         batch = self._gather(good) if good else None
-        indices = [index for index, _ in good]  # the request tensors are not touched past this point
+        indices = [index for index, _ in good]
+        counted = {index for index in indices if self._wants_counts(requests[index])}
+        # the request tensors are not touched past this point
         stats["executes"] += 1
         stats["requests"] += len(requests)
         stats["t_read_s"] += time.perf_counter() - t0
         if self._free is None or self._workers is None:
             if batch is not None:
-                self._run(indices, batch, responses, stats, 0)
+                self._run(indices, counted, batch, responses, stats, 0)
             stats["t_execute_s"] += time.perf_counter() - t0
             self._count(stats, t0)
             return responses
@@ -233,7 +242,7 @@ class TritonPythonModel:
             self._count(stats, t0)
             return None
         lane = self._take_lane()
-        self._workers.submit(self._run_in_lane, lane, indices, batch, senders, stats, t0)
+        self._workers.submit(self._run_in_lane, lane, indices, counted, batch, senders, stats, t0)
         self._free.put(self._take_lane())  # return once a lane is free: the batcher gathers meanwhile
         return None
 
@@ -257,12 +266,12 @@ class TritonPythonModel:
             stats["errors"] += 1
             self._log(f"{self.name}: a response could not be sent: {type(e).__name__}: {e}")
 
-    def _run_in_lane(self, lane: int, indices: list[int], batch: Any, senders: list[Any],
+    def _run_in_lane(self, lane: int, indices: list[int], counted: set[int], batch: Any, senders: list[Any],
                      stats: dict[str, float], called: float) -> None:
         t0 = time.perf_counter()
         responses: list[Any] = [None] * len(senders)
         try:
-            self._run(indices, batch, responses, stats, lane)
+            self._run(indices, counted, batch, responses, stats, lane)
         except Exception as e:  # noqa: BLE001 - logged; the requests get an error below
             self._log(f"{self.name}: lane {lane} failed: {''.join(traceback.format_exception(e))}")
         finally:
@@ -275,9 +284,15 @@ class TritonPythonModel:
             stats["t_execute_s"] += time.perf_counter() - t0
             self._count(stats, called)
 
-    def _run(self, indices: list[int], batch: Any, responses: list[Any], stats: dict[str, float],
-             lane: int) -> None:
-        """The engine on the gathered rows; each good request's response (or the batch's error) in ``responses``."""
+    def _wants_counts(self, request: Any) -> bool:
+        """Whether ``request``'s response carries the token counts: only when it asked for them (module
+        docstring: what the Python backend does with outputs nobody asked for)."""
+        return self.counts and TOKENS_OUTPUT in request.requested_output_names()
+
+    def _run(self, indices: list[int], counted: set[int], batch: Any, responses: list[Any],
+             stats: dict[str, float], lane: int) -> None:
+        """The engine on the gathered rows; each good request's response (or the batch's error) in
+        ``responses``, with the token counts for the requests in ``counted``."""
         all_ids, all_masks, counts = batch
         lengths = used_lengths(all_masks)
         try:
@@ -293,7 +308,7 @@ class TritonPythonModel:
         start = 0
         for index, count in zip(indices, counts):
             tensors = [pb_utils.Tensor(self.output_name, out[start : start + count])]
-            if self.counts:
+            if index in counted:
                 tensors.append(pb_utils.Tensor(TOKENS_OUTPUT, token_counts(all_masks[start : start + count])))
             responses[index] = pb_utils.InferenceResponse(output_tensors=tensors)
             start += count
