@@ -220,9 +220,8 @@ def tail(path: Path, lines: int = 15) -> str:
         return "(no log)"
 
 
-def signal_descendants(pid: int, name: str, sig: int) -> int:
-    """Send ``sig`` to every descendant of ``pid`` whose executable is called ``name`` (Linux /proc);
-    returns how many were signalled."""
+def descendants(pid: int, name: str) -> list[int]:
+    """Every descendant of ``pid`` whose executable is called ``name`` (Linux /proc), oldest first."""
     children: dict[int, list[int]] = {}
     names: dict[int, str] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -234,12 +233,21 @@ def signal_descendants(pid: int, name: str, sig: int) -> int:
         child = int(head.split(" (", 1)[0])
         names[child] = head.split(" (", 1)[1] if " (" in head else ""
         children.setdefault(int(rest.split()[1]), []).append(child)
-    sent, todo = 0, list(children.get(pid, []))
+    found, todo = [], list(children.get(pid, []))
     while todo:
         child = todo.pop()
         todo += children.get(child, [])
         if names.get(child, "") == name[:15]:  # the kernel keeps 15 characters of a process's name
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child, sig)
-                sent += 1
+            found.append(child)
+    return sorted(found)
+
+
+def signal_descendants(pid: int, name: str, sig: int) -> int:
+    """Send ``sig`` to every descendant of ``pid`` whose executable is called ``name``; returns how many
+    were signalled."""
+    sent = 0
+    for child in descendants(pid, name):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, sig)
+            sent += 1
     return sent

@@ -31,6 +31,8 @@ from tritonbundle.server import ServerOptions, TritonServer
 STALL_S = 10.0
 #: The Python backend's stub process (what ``ps`` shows; the kernel keeps its first 15 characters).
 STUB_NAME = "triton_python_backend_stub"
+#: Seconds a stub is given to write its stacks before the next one is asked (each writes a few KiB).
+STACKS_WRITE_S = 0.3
 
 
 class ServedRepository:
@@ -181,13 +183,26 @@ class ServedRepository:
         return f"{model}: {stuck[0]} ({self.write_stacks()})"
 
     def write_stacks(self) -> str:
-        """Ask every Python stub of the server to write each thread's stack to the server log
-        (:mod:`tritonbundle.runtimes.stacks`), and say so: a model that stopped answering can be read."""
+        """Ask every Python stub of the server, one at a time, to write each thread's stack to the server
+        log (:mod:`tritonbundle.runtimes.stacks`), each block under a line naming the stub's process and
+        model instance, and say so: a model that stopped answering can be read. (Signalled at once, seven
+        stubs on the H200 wrote their stacks into one another, line by line.)"""
         if self.server.process is None:
             return "no server process to ask for its stubs' stacks"
-        stubs = proc.signal_descendants(self.server.process.pid, STUB_NAME, STACKS_SIGNAL)
-        time.sleep(1.0)  # the stubs write from their signal handlers
-        return f"{stubs} Python stub(s) wrote every thread's stack to {self.server.options.log_path}"
+        log = self.server.options.log_path
+        stubs = proc.descendants(self.server.process.pid, STUB_NAME)
+        written = 0
+        for pid in stubs:
+            if log is not None:
+                with open(log, "a", encoding="utf-8") as f:  # the server appends to it too (O_APPEND)
+                    f.write(f"\n== the stacks of Python stub {pid} ({stub_instance(pid)}):\n")
+            try:
+                os.kill(pid, STACKS_SIGNAL)
+            except ProcessLookupError:
+                continue
+            written += 1
+            time.sleep(STACKS_WRITE_S)  # the stub writes from its signal handler: let it finish
+        return f"{written} Python stub(s) wrote every thread's stack to {log}"
 
     def measure(self, *, system: str, slo: Slo, timing: Timing, ladder: Ladder, deadline: float, seed: int,
                 gpu: GpuSampler | None = None) -> Sweep:
@@ -195,6 +210,17 @@ class ServedRepository:
         assert self._pool is not None, "connect() first"
         return measure_rates(self._pool, system=system, slo=slo, timing=timing, ladder=ladder, probes=self.probes(),
                              deadline=deadline, seed=seed, gpu=gpu)
+
+
+def stub_instance(pid: int) -> str:
+    """The model instance a Python stub serves: the second-to-last word of its command line
+    (python_backend ``stub_launcher.cc``: ``... <model instance name> <runtime modeldir>``)."""
+    try:
+        words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "gone"
+    words = [w for w in words if w]
+    return words[-2].decode(errors="replace") if len(words) >= 2 else "?"
 
 
 def fastest_launch_ms(instances: list[dict[str, Any]]) -> dict[str, float] | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import threading
 import time
@@ -128,6 +129,7 @@ def test_a_server_whose_model_stops_answering_is_down_with_every_stubs_stack(tmp
     assert "hung" in why and "1 Python stub(s) wrote every thread's stack" in why, why
     assert ("(the model is stuck)" in why) == batched, why  # a full queue refuses at once: no timeout
     assert "most recent call first" in log and "in execute" in log, log[-2000:]
+    assert re.search(r"== the stacks of Python stub \d+ \(stall_0_0\):\n.*most recent call first", log, re.S), log[-2000:]
 
 
 def test_the_launch_times_tune_reads_are_each_shapes_fastest_over_the_instances() -> None:
