@@ -3,8 +3,9 @@
 A served Python model registers :data:`STACKS_SIGNAL` at ``initialize``: on that signal its stub
 writes the stack of each of its threads to its stderr, which is tritonserver's log (the stubs inherit
 the server's descriptors). A model that stopped answering can so be read without stopping it:
-``kill -USR1 <stub pid>``, or :meth:`tritonbundle.server.TritonServer.dump_stacks` for every stub of a
-server (the benchmark does this when a server stops answering). Python's ``faulthandler`` writes from
+``kill -USR1 <stub pid>``, or :meth:`tritonbundle.served.ServedRepository.write_stacks` for every stub of
+a server, one at a time, each under a line naming it (the benchmark does this when a server stops
+answering). Python's ``faulthandler`` writes from
 its C signal handler, without the GIL, so it works while a thread holds the GIL or waits in C code
 (the Python frame that called into C is the last one shown).
 
