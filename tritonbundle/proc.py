@@ -241,13 +241,3 @@ def descendants(pid: int, name: str) -> list[int]:
             found.append(child)
     return sorted(found)
 
-
-def signal_descendants(pid: int, name: str, sig: int) -> int:
-    """Send ``sig`` to every descendant of ``pid`` whose executable is called ``name``; returns how many
-    were signalled."""
-    sent = 0
-    for child in descendants(pid, name):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(child, sig)
-            sent += 1
-    return sent

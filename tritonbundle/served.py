@@ -190,18 +190,18 @@ class ServedRepository:
         if self.server.process is None:
             return "no server process to ask for its stubs' stacks"
         log = self.server.options.log_path
-        stubs = proc.descendants(self.server.process.pid, STUB_NAME)
         written = 0
-        for pid in stubs:
-            if log is not None:
-                with open(log, "a", encoding="utf-8") as f:  # the server appends to it too (O_APPEND)
-                    f.write(f"\n== the stacks of Python stub {pid} ({stub_instance(pid)}):\n")
-            try:
-                os.kill(pid, STACKS_SIGNAL)
-            except ProcessLookupError:
-                continue
-            written += 1
-            time.sleep(STACKS_WRITE_S)  # the stub writes from its signal handler: let it finish
+        # Appended to, like the server does (O_APPEND): the headers land between the stubs' blocks.
+        with open(log or os.devnull, "a", encoding="utf-8") as f:
+            for pid in proc.descendants(self.server.process.pid, STUB_NAME):
+                f.write(f"\n== the stacks of Python stub {pid} ({stub_instance(pid)}):\n")
+                f.flush()
+                try:
+                    os.kill(pid, STACKS_SIGNAL)
+                except ProcessLookupError:
+                    continue
+                written += 1
+                time.sleep(STACKS_WRITE_S)  # the stub writes from its signal handler: let it finish
         return f"{written} Python stub(s) wrote every thread's stack to {log}"
 
     def measure(self, *, system: str, slo: Slo, timing: Timing, ladder: Ladder, deadline: float, seed: int,
