@@ -39,7 +39,7 @@ def test_finds_the_best_point_from_a_bad_start_without_measuring_any_point_twice
 
 
 def test_a_failed_point_is_kept_and_loses() -> None:
-    result, _ = run({"instances": 3, "max_queue_delay_us": 2500})
+    result, _ = run({"instances": 3, "max_queue_delay_us": 5000})
     failed = [p for p in result.points if p.rate is None]
     assert failed and failed[0].config["max_queue_delay_us"] == 5000
     assert result.best is not None and result.best.rate is not None
@@ -186,3 +186,40 @@ def test_a_folded_configuration_spends_no_point_on_the_tokenizer_models_knobs() 
     assert inert("tokenizer_instances", {"tokenize_in_encoder": True})
     assert not inert("tokenizer_threads", {"tokenize_in_encoder": True})
     assert not inert("tokenizer_instances", {"tokenize_in_encoder": False})
+
+
+def test_a_move_that_pays_is_followed_at_doubling_strides() -> None:
+    """Rate grows with instances up to 8: from 1, the steps 2, 4, 8 (three points, not five rounds)."""
+    space = Space((Knob("instances", (1, 2, 3, 4, 6, 8)),))
+    measured: list[int] = []
+
+    def measure(label: str, config: dict[str, Any]) -> Point:
+        measured.append(config["instances"])
+        return Point(label, config, 100.0 * config["instances"])
+
+    result = coordinate_descent(measure, {"instances": 1}, space, can_continue=lambda: True)
+    assert measured[:4] == [1, 2, 4, 8]
+    assert [m[2] for m in result.moves] == [2, 4, 8]
+    assert measured[4:] == [6], "the next round tries the value the stride skipped, not 1 or 2 again"
+    assert result.best is not None and result.best.config == {"instances": 8}
+
+
+def test_a_stride_past_the_best_stops_and_the_skipped_values_come_next_round() -> None:
+    """Best at 4 of (1, 2, 3, 4, 6, 8): 2 pays, 4 pays, 8 does not; round 2 tries 3 and 6 around 4."""
+    space = Space((Knob("instances", (1, 2, 3, 4, 6, 8)),))
+    measured: list[int] = []
+
+    def measure(label: str, config: dict[str, Any]) -> Point:
+        measured.append(config["instances"])
+        return Point(label, config, 100.0 - 10 * abs(config["instances"] - 4))
+
+    result = coordinate_descent(measure, {"instances": 1}, space, can_continue=lambda: True)
+    assert measured == [1, 2, 4, 8, 3, 6]
+    assert result.best is not None and result.best.config == {"instances": 4}
+
+
+def test_onward_values_at_doubling_strides_both_ways() -> None:
+    knob = Knob("max_queue_delay_us", (0, 500, 1000, 2500, 5000))
+    assert knob.onward(0, 500) == [2500, 5000]
+    assert knob.onward(5000, 2500) == [500, 0]
+    assert knob.onward(2500, 5000) == [] and knob.onward(7, 500) == []

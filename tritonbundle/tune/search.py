@@ -1,6 +1,9 @@
 """Coordinate descent over the tuner's knobs: from a start, try each knob's neighbouring values, move
-to the best, knob after knob, until a full round improves nothing or the budget runs out. Every
-measured point is kept (the report shows them all), and the descent never measures a point twice.
+to the best, knob after knob, until a full round improves nothing or the budget runs out. A move that
+paid is followed further the same way, at doubling strides (instances 1 -> 2 -> 4 -> 8: three points
+where single steps take five rounds), while each step pays; the values it skipped are the next
+round's neighbours. Every measured point is kept (the report shows them all), and the descent never
+measures a point twice.
 
 One rate search moves 15-40 % from run to run on the H200 (docs/tuning.md, "Re-run"), more than most
 knobs do, so a winner picked from single searches is partly picked by noise. :func:`confirm` then
@@ -73,14 +76,22 @@ def coordinate_descent(
         for knob in space.knobs:
             if inert(knob.name, current.config):
                 continue
-            for value in knob.neighbours(current.config.get(knob.name)):
-                if not can_continue():
-                    return Result(points, _best(points), moves, "time budget")
-                candidate = visit(f"round {round_ + 1}: {describe({knob.name: value})}", {**current.config, knob.name: value})
-                if candidate.score > current.score * (1 + min_gain):
-                    moves.append((knob.name, current.config.get(knob.name), value, current.score, candidate.score))
+            origin = current.config.get(knob.name)
+            for value in knob.neighbours(origin):
+                # A move that paid is followed the same way at doubling strides while it keeps paying;
+                # the other way is then not tried this round.
+                for step in [value, *knob.onward(origin, value)]:
+                    if not can_continue():
+                        return Result(points, _best(points), moves, "time budget")
+                    label = f"round {round_ + 1}: {describe({knob.name: step})}"
+                    candidate = visit(label, {**current.config, knob.name: step})
+                    if candidate.score <= current.score * (1 + min_gain):
+                        break
+                    moves.append((knob.name, current.config.get(knob.name), step, current.score, candidate.score))
                     current = candidate
                     improved = True
+                if current.config.get(knob.name) != origin:
+                    break
         if not improved:
             break
     else:

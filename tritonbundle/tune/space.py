@@ -18,9 +18,13 @@ Config = dict[str, Any]
 
 #: The knob that folds the tokenizer into the encoder's process (no tokenizer model, no ensemble).
 FOLD = "tokenize_in_encoder"
-#: The order the coordinate descent visits the knobs: the biggest effects first.
-ORDER = ("batch_buckets", "instances", FOLD, "max_queue_delay_us", "tokenizer_instances", "tokenizer_queue_delay_us",
-         "tokenizer_threads", "preferred_batch_sizes")
+#: The order the coordinate descent visits the knobs: the biggest effects first, as measured on the H200
+#: (docs/benchmarks.md, docs/tuning.md): encoder instances (two to three: +71 %; six to eight folded:
+#: +18 %), the tokenizer's threads (+12 % at 2 -> 4 folded; before the fold, which only pays with
+#: them), folding the tokenizer in (+19 % under MPS), the queue delay; the batch buckets after them,
+#: their cap being derived from the engine's launch times (:func:`space`).
+ORDER = ("instances", "tokenizer_threads", FOLD, "max_queue_delay_us", "batch_buckets", "tokenizer_instances",
+         "tokenizer_queue_delay_us", "preferred_batch_sizes")
 #: Knobs of the tokenizer model, which a folded configuration does not have (``tokenizer_threads`` still
 #: sets the threads of the encoder's own tokenizer calls).
 TOKENIZER_MODEL_KNOBS = ("tokenizer_instances", "tokenizer_queue_delay_us")
@@ -34,6 +38,19 @@ BUCKET_SETS: tuple[tuple[int, ...], ...] = (
 class Knob:
     name: str
     values: tuple[Any, ...]
+
+    def onward(self, before: Any, after: Any) -> list[Any]:
+        """The values past ``after`` in the direction from ``before``, at strides of 2, 4, 8... candidates,
+        the last candidate that way included (so a long run of values is crossed in a few steps)."""
+        if before not in self.values or after not in self.values or before == after:
+            return []
+        i, j = self.values.index(before), self.values.index(after)
+        way, stride, out = (1 if j > i else -1), 2, []
+        while 0 < j < len(self.values) - 1:
+            j = min(len(self.values) - 1, max(0, j + way * stride))
+            out.append(self.values[j])
+            stride *= 2
+        return out
 
     def neighbours(self, value: Any) -> list[Any]:
         """The values next to ``value`` (its nearest candidate when it is not one)."""
