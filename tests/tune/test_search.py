@@ -223,3 +223,39 @@ def test_onward_values_at_doubling_strides_both_ways() -> None:
     assert knob.onward(0, 500) == [2500, 5000]
     assert knob.onward(5000, 2500) == [500, 0]
     assert knob.onward(2500, 5000) == [] and knob.onward(7, 500) == []
+
+
+def test_a_later_point_is_measured_around_the_rate_it_is_compared_with() -> None:
+    """The first point climbs x2 from the start (or an eighth of the engine's estimate); a later one
+    starts at 0.7 of the best so far and climbs by sqrt(2): its bisections end within 9 %, not 19 %."""
+    import math
+
+    from tritonbundle.measure.latency import Slo, step_result
+    from tritonbundle.measure.search import search_rate
+    from tritonbundle.tune.options import TuneOptions
+    from tritonbundle.tune.run import ladder_for
+
+    options = TuneOptions(out=ROOT, manifest=ROOT, artifacts=ROOT, start_rate=4.0, rate_factor=2.0, refine=2)
+    first = ladder_for(options, 0.0, 800.0)
+    assert (first.start, first.factor) == (100.0, 2.0)
+    assert ladder_for(options, 0.0, None).start == 4.0
+    later = ladder_for(options, 1000.0, 800.0)
+    assert later.start == 700.0 and later.factor == math.sqrt(2.0)
+
+    def knee_at(capacity: float) -> tuple[float, list[float]]:
+        offered: list[float] = []
+
+        def measure(rate: float) -> Any:
+            offered.append(rate)
+            return step_result(rate, 1.0, [10.0 if rate <= capacity else 100.0] * int(rate), 0)
+
+        sweep = search_rate(measure, slo=Slo(p99_ms=50.0), start=later.start, factor=later.factor, refine=later.refine)
+        return sweep.best.offered_rps if sweep.best else 0.0, offered
+
+    # A candidate 10 % over the best so far is measured over it (the x2 ladder from a quarter of the
+    # best would stop at the best itself: 250, 500, 1000 pass, 2000, 1414, 1189 fail).
+    found, offered = knee_at(1100.0)
+    assert 1000.0 < found <= 1100.0 and len(offered) == 5
+    # A much worse one is given up a quarter of the way down.
+    found, offered = knee_at(100.0)
+    assert found == 0.0 and min(offered) >= 0.24 * 1000.0
