@@ -63,3 +63,24 @@ def test_a_gpu_run_says_how_its_instances_shared_the_gpu(tmp_path: Path) -> None
     assert data["gpu_sharing"] == "mps" and TuneResult.from_json(data) == result
     report.write(result, tmp_path)
     assert "GPU sharing (the instances'): mps" in (tmp_path / "tune.md").read_text()
+
+
+def test_resume_takes_the_points_of_a_run_like_this_one_and_refuses_another(tmp_path: Path) -> None:
+    from tritonbundle.tune.result import resumed_points
+
+    earlier = TuneResult.from_json(json.loads((TUNING / "h200-bert-base-bad-start-3" / "tune.json").read_text()))
+    path = tmp_path / "tune.json"
+    path.write_text(json.dumps(earlier.to_json()))
+    run = TuneResult(command="", model=earlier.model, slo_p99_ms=earlier.slo_p99_ms, budget_s=60, manifest="",
+                     overrides=dict(earlier.overrides), defaults={}, start={}, gpu_sharing=earlier.gpu_sharing)
+    points = resumed_points(path, run)
+    assert [p.to_json() for p in points] == [p.to_json() for p in earlier.points]
+    run.slo_p99_ms = 100.0
+    with pytest.raises(ConfigError, match=r"p99 SLO \(ms\) was 50.0, this run's is 100.0"):
+        resumed_points(path, run)
+    run.slo_p99_ms, run.gpu_sharing = earlier.slo_p99_ms, "time-slicing"
+    with pytest.raises(ConfigError, match="GPU sharing was 'mps'"):
+        resumed_points(path, run)
+    path.write_text("{not json")
+    with pytest.raises(ConfigError, match="not a tune report"):
+        resumed_points(path, run)

@@ -69,6 +69,22 @@ def test_tune_beats_a_bad_start_and_reports_the_defaults(exported_minilm: Path, 
     spec = load_manifest(BuildOptions(manifest=tuned, artifacts=ARTIFACTS)).models[0]
     assert (spec.instances, spec.max_queue_delay_us) == (winner["config"]["instances"], winner["config"]["max_queue_delay_us"])
 
+    # Going on from this run (--resume): its points are taken over, none of its configurations measured again
+    # (only a finalist's re-measurement may repeat one), whatever the short budget leaves time for.
+    resumed_out = tmp_path / "tune-resumed"
+    code = main(["tune", "--manifest", str(manifest), "--artifacts", str(ARTIFACTS), "--budget-s", "30",
+                 "--slo-p99-ms", "150", "--window-s", "3", "--start-rate", "8", "--repeat", "2",
+                 "--start", f"instances=1,max_queue_delay_us={BAD_DELAY_US}", "--knobs", "max_queue_delay_us,instances",
+                 "--resume", str(out / "tune.json"), "--out", str(resumed_out)])
+    resumed = json.loads((resumed_out / "tune.json").read_text())
+    assert code == 0 and resumed["resumed_from"] == str(out / "tune.json")
+    assert resumed["points"][: len(result["points"])] == result["points"]
+    measured_before = {json.dumps(p["config"], sort_keys=True) for p in result["points"]}
+    new = resumed["points"][len(result["points"]) :]
+    print(f"  resumed: {len(new)} new point(s): {[p['label'] for p in new]}")
+    assert all(p["label"].startswith("again") or json.dumps(p["config"], sort_keys=True) not in measured_before
+               for p in new)
+
 
 def test_tune_refuses_a_start_that_is_not_a_manifest_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):

@@ -40,6 +40,9 @@ class TuneOptions:
     #: Where the manifest with the winner written in goes (None: only ``winner.yaml`` in ``out``).
     tuned_manifest: Path | None = None
     extra_server_args: tuple[str, ...] = ()
+    #: An earlier run's ``tune.json`` (same model, SLO, overrides and GPU sharing): every configuration it
+    #: measured is taken from it instead of measured again, so a search its budget cut short goes on.
+    resume: Path | None = None
 
     def __post_init__(self) -> None:
         if self.budget_s < 20:

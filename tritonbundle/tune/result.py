@@ -13,10 +13,13 @@ metric views), read by the report and written as is.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from tritonbundle.errors import ConfigError
 from tritonbundle.tune.search import Point
 from tritonbundle.tune.space import Config, Knob, Space
 
@@ -125,6 +128,8 @@ class TuneResult:
     #: How the instances shared the GPU (``TRITONBUNDLE_GPU_SHARING``; None on the CPU): a winner holds
     #: for that mode only.
     gpu_sharing: str | None = None
+    #: The earlier run this one went on from (``--resume``), and how many of its points it took over.
+    resumed_from: str | None = None
 
     @property
     def winner(self) -> PointSummary | None:
@@ -138,6 +143,8 @@ class TuneResult:
         }
         if self.gpu_sharing is not None:
             data["gpu_sharing"] = self.gpu_sharing
+        if self.resumed_from is not None:
+            data["resumed_from"] = self.resumed_from
         if self.space is not None:
             data["space"] = space_json(self.space)
         if self.verdict is not None:
@@ -151,4 +158,22 @@ class TuneResult:
                    data.get("manifest", ""), dict(data.get("overrides") or {}), dict(data.get("defaults") or {}),
                    dict(data.get("start") or {}), [Point.from_json(p) for p in data.get("points") or []],
                    data.get("status", ""), space_from_json(space) if space is not None else None,
-                   Verdict.from_json(data) if "winner" in data else None, data.get("gpu_sharing"))
+                   Verdict.from_json(data) if "winner" in data else None, data.get("gpu_sharing"),
+                   data.get("resumed_from"))
+
+
+def resumed_points(path: Path, run: TuneResult) -> list[Point]:
+    """The points of the earlier run in ``path`` (its ``tune.json``), which ``run`` goes on from: refused,
+    naming the difference, when it tuned another model, under another SLO, with other overrides or another
+    GPU sharing (its rates would not compare with this run's)."""
+    try:
+        earlier = TuneResult.from_json(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"--resume {path}: not a tune report ({type(e).__name__}: {e})") from None
+    for what, was, now in (("model", earlier.model, run.model), ("p99 SLO (ms)", earlier.slo_p99_ms, run.slo_p99_ms),
+                           ("overrides", earlier.overrides, run.overrides),
+                           ("GPU sharing", earlier.gpu_sharing, run.gpu_sharing)):
+        if was != now:
+            raise ConfigError(f"--resume {path}: that run's {what} was {was!r}, this run's is {now!r}: its rates "
+                              "do not compare; start a new run instead")
+    return earlier.points

@@ -33,7 +33,7 @@ from tritonbundle.measure.probes import GpuSampler
 from tritonbundle.served import ServedRepository
 from tritonbundle.tune import report
 from tritonbundle.tune.options import TuneOptions
-from tritonbundle.tune.result import TuneResult
+from tritonbundle.tune.result import TuneResult, resumed_points
 from tritonbundle.tune.search import Point, Result, confirm, confirmed, coordinate_descent
 from tritonbundle.tune.space import Config, Space, describe, key, offered, space
 
@@ -71,9 +71,15 @@ def run_tune(options: TuneOptions) -> TuneResult:
     result = TuneResult(command="tritonbundle " + " ".join(sys.argv[1:]), model=spec.name, slo_p99_ms=options.slo_ms,
                         budget_s=options.budget_s, manifest=str(options.manifest), overrides=options.overrides,
                         defaults=defaults, start=start, gpu_sharing=sharing_from_env() if spec.target == "gpu" else None)
+    points = result.points
+    # --resume: the earlier run's points join this one's, and each configuration it measured is taken
+    # from it (its first measurement) instead of measured again; the descent replays to where it stopped.
+    if options.resume is not None:
+        points.extend(resumed_points(options.resume, result))
+        result.resumed_from = str(options.resume)
+    earlier = _first_measurements(points)
     gpu = GpuSampler().start() if spec.target == "gpu" else None
     pool = LoadPool(options.load_procs, work / "logs", "tune").start()
-    points = result.points
 
     def save() -> None:
         report.write(result, options.out)
@@ -95,10 +101,13 @@ def run_tune(options: TuneOptions) -> TuneResult:
 
     try:
         step(f"tune {spec.name}: p99 <= {options.slo_ms:g} ms, {options.budget_s:.0f} s")
-        first = measure("start", start)
+        if earlier:
+            LOG.info("    %d point(s) taken over from %s", len(points), options.resume)
+        first = earlier.get(key(start)) or measure("start", start)
         # The shipped defaults are always measured (second, so an early stop still reports them):
         # the winner must beat them on the same measurement.
-        baseline = first if start == defaults else measure("the manifest's defaults", defaults)
+        baseline = first if start == defaults else (
+            earlier.get(key(defaults)) or measure("the manifest's defaults", defaults))
         launch_ms = {_shape(text): float(ms) for text, ms in (first.detail.get("launch_ms_by_shape") or {}).items()}
         searched = space(slo_ms=options.slo_ms, cores=os.cpu_count() or 1, text=spec.text,
                          gpu=spec.target == "gpu", launch_ms=launch_ms or None, knobs=options.knobs,
@@ -160,13 +169,21 @@ def _search(measure: Callable[[str, Config], Point], points: list[Point], start:
             clock: _Clock, *, reserve_points: int = 0, reserve_cap_s: float = 0.0) -> Result:
     """The descent from ``start``, reusing the ``points`` measured before it and leaving time for
     ``reserve_points`` more points after it (the finalists' re-measurements), ``reserve_cap_s`` at most."""
-    known = {key(p.config): p for p in points}
+    known = _first_measurements(points)
 
     def measure_or_reuse(label: str, config: Config) -> Point:
         return known.get(key(config)) or measure(label, config)
 
     return coordinate_descent(measure_or_reuse, start, searched,
                               can_continue=lambda: _time_for_a_point(points, clock, reserve_points, reserve_cap_s))
+
+
+def _first_measurements(points: list[Point]) -> dict[Any, Point]:
+    """Each configuration's first measured point (a finalist's re-measurements come after it)."""
+    first: dict[Any, Point] = {}
+    for point in points:
+        first.setdefault(key(point.config), point)
+    return first
 
 
 def _time_for_a_point(points: list[Point], clock: _Clock, reserve_points: int = 0, reserve_cap_s: float = 0.0) -> bool:
