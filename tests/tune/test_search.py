@@ -259,3 +259,21 @@ def test_a_later_point_is_measured_around_the_rate_it_is_compared_with() -> None
     # A much worse one is given up a quarter of the way down.
     found, offered = knee_at(100.0)
     assert found == 0.0 and min(offered) >= 0.24 * 1000.0
+
+
+def test_a_configuration_measured_more_than_once_counts_by_its_median() -> None:
+    """Points taken over from an earlier run's finalists (tune --resume): 130 then 80 then 82 for two
+    instances is a median of 82, below one instance's single 100; as a finalist it starts from all three."""
+    from tritonbundle.tune.search import Result, by_configuration, confirm
+
+    points = [Point("start", {"instances": 1}, 100.0), Point("round 1: instances=2", {"instances": 2}, 130.0),
+              Point("again 1: round 1: instances=2", {"instances": 2}, 80.0),
+              Point("again 2: round 1: instances=2", {"instances": 2}, 82.0)]
+    merged = by_configuration(points)
+    assert [(p.label, p.rate) for p in merged] == [("start", 100.0), ("round 1: instances=2", 82.0)]
+    assert merged[1].detail["rates"] == [130.0, 80.0, 82.0]
+    measure, calls = _noisy({1: [101.0], 2: [84.0]})
+    result = Result(points, merged[0], [], "converged")
+    confirm(measure, result, merged, rounds=1, can_continue=lambda: True)
+    assert result.finals[key({"instances": 2})][1] == [130.0, 80.0, 82.0, 84.0]
+    assert result.best is not None and result.best.config == {"instances": 1}

@@ -34,7 +34,7 @@ from tritonbundle.served import ServedRepository
 from tritonbundle.tune import report
 from tritonbundle.tune.options import TuneOptions
 from tritonbundle.tune.result import TuneResult, resumed_points
-from tritonbundle.tune.search import Point, Result, confirm, confirmed, coordinate_descent
+from tritonbundle.tune.search import Point, Result, by_configuration, confirm, confirmed, coordinate_descent
 from tritonbundle.tune.space import Config, Space, describe, key, offered, space
 
 
@@ -88,7 +88,7 @@ def run_tune(options: TuneOptions) -> TuneResult:
         t0 = time.monotonic()
         # A point is measured around the rate it is compared with: its own earlier one when it is
         # measured again (search.confirm), else the best any point sustained (ladder_for).
-        own = [p.score for p in points if p.config == config and p.score]
+        own = [p.score for p in points if key(p.config) == key(config) and p.score]
         centre = max(own) if own else max((p.score for p in points), default=0.0)
         point = _measure(label, config, options, base, spec, Path(traffic_path), work, pool, gpu, clock, len(points),
                          centre)
@@ -116,8 +116,12 @@ def run_tune(options: TuneOptions) -> TuneResult:
         # The descent steps from the better of the start and the defaults.
         found = _search(measure, points, max(first, baseline, key=lambda p: p.score).config, searched, clock,
                         reserve_points=2 * (options.repeat - 1), reserve_cap_s=options.budget_s / 3)
-        found.best = max((p for p in points if p.rate), key=lambda p: p.score, default=None)
-        confirm(measure, found, list(points), rounds=options.repeat - 1, versus=baseline,
+        # A configuration measured more than once before this point (an earlier run's finalists, taken
+        # over) counts by its median, here and as a finalist.
+        measured = by_configuration(points)
+        found.best = max((p for p in measured if p.rate), key=lambda p: p.score, default=None)
+        baseline = next(p for p in measured if key(p.config) == key(baseline.config))
+        confirm(measure, found, measured, rounds=options.repeat - 1, versus=baseline,
                 can_continue=lambda: _time_for_a_point(points, clock))
         result.verdict = report.summary(found, confirmed(found, baseline), searched)
         result.status = "done"

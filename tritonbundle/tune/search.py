@@ -38,7 +38,10 @@ class Point:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Point:
-        return cls(data["label"], dict(data["config"]), data.get("rate"), dict(data.get("detail") or {}))
+        # JSON has lists where a configuration holds tuples (batch buckets): the search compares and steps
+        # from read-back configurations (tune --resume) as from its own.
+        config = {k: tuple(v) if isinstance(v, list) else v for k, v in data["config"].items()}
+        return cls(data["label"], config, data.get("rate"), dict(data.get("detail") or {}))
 
 
 @dataclass
@@ -114,7 +117,7 @@ def confirm(measure: Callable[[str, Config], Point], result: Result, candidates:
     ranked = ranked[:2]
     if rounds < 1 or len(ranked) < 2:
         return
-    finals = {key(p.config): (p, [p.score]) for p in ranked}
+    finals = {key(p.config): (p, list(p.detail.get("rates") or [p.score])) for p in ranked}
     for round_ in range(rounds):
         for point in ranked:
             if not can_continue():
@@ -125,6 +128,22 @@ def confirm(measure: Callable[[str, Config], Point], result: Result, candidates:
         return  # no time for any: the single best stands
     result.finals = finals
     result.best = confirmed(result, max(ranked, key=lambda p: statistics.median(finals[key(p.config)][1])))
+
+
+def by_configuration(points: list[Point]) -> list[Point]:
+    """One point per configuration, in the order they were first measured; one measured more than once
+    (a finalist, or one an earlier run's finalists re-measured, taken over by ``tune --resume``) as its
+    first point with the median of every measurement (a failed one counts 0) and ``detail["rates"]``."""
+    groups: dict[Any, list[Point]] = {}
+    for point in points:
+        groups.setdefault(key(point.config), []).append(point)
+    out = []
+    for first, *again in groups.values():
+        if again:
+            rates = [first.score] + [p.score for p in again]
+            first = Point(first.label, first.config, statistics.median(rates) or None, {**first.detail, "rates": rates})
+        out.append(first)
+    return out
 
 
 def confirmed(result: Result, point: Point | None) -> Point | None:
@@ -147,7 +166,7 @@ def reason(result: Result, baseline: Point | None) -> str:
     if best is None:
         return "no configuration met the SLO at any rate tried"
     lines = [f"the winner ({describe(best.config)}) sustains {best.score:,.1f} req/s within the SLO"]
-    if baseline is not None and baseline.config == best.config:  # the same point, or its re-measured copy
+    if baseline is not None and key(baseline.config) == key(best.config):  # the same point, or its re-measured copy
         lines.append("it is the manifest's own setting")
     elif baseline is not None and baseline.score:
         gain = (best.score / baseline.score - 1) * 100
