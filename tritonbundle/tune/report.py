@@ -28,7 +28,7 @@ from tritonbundle.measure.search import Sweep
 from tritonbundle.tune.capacity import autoscaling_values
 from tritonbundle.tune.result import Move, PointSummary, TuneResult, Verdict
 from tritonbundle.tune.search import Point, Result, reason
-from tritonbundle.tune.space import Config, Space, describe, key
+from tritonbundle.tune.space import Config, Space, describe
 
 
 def summary(found: Result, baseline: Point | None, searched: Space) -> Verdict:
@@ -80,7 +80,7 @@ def markdown(result: TuneResult) -> str:
     winner = result.winner.config if result.winner else None
     for i, p in enumerate(result.points):
         d = p.detail
-        mark = " **(winner)**" if winner is not None and key(p.config) == key(winner) else ""
+        mark = " **(winner)**" if winner is not None and p.config == winner else ""
         gpu = d.get("gpu_util_mean")
         lines.append(
             f"| {i} | {p.label}{mark} | {describe(p.config)} | {_f(p.rate)} | {_f(d.get('p50_ms'))} "

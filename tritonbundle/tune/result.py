@@ -21,7 +21,7 @@ from typing import Any
 
 from tritonbundle.errors import ConfigError
 from tritonbundle.tune.search import Point
-from tritonbundle.tune.space import Config, Knob, Space
+from tritonbundle.tune.space import Config, Knob, Space, config_from_json
 
 Json = dict[str, Any]
 
@@ -50,7 +50,7 @@ class PointSummary:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> PointSummary:
-        return cls(data["label"], dict(data["config"]), data.get("rate"), data.get("p50_ms"), data.get("p99_ms"),
+        return cls(data["label"], config_from_json(data["config"]), data.get("rate"), data.get("p50_ms"), data.get("p99_ms"),
                    tuple(data.get("rates") or ()))
 
 
@@ -128,7 +128,7 @@ class TuneResult:
     #: How the instances shared the GPU (``TRITONBUNDLE_GPU_SHARING``; None on the CPU): a winner holds
     #: for that mode only.
     gpu_sharing: str | None = None
-    #: The earlier run this one went on from (``--resume``), and how many of its points it took over.
+    #: The earlier run's report this one went on from (``--resume``); its points come first.
     resumed_from: str | None = None
 
     @property

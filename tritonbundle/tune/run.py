@@ -35,7 +35,7 @@ from tritonbundle.tune import report
 from tritonbundle.tune.options import TuneOptions
 from tritonbundle.tune.result import TuneResult, resumed_points
 from tritonbundle.tune.search import Point, Result, by_configuration, confirm, confirmed, coordinate_descent
-from tritonbundle.tune.space import Config, Space, describe, key, offered, space
+from tritonbundle.tune.space import Config, Space, config_from_json, describe, key, offered, space
 
 
 class _Clock:
@@ -77,7 +77,6 @@ def run_tune(options: TuneOptions) -> TuneResult:
     if options.resume is not None:
         points.extend(resumed_points(options.resume, result))
         result.resumed_from = str(options.resume)
-    earlier = _first_measurements(points)
     gpu = GpuSampler().start() if spec.target == "gpu" else None
     pool = LoadPool(options.load_procs, work / "logs", "tune").start()
 
@@ -99,22 +98,25 @@ def run_tune(options: TuneOptions) -> TuneResult:
         save()
         return point
 
+    def measure_once(label: str, config: Config) -> Point:
+        """The configuration's first measured point (this run's or one taken over), else a new measurement."""
+        return next((p for p in points if key(p.config) == key(config)), None) or measure(label, config)
+
     try:
         step(f"tune {spec.name}: p99 <= {options.slo_ms:g} ms, {options.budget_s:.0f} s")
-        if earlier:
+        if points:
             LOG.info("    %d point(s) taken over from %s", len(points), options.resume)
-        first = earlier.get(key(start)) or measure("start", start)
+        first = measure_once("start", start)
         # The shipped defaults are always measured (second, so an early stop still reports them):
         # the winner must beat them on the same measurement.
-        baseline = first if start == defaults else (
-            earlier.get(key(defaults)) or measure("the manifest's defaults", defaults))
+        baseline = first if start == defaults else measure_once("the manifest's defaults", defaults)
         launch_ms = {_shape(text): float(ms) for text, ms in (first.detail.get("launch_ms_by_shape") or {}).items()}
         searched = space(slo_ms=options.slo_ms, cores=os.cpu_count() or 1, text=spec.text,
                          gpu=spec.target == "gpu", launch_ms=launch_ms or None, knobs=options.knobs,
                          include=(start, defaults), fold=fold)
         result.space = searched
         # The descent steps from the better of the start and the defaults.
-        found = _search(measure, points, max(first, baseline, key=lambda p: p.score).config, searched, clock,
+        found = _search(measure_once, points, max(first, baseline, key=lambda p: p.score).config, searched, clock,
                         reserve_points=2 * (options.repeat - 1), reserve_cap_s=options.budget_s / 3)
         # A configuration measured more than once before this point (an earlier run's finalists, taken
         # over) counts by its median, here and as a finalist.
@@ -171,23 +173,10 @@ def can_fold(spec: ModelSpec) -> bool:
 
 def _search(measure: Callable[[str, Config], Point], points: list[Point], start: Config, searched: Space,
             clock: _Clock, *, reserve_points: int = 0, reserve_cap_s: float = 0.0) -> Result:
-    """The descent from ``start``, reusing the ``points`` measured before it and leaving time for
+    """The descent from ``start`` (``measure`` reuses what ``points`` already hold), leaving time for
     ``reserve_points`` more points after it (the finalists' re-measurements), ``reserve_cap_s`` at most."""
-    known = _first_measurements(points)
-
-    def measure_or_reuse(label: str, config: Config) -> Point:
-        return known.get(key(config)) or measure(label, config)
-
-    return coordinate_descent(measure_or_reuse, start, searched,
+    return coordinate_descent(measure, start, searched,
                               can_continue=lambda: _time_for_a_point(points, clock, reserve_points, reserve_cap_s))
-
-
-def _first_measurements(points: list[Point]) -> dict[Any, Point]:
-    """Each configuration's first measured point (a finalist's re-measurements come after it)."""
-    first: dict[Any, Point] = {}
-    for point in points:
-        first.setdefault(key(point.config), point)
-    return first
 
 
 def _time_for_a_point(points: list[Point], clock: _Clock, reserve_points: int = 0, reserve_cap_s: float = 0.0) -> bool:
@@ -292,4 +281,4 @@ def winner_overrides(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: the tune run found no configuration that met the SLO")
     if not isinstance(winner.get("config"), dict):
         raise ConfigError(f"{path}: the winner has no config (expected {{\"winner\": {{\"config\": {{...}}}}}})")
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in winner["config"].items()}
+    return config_from_json(winner["config"])

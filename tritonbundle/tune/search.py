@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tritonbundle.tune.space import Config, Space, describe, inert, key
+from tritonbundle.tune.space import Config, Space, config_from_json, describe, inert, key
 
 
 @dataclass
@@ -38,10 +38,7 @@ class Point:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Point:
-        # JSON has lists where a configuration holds tuples (batch buckets): the search compares and steps
-        # from read-back configurations (tune --resume) as from its own.
-        config = {k: tuple(v) if isinstance(v, list) else v for k, v in data["config"].items()}
-        return cls(data["label"], config, data.get("rate"), dict(data.get("detail") or {}))
+        return cls(data["label"], config_from_json(data["config"]), data.get("rate"), dict(data.get("detail") or {}))
 
 
 @dataclass
@@ -137,13 +134,13 @@ def by_configuration(points: list[Point]) -> list[Point]:
     groups: dict[Any, list[Point]] = {}
     for point in points:
         groups.setdefault(key(point.config), []).append(point)
-    out = []
-    for first, *again in groups.values():
-        if again:
-            rates = [first.score] + [p.score for p in again]
-            first = Point(first.label, first.config, statistics.median(rates) or None, {**first.detail, "rates": rates})
-        out.append(first)
-    return out
+    return [_with_rates(first, [first.score] + [p.score for p in again]) if again else first
+            for first, *again in groups.values()]
+
+
+def _with_rates(first: Point, rates: list[float]) -> Point:
+    """``first`` with the median of ``rates`` as its rate and ``detail["rates"]`` listing them."""
+    return Point(first.label, first.config, statistics.median(rates) or None, {**first.detail, "rates": rates})
 
 
 def confirmed(result: Result, point: Point | None) -> Point | None:
@@ -151,8 +148,7 @@ def confirmed(result: Result, point: Point | None) -> Point | None:
     footing as the winner's), else ``point``."""
     if point is None or key(point.config) not in result.finals:
         return point
-    first, rates = result.finals[key(point.config)]
-    return Point(first.label, first.config, statistics.median(rates) or None, {**first.detail, "rates": rates})
+    return _with_rates(*result.finals[key(point.config)])
 
 
 def _best(points: list[Point]) -> Point | None:
@@ -166,7 +162,7 @@ def reason(result: Result, baseline: Point | None) -> str:
     if best is None:
         return "no configuration met the SLO at any rate tried"
     lines = [f"the winner ({describe(best.config)}) sustains {best.score:,.1f} req/s within the SLO"]
-    if baseline is not None and key(baseline.config) == key(best.config):  # the same point, or its re-measured copy
+    if baseline is not None and baseline.config == best.config:  # the same point, or its re-measured copy
         lines.append("it is the manifest's own setting")
     elif baseline is not None and baseline.score:
         gain = (best.score / baseline.score - 1) * 100

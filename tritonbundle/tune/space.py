@@ -150,6 +150,12 @@ def _with(knob: Knob, extra: Sequence[Any]) -> Knob:
     return Knob(knob.name, tuple(sorted(values, key=lambda v: (_scalar(v), len(v) if isinstance(v, tuple) else 0))))
 
 
+def config_from_json(config: Mapping[str, Any]) -> Config:
+    """A configuration read back from JSON, which has lists where a configuration holds tuples (batch
+    buckets): the manifest takes them, and the search compares and steps from them, as its own."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
+
+
 def key(config: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     """A hashable identity of a configuration."""
     return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in config.items()))
