@@ -277,3 +277,25 @@ def test_a_configuration_measured_more_than_once_counts_by_its_median() -> None:
     confirm(measure, result, merged, rounds=1, can_continue=lambda: True)
     assert result.finals[key({"instances": 2})][1] == [130.0, 80.0, 82.0, 84.0]
     assert result.best is not None and result.best.config == {"instances": 1}
+
+
+def test_the_fold_is_tried_with_the_tokenizers_processes_kept() -> None:
+    """Folded, the rate grows with the instances (80 each); beside tokenizers it is what the encoders
+    pass (100 each, up to the tokenizers'). Folding two encoders alone would lose (160 < 200): the
+    descent tries six folded instances, the two models' processes, and takes it."""
+    space = Space((Knob("tokenize_in_encoder", (False, True)), Knob("instances", (1, 2, 3, 4, 6, 8))))
+    measured: list[dict[str, Any]] = []
+
+    def measure(label: str, config: dict[str, Any]) -> Point:
+        measured.append(config)
+        if config["tokenize_in_encoder"]:
+            return Point(label, config, 80.0 * config["instances"])
+        return Point(label, config, 100.0 * min(config["instances"], config["tokenizer_instances"]))
+
+    start = {"tokenize_in_encoder": False, "instances": 2, "tokenizer_instances": 4}
+    result = coordinate_descent(measure, start, space, can_continue=lambda: True)
+    assert measured[1] == {**start, "tokenize_in_encoder": True, "instances": 6}
+    assert result.points[1].label == "round 1: instances=6, tokenize_in_encoder=True"
+    assert {"tokenize_in_encoder": True, "instances": 2, "tokenizer_instances": 4} not in measured
+    assert result.best is not None and result.best.config["instances"] == 8
+    assert result.best.config["tokenize_in_encoder"] is True

@@ -86,3 +86,21 @@ def test_the_tuner_offers_folding_where_the_runtime_and_the_task_accept_it() -> 
     assert can_fold(pytorch)
     assert not can_fold(spec(runtime="onnxruntime"))
     assert not can_fold(dataclasses.replace(pytorch, task="text-classification"))
+
+
+def test_folding_keeps_the_number_of_processes() -> None:
+    """E encoders beside T tokenizers fold into E + T instances (the largest candidate up to it) and
+    unfold into E - T encoders (at least one); no other knob moves, and other knobs move alone."""
+    searched = space(slo_ms=50, cores=16, text=True, gpu=True, fold=True)
+    unfolded = {"instances": 2, "tokenizer_instances": 4, "tokenize_in_encoder": False, "tokenizer_threads": 1}
+    assert searched.moved(unfolded, "tokenize_in_encoder", True) == {**unfolded, "instances": 6,
+                                                                     "tokenize_in_encoder": True}
+    assert searched.moved({**unfolded, "instances": 3}, "tokenize_in_encoder", True)["instances"] == 6
+    assert searched.moved({**unfolded, "instances": 6}, "tokenize_in_encoder", True)["instances"] == 8
+    folded = {**unfolded, "instances": 8, "tokenize_in_encoder": True}
+    assert searched.moved(folded, "tokenize_in_encoder", False)["instances"] == 4
+    assert searched.moved({**folded, "instances": 2}, "tokenize_in_encoder", False)["instances"] == 1
+    assert searched.moved(unfolded, "instances", 3) == {**unfolded, "instances": 3}
+    assert searched.moved(folded, "tokenize_in_encoder", True) == folded
+    without = dataclasses.replace(searched, knobs=tuple(k for k in searched.knobs if k.name != "instances"))
+    assert without.moved(unfolded, "tokenize_in_encoder", True)["instances"] == 6

@@ -2,7 +2,8 @@
 to the best, knob after knob, until a full round improves nothing or the budget runs out. A move that
 paid is followed further the same way, at doubling strides (instances 1 -> 2 -> 4 -> 8: three points
 where single steps take five rounds), while each step pays; the values it skipped are the next
-round's neighbours. Every measured point is kept (the report shows them all), and the descent never
+round's neighbours. Folding the tokenizer in carries the instance count along
+(:meth:`.space.Space.moved`). Every measured point is kept (the report shows them all), and the descent never
 measures a point twice.
 
 One rate search moves 15-40 % from run to run on the H200 (docs/tuning.md, "Re-run"), more than most
@@ -83,8 +84,9 @@ def coordinate_descent(
                 for step in [value, *knob.onward(origin, value)]:
                     if not can_continue():
                         return Result(points, _best(points), moves, "time budget")
-                    label = f"round {round_ + 1}: {describe({knob.name: step})}"
-                    candidate = visit(label, {**current.config, knob.name: step})
+                    config = space.moved(current.config, knob.name, step)
+                    label = f"round {round_ + 1}: {describe(_changed(current.config, config))}"
+                    candidate = visit(label, config)
                     if candidate.score <= current.score * (1 + min_gain):
                         break
                     moves.append((knob.name, current.config.get(knob.name), step, current.score, candidate.score))
@@ -149,6 +151,11 @@ def confirmed(result: Result, point: Point | None) -> Point | None:
     if point is None or key(point.config) not in result.finals:
         return point
     return _with_rates(*result.finals[key(point.config)])
+
+
+def _changed(before: Config, after: Config) -> Config:
+    """What a move set: the knob, and the knobs it carries along (:meth:`.space.Space.moved`)."""
+    return {k: v for k, v in after.items() if before.get(k) != v}
 
 
 def _best(points: list[Point]) -> Point | None:

@@ -78,6 +78,24 @@ class Space:
     def knob(self, name: str) -> Knob:
         return next(k for k in self.knobs if k.name == name)
 
+    def moved(self, config: Mapping[str, Any], name: str, value: Any) -> Config:
+        """``config`` with knob ``name`` at ``value``. Folding the tokenizer in (or out) keeps the number of
+        Python processes: E encoder and T tokenizer instances fold into E + T instances that do both (the
+        largest instance count up to it), and back into E - T encoders (at least one). Why: on the H200,
+        under MPS, six folded instances passed 19 % more than four encoders beside four tokenizers
+        (docs/benchmarks.md, "the tokenizer folded into six encoders"), while two folded instances lost
+        50 % against two encoders beside four tokenizers (docs/tuning.md, "Once more from the bad start"):
+        the fold pays with the tokenizers' processes kept, so a descent that folds alone never takes it."""
+        out = {**config, name: value}
+        if (name != FOLD or bool(value) == bool(config.get(FOLD)) or "instances" not in config
+                or "tokenizer_instances" not in config):
+            return out
+        tokenizers = int(config["tokenizer_instances"])
+        wanted = max(1, int(config["instances"]) + (tokenizers if value else -tokenizers))
+        counts = next((k.values for k in self.knobs if k.name == "instances"), (wanted,))
+        out["instances"] = max((n for n in counts if n <= wanted), default=min(counts))
+        return out
+
 
 def offered(knob: str, *, text: bool, fold: bool) -> bool:
     """Whether the tuner turns ``knob`` for a model: the tokenizer's knobs only for a text model, and
