@@ -299,3 +299,24 @@ def test_the_fold_is_tried_with_the_tokenizers_processes_kept() -> None:
     assert {"tokenize_in_encoder": True, "instances": 2, "tokenizer_instances": 4} not in measured
     assert result.best is not None and result.best.config["instances"] == 8
     assert result.best.config["tokenize_in_encoder"] is True
+
+
+def test_a_round_that_moved_nothing_measures_the_close_ones_again_and_moves_by_median() -> None:
+    """The start read high once (110, then 90 and 92); two instances read 105, then 104: by single
+    measurements nothing moves; measured again in turns, 104.5 beats 100 by more than 3 % and the
+    descent moves. The far neighbour (3 instances, 60) is not measured again, nor any pair twice."""
+    space = Space((Knob("instances", (1, 2, 3)),))
+    readings = {1: [110.0, 90.0, 92.0], 2: [105.0, 104.0, 106.0], 3: [60.0, 60.0]}
+    calls: list[tuple[int, int]] = []
+
+    def again(label: str, config: dict[str, Any], n: int) -> Point:
+        calls.append((config["instances"], n))
+        return Point(label, config, readings[config["instances"]][n])
+
+    result = coordinate_descent(lambda label, config: again(label, config, 0), {"instances": 1}, space,
+                                can_continue=lambda: True, again=again)
+    assert calls == [(1, 0), (2, 0), (1, 1), (2, 1), (3, 0)]
+    assert result.moves == [("instances", 1, 2, 100.0, 104.5)]
+    assert [p.label for p in result.points][2:4] == ["tie-break 1: start", "tie-break 1: round 1: instances=2"]
+    without, _ = run({"instances": 3, "max_queue_delay_us": 1000})
+    assert not any(p.label.startswith("tie-break") for p in without.points)

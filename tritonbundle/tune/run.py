@@ -98,25 +98,27 @@ def run_tune(options: TuneOptions) -> TuneResult:
         save()
         return point
 
-    def measure_once(label: str, config: Config) -> Point:
-        """The configuration's first measured point (this run's or one taken over), else a new measurement."""
-        return next((p for p in points if key(p.config) == key(config)), None) or measure(label, config)
+    def measure_nth(label: str, config: Config, n: int = 0) -> Point:
+        """The configuration's measurement number ``n`` (0 the first; this run's or one taken over), else a
+        new measurement."""
+        same = [p for p in points if key(p.config) == key(config)]
+        return same[n] if len(same) > n else measure(label, config)
 
     try:
         step(f"tune {spec.name}: p99 <= {options.slo_ms:g} ms, {options.budget_s:.0f} s")
         if points:
             LOG.info("    %d point(s) taken over from %s", len(points), options.resume)
-        first = measure_once("start", start)
+        first = measure_nth("start", start)
         # The shipped defaults are always measured (second, so an early stop still reports them):
         # the winner must beat them on the same measurement.
-        baseline = first if start == defaults else measure_once("the manifest's defaults", defaults)
+        baseline = first if start == defaults else measure_nth("the manifest's defaults", defaults)
         launch_ms = {_shape(text): float(ms) for text, ms in (first.detail.get("launch_ms_by_shape") or {}).items()}
         searched = space(slo_ms=options.slo_ms, cores=os.cpu_count() or 1, text=spec.text,
                          gpu=spec.target == "gpu", launch_ms=launch_ms or None, knobs=options.knobs,
                          include=(start, defaults), fold=fold)
         result.space = searched
         # The descent steps from the better of the start and the defaults.
-        found = _search(measure_once, points, max(first, baseline, key=lambda p: p.score).config, searched, clock,
+        found = _search(measure_nth, points, max(first, baseline, key=lambda p: p.score).config, searched, clock,
                         reserve_points=2 * (options.repeat - 1), reserve_cap_s=options.budget_s / 3)
         # A configuration measured more than once before this point (an earlier run's finalists, taken
         # over) counts by its median, here and as a finalist.
@@ -171,11 +173,12 @@ def can_fold(spec: ModelSpec) -> bool:
     return True
 
 
-def _search(measure: Callable[[str, Config], Point], points: list[Point], start: Config, searched: Space,
+def _search(measure: Callable[[str, Config, int], Point], points: list[Point], start: Config, searched: Space,
             clock: _Clock, *, reserve_points: int = 0, reserve_cap_s: float = 0.0) -> Result:
-    """The descent from ``start`` (``measure`` reuses what ``points`` already hold), leaving time for
-    ``reserve_points`` more points after it (the finalists' re-measurements), ``reserve_cap_s`` at most."""
-    return coordinate_descent(measure, start, searched,
+    """The descent from ``start`` (``measure`` reuses what ``points`` already hold, its tie-breaks
+    included), leaving time for ``reserve_points`` more points after it (the finalists'
+    re-measurements), ``reserve_cap_s`` at most."""
+    return coordinate_descent(lambda label, config: measure(label, config, 0), start, searched, again=measure,
                               can_continue=lambda: _time_for_a_point(points, clock, reserve_points, reserve_cap_s))
 
 
