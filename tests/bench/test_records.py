@@ -16,19 +16,20 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
 #: Reports in today's shape (rounds, the bundle's input and restarts), each beside the bench.md it wrote.
 CURRENT = [*sorted(DOCS.glob("h200-lanes-fix/*-bench.json")), *sorted(DOCS.glob("h200-gpu-wait/run1-*-bench.json")),
            *sorted(DOCS.glob("h200-batch-cap/*-bench.json")),  # per-system start rates, a failed peer
-           *sorted(DOCS.glob("h200-tokenizer-split/*-bench.json"))]  # the tokenizer counters
+           *sorted(DOCS.glob("h200-tokenizer-split/*-bench.json")),  # the tokenizer counters
+           *sorted(DOCS.glob("h200-threads/*/bench.json")), *sorted(DOCS.glob("h200-tuned-vs-handpicked/*/bench.json"))]
 #: Older shapes: three rounds without the bundle's restarts; one round with all four systems.
 OLDER = [DOCS / "h200-repeat" / "bert-base.json", DOCS / "h200-bert-base.json"]
 
 
-@pytest.mark.parametrize("path", CURRENT + OLDER, ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("path", CURRENT + OLDER, ids=lambda p: str(p.relative_to(DOCS)))
 def test_a_committed_report_reads_back_and_writes_the_same_json(path: Path) -> None:
     text = path.read_text()
     data = json.loads(text)
     assert json.dumps(BenchResult.from_json(data).to_json(), indent=2) == json.dumps(data, indent=2)
 
 
-@pytest.mark.parametrize("path", CURRENT, ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("path", CURRENT, ids=lambda p: str(p.relative_to(DOCS)))
 def test_the_markdown_from_a_committed_report_is_the_committed_one(path: Path) -> None:
     result = BenchResult.from_json(json.loads(path.read_text()))
     assert report.markdown(result) == path.with_suffix(".md").read_text()
