@@ -72,6 +72,7 @@ def run_tune(options: TuneOptions) -> TuneResult:
                         budget_s=options.budget_s, manifest=str(options.manifest), overrides=options.overrides,
                         defaults=defaults, start=start, gpu_sharing=sharing_from_env() if spec.target == "gpu" else None)
     points = result.points
+    run_name = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} pid {os.getpid()}"
     # --resume: the earlier run's points join this one's, and each configuration it measured is taken
     # from it (its first measurement) instead of measured again; the descent replays to where it stopped.
     if options.resume is not None:
@@ -92,6 +93,7 @@ def run_tune(options: TuneOptions) -> TuneResult:
         point = _measure(label, config, options, base, spec, Path(traffic_path), work, pool, gpu, clock, len(points),
                          centre)
         point.detail["seconds"] = round(time.monotonic() - t0, 1)
+        point.detail["run"] = run_name  # search.compare: a resumed run's points are compared within a run
         points.append(point)
         LOG.info("    %s: %s -> %s", label, describe(config),
                  f"{point.rate:,.1f} req/s at the SLO" if point.rate else point.detail.get("status", "missed"))
@@ -120,10 +122,10 @@ def run_tune(options: TuneOptions) -> TuneResult:
         # The descent steps from the better of the start and the defaults.
         found = _search(measure_nth, points, max(first, baseline, key=lambda p: p.score).config, searched, clock,
                         reserve_points=2 * (options.repeat - 1), reserve_cap_s=options.budget_s / 3)
-        # A configuration measured more than once before this point (an earlier run's finalists, taken
-        # over) counts by its median, here and as a finalist.
+        # The winner is where the descent ended, as its median when it was measured more than once.
         measured = by_configuration(points)
-        found.best = max((p for p in measured if p.rate), key=lambda p: p.score, default=None)
+        if found.best is not None:
+            found.best = next(p for p in measured if key(p.config) == key(found.best.config))
         baseline = next(p for p in measured if key(p.config) == key(baseline.config))
         confirm(measure, found, measured, rounds=options.repeat - 1, versus=baseline,
                 can_continue=lambda: _time_for_a_point(points, clock))

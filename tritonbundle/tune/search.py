@@ -3,8 +3,10 @@ to the best, knob after knob, until a full round improves nothing or the budget 
 paid is followed further the same way, at doubling strides (instances 1 -> 2 -> 4 -> 8: three points
 where single steps take five rounds), while each step pays; the values it skipped are the next
 round's neighbours. Folding the tokenizer in carries the instance count along
-(:meth:`.space.Space.moved`). Every measured point is kept (the report shows them all), and the descent never
-measures a point twice.
+(:meth:`.space.Space.moved`). A step that reads within the noise under the current point is looked
+past once; a comparison uses measurements of one run (``tune --resume`` spans runs and machines).
+Every measured point is kept (the report shows them all), and the descent measures a point again
+only for a tie-break or to compare within a run.
 
 One rate search moves 15-40 % from run to run on the H200 (docs/tuning.md, "Re-run"), more than most
 knobs do, so a winner picked from single searches is partly picked by noise. :func:`confirm` then
@@ -54,11 +56,27 @@ class Result:
 
 
 #: A round that moved nothing re-measures the current point and its closest neighbours (at most
-#: :data:`TIES`) whose single measurement came within this fraction below it: the current point is the
-#: best of noisy measurements, so it reads high (on the H200 one configuration measured 10-29 % apart,
-#: and six against eight folded instances 10,262 against 10,201 req/s: docs/tuning.md).
+#: :data:`TIES`) whose single measurement came within the noise band below it (:func:`noise_band`):
+#: the current point is the best of noisy measurements, so it reads high (on the H200 one configuration
+#: measured 10-29 % apart, and six against eight folded instances 10,262 against 10,201 req/s:
+#: docs/tuning.md). The band is at least TIE_BAND, at most NOISE_CAP.
 TIE_BAND = 0.15
+NOISE_CAP = 0.35
 TIES = 2
+_ANY = object()
+
+
+def noise_band(measured: Mapping[Any, list[Point]]) -> float:
+    """How far under the current point a reading says nothing: the widest relative spread (1 - lowest /
+    highest) of any configuration measured more than once, within [:data:`TIE_BAND`, :data:`NOISE_CAP`]."""
+    spreads = [1 - min(r) / max(r) for r in ([p.score for p in got] for got in measured.values())
+               if len(r) > 1 and max(r) > 0]
+    return min(NOISE_CAP, max([TIE_BAND, *spreads]))
+
+
+def run_of(point: Point) -> Any:
+    """The tune run that measured ``point`` (None for reports written before runs were named)."""
+    return point.detail.get("run")
 
 
 def coordinate_descent(
@@ -67,12 +85,21 @@ def coordinate_descent(
 ) -> Result:
     """``measure(label, config)`` returns the point; a move needs ``min_gain`` (relative) to count, so
     noise does not walk the search around. ``again(label, config, n)``: the configuration's
-    measurement number ``n`` (0 the first), for the tie-break of a round that moved nothing
-    (:data:`TIE_BAND`): the current point and its closest neighbours are measured again in turns, and
-    the best median moves if it beats the current point's by ``min_gain``. Without it, no tie-break."""
+    measurement number ``n`` (0 the first). With it:
+
+    - a step that reads within the noise band under the current point says nothing, so the next value
+      past it that way is measured too, once (on the H200 two tokenizer threads read 9 % under one, in
+      a run that missed 10,159 req/s by 0.17 ms of p99, where four read +40 % in the bench: docs/tuning.md);
+    - a candidate measured in another run than the current point (``tune --resume`` on another
+      machine) is compared with the current point measured again in the candidate's run;
+    - a round that moved nothing is tie-broken (:data:`TIE_BAND`): the current point and its closest
+      neighbours are measured again in turns, and the best median moves if it beats the current
+      point's by ``min_gain``.
+
+    ``Result.best`` is where the descent ended: the point that won every comparison it took part in."""
     points: list[Point] = []
     seen: dict[Any, Point] = {}
-    rates: dict[Any, list[float]] = {}  # configurations measured again: every rate, the first first
+    measured: dict[Any, list[Point]] = {}  # every measurement of a configuration, the first first
     broken: set[Any] = set()  # neighbours a tie-break measured again (once is enough)
 
     def visit(label: str, config: Config) -> Point:
@@ -80,11 +107,29 @@ def coordinate_descent(
         if k not in seen:
             seen[k] = measure(label, dict(config))
             points.append(seen[k])
+            measured[k] = [seen[k]]
         return seen[k]
 
-    def score(point: Point) -> float:
-        got = rates.get(key(point.config))
-        return statistics.median(got) if got else point.score
+    def measure_again(label: str, point: Point) -> None:
+        assert again is not None
+        got = measured.setdefault(key(point.config), [point])
+        got.append(again(label, dict(point.config), len(got)))
+        points.append(got[-1])
+
+    def score(point: Point, run: Any = _ANY) -> float:
+        """The median of ``point``'s measurements (those of ``run`` when it has any)."""
+        got = measured.get(key(point.config)) or [point]
+        return statistics.median([p.score for p in got if run is _ANY or run_of(p) == run] or [p.score for p in got])
+
+    def compare(candidate: Point) -> tuple[float, float]:
+        """The candidate's score and the current point's, from one run's measurements when they can be."""
+        run = run_of(candidate)
+        runs = {run_of(p) for p in measured[key(current.config)]}
+        if again is not None and run not in runs and candidate.score and can_continue():
+            measure_again(f"anchor: {current.label}", current)
+            runs.add(run_of(points[-1]))
+        common = run if run in runs else _ANY
+        return score(candidate, common), score(current, common)
 
     current = visit("start", start)
     moves: list[tuple[str, Any, Any, float, float]] = []
@@ -99,52 +144,61 @@ def coordinate_descent(
             for value in knob.neighbours(origin):
                 # A move that paid is followed the same way at doubling strides while it keeps paying;
                 # the other way is then not tried this round.
-                for step in [value, *knob.onward(origin, value)]:
+                steps, looked = [value, *knob.onward(origin, value)], False
+                while steps:
+                    step = steps.pop(0)
                     if not can_continue():
-                        return Result(points, _best(points), moves, "time budget")
+                        return Result(points, _end(current, points), moves, "time budget")
                     config = space.moved(current.config, knob.name, step)
                     label = f"round {round_ + 1}: {describe(_changed(current.config, config))}"
                     candidate = visit(label, config)
                     tried.append((knob.name, step, candidate))
-                    if score(candidate) <= score(current) * (1 + min_gain):
+                    mine, theirs = compare(candidate)
+                    if mine <= theirs * (1 + min_gain):
+                        further = knob.past(origin, step)
+                        if (again is not None and step == value and not looked and further is not None
+                                and mine >= theirs * (1 - noise_band(measured))):
+                            steps, looked = [further, *knob.onward(step, further)], True
+                            continue
                         break
-                    moves.append((knob.name, current.config.get(knob.name), step, score(current), score(candidate)))
+                    moves.append((knob.name, current.config.get(knob.name), step, theirs, mine))
                     current = candidate
                     improved = True
                 if current.config.get(knob.name) != origin:
                     break
+        band = noise_band(measured)
         close = sorted((t for t in tried if key(t[2].config) not in broken and t[2].rate
-                        and score(t[2]) * (1 + TIE_BAND) >= score(current)), key=lambda t: -score(t[2]))[:TIES]
+                        and score(t[2]) * (1 + band) >= score(current)), key=lambda t: -score(t[2]))[:TIES]
         if not improved and again is not None and close:
             for point in [current, *(c for _, _, c in close)]:
                 if not can_continue():
-                    return Result(points, _best(points), moves, "time budget")
-                got = rates.setdefault(key(point.config), [point.score])
-                measured = again(f"tie-break {round_ + 1}: {point.label}", dict(point.config), len(got))
-                points.append(measured)
-                got.append(measured.score)
+                    return Result(points, _end(current, points), moves, "time budget")
+                measure_again(f"tie-break {round_ + 1}: {point.label}", point)
             broken.update(key(p.config) for p in [current, *(c for _, _, c in close)])
-            name, step, best = max(close, key=lambda t: score(t[2]))
-            if score(best) > score(current) * (1 + min_gain):
-                moves.append((name, current.config.get(name), step, score(current), score(best)))
+            run = run_of(measured[key(current.config)][-1])
+            name, step, best = max(close, key=lambda t: score(t[2], run))
+            if score(best, run) > score(current, run) * (1 + min_gain):
+                moves.append((name, current.config.get(name), step, score(current, run), score(best, run)))
                 current, improved = best, True
         if not improved:
             break
     else:
         stopped = f"{rounds} rounds"
-    return Result(points, _best(points), moves, stopped)
+    return Result(points, _end(current, points), moves, stopped)
 
 
 def confirm(measure: Callable[[str, Config], Point], result: Result, candidates: list[Point], *, rounds: int,
             can_continue: Callable[[], bool], versus: Point | None = None) -> None:
     """Measure two finalists ``rounds`` more times each, in turns (A, B, A, B: a slow spell of the
-    machine hits both), while ``can_continue()``: the best of ``candidates`` and ``versus`` (the
+    machine hits both), while ``can_continue()``: ``result.best`` (the descent's pick; else the best
+    of ``candidates``) and ``versus`` (the
     manifest's defaults, whose comparison the report states), or the runner-up when the best is
     ``versus`` or there is none. Then ``result.best`` is the finalist with the higher median rate (a
     failed measurement counts 0), as a copy whose rate is that median and whose ``detail["rates"]``
     lists every measurement (:func:`confirmed`). Keeping the re-measured points is ``measure``'s
     business, as in the descent."""
-    ranked = sorted((p for p in candidates if p.rate), key=lambda p: p.score, reverse=True)
+    picked = key(result.best.config) if result.best is not None else None  # the descent's pick leads
+    ranked = sorted((p for p in candidates if p.rate), key=lambda p: (key(p.config) == picked, p.score), reverse=True)
     if versus is not None and ranked and versus.rate and key(versus.config) != key(ranked[0].config):
         ranked = [ranked[0], versus]
     ranked = ranked[:2]
@@ -190,6 +244,11 @@ def confirmed(result: Result, point: Point | None) -> Point | None:
 def _changed(before: Config, after: Config) -> Config:
     """What a move set: the knob, and the knobs it carries along (:meth:`.space.Space.moved`)."""
     return {k: v for k, v in after.items() if before.get(k) != v}
+
+
+def _end(current: Point, points: list[Point]) -> Point | None:
+    """Where the descent ended, or None when no point met the SLO."""
+    return current if current.rate else _best(points)
 
 
 def _best(points: list[Point]) -> Point | None:

@@ -52,6 +52,14 @@ class Knob:
             stride *= 2
         return out
 
+    def past(self, before: Any, after: Any) -> Any | None:
+        """The candidate one step past ``after`` in the direction from ``before`` (None at the end)."""
+        if before not in self.values or after not in self.values or before == after:
+            return None
+        i, j = self.values.index(before), self.values.index(after)
+        k = j + (1 if j > i else -1)
+        return self.values[k] if 0 <= k < len(self.values) else None
+
     def neighbours(self, value: Any) -> list[Any]:
         """The values next to ``value`` (its nearest candidate when it is not one)."""
         if value in self.values:
