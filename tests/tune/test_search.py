@@ -107,6 +107,13 @@ def test_the_first_rate_comes_from_the_engines_launch_timings() -> None:
     assert capacity_estimate(None, 2, 50.0) is None
 
 
+def test_instances_sharing_a_gpu_do_not_multiply_its_capacity() -> None:
+    """On the H200 eight folded instances' estimate made the first level 19,685 req/s: 61 % failed."""
+    from tritonbundle.tune.run import launches_at_once
+
+    assert launches_at_once("gpu", 8) == 1 and launches_at_once("cpu", 8) == 8
+
+
 def _noisy(rates: dict[int, list[float | None]]) -> tuple[Any, list[tuple[str, int]]]:
     """A measure whose n-th measurement of ``instances=k`` returns ``rates[k][n]``; records the order."""
     calls: list[tuple[str, int]] = []

@@ -206,8 +206,8 @@ def _measure(label: str, config: Config, options: TuneOptions, base: BuildOption
         try:
             detail["startup_s"] = round(served.start(timeout_s=min(300.0, max(20.0, clock.left() - 10))), 1)
             detail["launch_ms_by_shape"] = served.launch_ms()
-            estimate = capacity_estimate(detail["launch_ms_by_shape"], int(config.get("instances", spec.instances)),
-                                         options.slo_ms)
+            engines = launches_at_once(spec.target, int(config.get("instances", spec.instances)))
+            estimate = capacity_estimate(detail["launch_ms_by_shape"], engines, options.slo_ms)
             if estimate:
                 detail["capacity_estimate_rps"] = round(estimate, 1)
             ladder = ladder_for(options, centre, estimate)
@@ -258,10 +258,19 @@ def ladder_for(options: TuneOptions, centre: float, estimate: float | None) -> L
                   refine=options.refine, max_rate=options.max_rate)
 
 
-def capacity_estimate(launch_ms: dict[str, float] | None, instances: int, slo_ms: float) -> float | None:
+def launches_at_once(target: str, instances: int) -> int:
+    """How many of the encoder's launches run at once: each instance's on CPU, one on the one GPU."""
+    return 1 if target == "gpu" else instances
+
+
+def capacity_estimate(launch_ms: dict[str, float] | None, engines: int, slo_ms: float) -> float | None:
     """Rows per second the encoder could run from its own launch timings ("<batch>x<length>" -> ms): per
     padded length, the best rows/ms of a batch whose launch fits in half the SLO, averaged over lengths,
-    times the instances. An upper bound (no tokenizer, no queueing): the ladder starts at an eighth of it."""
+    times ``engines``, the launches that run at once: the instances on CPU, 1 on a GPU, which the
+    instances share (on the H200, eight folded instances times their launches made 157,481 req/s; the
+    first level, an eighth of it, failed 61 % of its requests and the point read 4,074 req/s where the
+    bench reads 8,190-10,201: docs/tuning.md). An upper bound (no tokenizer, no queueing): the ladder
+    starts at an eighth of it."""
     if not launch_ms:
         return None
     best: dict[int, float] = {}
@@ -269,7 +278,7 @@ def capacity_estimate(launch_ms: dict[str, float] | None, instances: int, slo_ms
         batch, length = _shape(shape)
         if 0 < ms <= slo_ms / 2:
             best[length] = max(best.get(length, 0.0), batch / ms * 1000.0)
-    return instances * sum(best.values()) / len(best) if best else None
+    return engines * sum(best.values()) / len(best) if best else None
 
 
 def _shape(text: str) -> tuple[int, int]:
