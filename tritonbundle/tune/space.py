@@ -20,10 +20,11 @@ Config = dict[str, Any]
 FOLD = "tokenize_in_encoder"
 #: The order the coordinate descent visits the knobs: the biggest effects first, as measured on the H200
 #: (docs/benchmarks.md, docs/tuning.md): encoder instances (two to three: +71 %; six to eight folded:
-#: +18 %), the tokenizer's threads (+12 % at 2 -> 4 folded; before the fold, which only pays with
-#: them), folding the tokenizer in (+19 % under MPS), the queue delay; the batch buckets after them,
-#: their cap being derived from the engine's launch times (:func:`space`).
-ORDER = ("instances", "tokenizer_threads", FOLD, "max_queue_delay_us", "batch_buckets", "tokenizer_instances",
+#: +18 %), folding the tokenizer in with its processes kept (+76 % in the tune from the bad start), the
+#: tokenizer's threads after it (folded, one to four threads: +40 %; unfolded, where they are the
+#: tokenizer model's, two and four read 10 % and 9 % under one), the queue delay; the batch buckets
+#: after them, their cap being derived from the engine's launch times (:func:`space`).
+ORDER = ("instances", FOLD, "tokenizer_threads", "max_queue_delay_us", "batch_buckets", "tokenizer_instances",
          "tokenizer_queue_delay_us", "preferred_batch_sizes")
 #: Knobs of the tokenizer model, which a folded configuration does not have (``tokenizer_threads`` still
 #: sets the threads of the encoder's own tokenizer calls).
