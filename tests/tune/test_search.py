@@ -68,12 +68,13 @@ def test_the_reason_names_the_winner_the_defaults_and_each_move() -> None:
     assert reason(result, result.best).count("manifest's own setting") == 1
 
 
-def test_a_verdict_after_one_measured_point_says_nothing_was_compared() -> None:
+def test_a_verdict_after_the_start_alone_says_the_search_measured_no_candidate() -> None:
     from tritonbundle.tune.search import Result
 
     only = Point("start", {"instances": 1}, 12.5)
     text = reason(Result([only], only, [], "time budget"), only)
-    assert "nothing was compared: only 1 configuration was measured" in text and "noise margin" not in text
+    assert "stopped (time budget) before it measured any candidate past its start" in text
+    assert "noise margin" not in text
     other = Point("round 1: instances 2", {"instances": 2}, 12.6)
     text = reason(Result([only, other], only, [], "converged"), only)
     assert "none of the 1 other configuration(s) measured beat it" in text

@@ -282,6 +282,6 @@ def reason(result: Result, baseline: Point | None) -> str:
             lines.append(f"none of the {len(tried)} other configuration(s) measured beat it by more than the noise "
                          "margin (3 %)")
         else:
-            lines.append(f"nothing was compared: only {len(result.points)} configuration was measured before the "
-                         f"search stopped ({result.stopped}); give it a larger --budget-s")
+            lines.append(f"the search stopped ({result.stopped}) before it measured any candidate past its start; "
+                         "give it a larger --budget-s")
     return "; ".join(lines)
