@@ -69,6 +69,9 @@ ENVIRONMENT = {
     "TRITONBUNDLE_SHAPE_TIMING": "`concurrent`: the pytorch runtime's instances time their launch costs all at once "
                                  "(the mean of each shape's replays) instead of one at a time (`alone`, the default: "
                                  "the fastest replay); for A/B measurements",
+    "TRITONBUNDLE_TOKENIZER_NORMALIZER": "`rust`: BERT tokenizers normalize every text themselves, instead of "
+                                         "lowercasing printable ASCII texts in Python first (`python`, the default, "
+                                         "the same ids faster); for A/B measurements",
     "TRITONBUNDLE_GPU_SHARING": "`mps`: `serve`, `bench` and `tune` start a private CUDA MPS daemon before "
                                 "tritonserver, so a model's instances (Python-backend processes, the pytorch runtime) "
                                 "share each GPU side by side; `time-slicing` (the default) leaves them to CUDA's time "

@@ -35,6 +35,9 @@ Row = str | tuple[str, str]
 #: (Byte-level BPE makes tokens of whitespace too: only more tokens.)
 CHARS_PER_TOKEN = 100
 _NON_SPACE = re.compile(r"\S")
+#: ``rust``: every text through the tokenizer's own normalizer (:class:`PlainTextTokenizer` off), for A/B
+#: measurements.
+NORMALIZER_ENV = "TRITONBUNDLE_TOKENIZER_NORMALIZER"
 
 
 def cut(text: str, max_length: int) -> str:
@@ -85,7 +88,7 @@ def load_tokenizer(path: str, max_length: int, threads: int = 1) -> Any:
     whole = load()
     config = json.loads(Path(path).read_text(encoding="utf-8"))
     normalizer = config.get("normalizer") or {}
-    if normalizer.get("type") != "BertNormalizer":
+    if normalizer.get("type") != "BertNormalizer" or os.environ.get(NORMALIZER_ENV, "python") == "rust":
         return whole
     bare = load()
     bare.normalizer = None

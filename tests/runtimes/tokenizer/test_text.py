@@ -98,3 +98,14 @@ def test_a_cased_bert_normalizer_keeps_the_case_and_others_get_the_whole_tokeniz
     other = tmp_path / "other.json"
     other.write_text(json.dumps(config))
     assert isinstance(load_tokenizer(str(other), 128), Tokenizer)
+
+
+def test_the_environment_turns_the_plain_text_path_off_for_an_a_b(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tokenizers import Tokenizer
+
+    from tritonbundle.runtimes.text import NORMALIZER_ENV, PlainTextTokenizer, load_tokenizer
+
+    monkeypatch.setenv(NORMALIZER_ENV, "rust")
+    assert isinstance(load_tokenizer(str(tokenizer_file("minilm")), 128), Tokenizer)
+    monkeypatch.setenv(NORMALIZER_ENV, "python")
+    assert isinstance(load_tokenizer(str(tokenizer_file("minilm")), 128), PlainTextTokenizer)
