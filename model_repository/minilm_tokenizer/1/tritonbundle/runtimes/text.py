@@ -189,7 +189,7 @@ def tokenize(tokenizer: Any, texts: Sequence[Row], spans: Sequence[tuple[int, in
     if not texts:
         return []
     encodings = _encoder(tokenizer)(list(texts))
-    lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
+    lengths = np.fromiter((len(e) for e in encodings), dtype=np.int64, count=len(encodings))  # len(e.ids) makes a list
     padded = [pad_length(int(lengths[s : s + n].max()), targets) for s, n in spans]
     width = max(padded)
     mask = np.arange(width) < lengths[:, None]
