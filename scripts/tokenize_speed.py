@@ -9,6 +9,7 @@ runs each, interleaved; prints the median and the range per tokenizer and thread
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from typing import Any
@@ -17,18 +18,20 @@ import numpy as np
 
 from tritonbundle.payloads import ONE_TOKEN_WORDS
 from tritonbundle.recipes import tokenizer_file
-from tritonbundle.runtimes.text import load_tokenizer, tokenize
+from tritonbundle.runtimes.text import NORMALIZER_ENV, load_tokenizer, tokenize
 from tritonbundle.traffic import synthetic
 
 
 def whole(path: str, max_length: int, threads: int) -> Any:
-    from tokenizers import Tokenizer
-
-    load_tokenizer(path, max_length, threads)  # sets the thread environment the way serving does
-    tok = Tokenizer.from_file(path)
-    tok.enable_truncation(max_length=max_length)
-    tok.no_padding()
-    return tok
+    """The tokenizer as serving loads it with the plain-text path off (``TRITONBUNDLE_TOKENIZER_NORMALIZER=rust``)."""
+    before = os.environ.get(NORMALIZER_ENV)
+    os.environ[NORMALIZER_ENV] = "rust"
+    try:
+        return load_tokenizer(path, max_length, threads)
+    finally:
+        os.environ.pop(NORMALIZER_ENV)
+        if before is not None:
+            os.environ[NORMALIZER_ENV] = before
 
 
 def main() -> None:

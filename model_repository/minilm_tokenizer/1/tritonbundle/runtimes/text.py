@@ -111,7 +111,8 @@ class PlainTextTokenizer:
     huggingface/tokenizers, ``tokenizers/src/normalizers/bert.rs``."""
 
     def __init__(self, whole: Any, bare: Any, *, lowercase: bool, raw_tokens: Sequence[str]) -> None:
-        self.whole, self.bare = whole, bare
+        self.whole = whole
+        self._encode_whole, self._encode_bare = _encoder(whole), _encoder(bare)
         self.lowercase = lowercase
         self.raw_tokens = tuple(raw_tokens)
 
@@ -126,12 +127,8 @@ class PlainTextTokenizer:
 
     def encode_batch_fast(self, rows: Sequence[Row]) -> list[Any]:
         plain = [self._plain(r) for r in rows]
-        if all(plain):
-            return _encoder(self.bare)([self._lower(r) for r in rows])
-        if not any(plain):
-            return _encoder(self.whole)(list(rows))
-        fast = iter(_encoder(self.bare)([self._lower(r) for r, p in zip(rows, plain) if p]))
-        slow = iter(_encoder(self.whole)([r for r, p in zip(rows, plain) if not p]))
+        fast = iter(self._encode_bare([self._lower(r) for r, p in zip(rows, plain) if p]) if any(plain) else [])
+        slow = iter(self._encode_whole([r for r, p in zip(rows, plain) if not p]) if not all(plain) else [])
         return [next(fast) if p else next(slow) for p in plain]
 
     def encode(self, *args: Any, **kwargs: Any) -> Any:
