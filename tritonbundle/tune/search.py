@@ -1,8 +1,9 @@
 """Coordinate descent over the tuner's knobs: from a start, try each knob's neighbouring values, move
 to the best, knob after knob, until a full round improves nothing or the budget runs out. A move that
 paid is followed further the same way, at doubling strides (instances 1 -> 2 -> 4 -> 8: three points
-where single steps take five rounds), while each step pays; the values it skipped are the next
-round's neighbours. Folding the tokenizer in carries the instance count along
+where single steps take five rounds), while each step pays; a stride that overshot is bisected back
+at once (threads 1 -> 2 paid, 8 lost: 4 next, not a round later), and the other skipped values are
+the next round's neighbours. Folding the tokenizer in carries the instance count along
 (:meth:`.space.Space.moved`). A step that reads within the noise under the current point is looked
 past once; a comparison uses measurements of one run (``tune --resume`` spans runs and machines).
 Every measured point is kept (the report shows them all), and the descent measures a point again
@@ -143,8 +144,8 @@ def coordinate_descent(
             origin = current.config.get(knob.name)
             for value in knob.neighbours(origin):
                 # A move that paid is followed the same way at doubling strides while it keeps paying;
-                # the other way is then not tried this round.
-                steps, looked = [value, *knob.onward(origin, value)], False
+                # the other way is then not tried this round. A stride that overshot is bisected back.
+                steps, looked, overshot = [value, *knob.onward(origin, value)], False, None
                 while steps:
                     step = steps.pop(0)
                     if not can_continue():
@@ -160,10 +161,18 @@ def coordinate_descent(
                                 and mine >= theirs * (1 - noise_band(measured))):
                             steps, looked = [further, *knob.onward(step, further)], True
                             continue
+                        overshot = step if step != value else None
+                        middle = knob.between(current.config.get(knob.name), overshot)
+                        if middle is not None and key(space.moved(current.config, knob.name, middle)) not in seen:
+                            steps = [middle]
+                            continue
                         break
                     moves.append((knob.name, current.config.get(knob.name), step, theirs, mine))
                     current = candidate
                     improved = True
+                    middle = knob.between(step, overshot) if overshot is not None else None
+                    if middle is not None:
+                        steps = [middle]
                 if current.config.get(knob.name) != origin:
                     break
         band = noise_band(measured)

@@ -61,6 +61,16 @@ class Knob:
         k = j + (1 if j > i else -1)
         return self.values[k] if 0 <= k < len(self.values) else None
 
+    def between(self, near: Any, far: Any) -> Any | None:
+        """The candidate halfway from ``near`` to ``far`` (the nearer of two middles), None when they are
+        next to each other: where a stride that overshot is bisected back."""
+        if near not in self.values or far not in self.values:
+            return None
+        i, j = self.values.index(near), self.values.index(far)
+        if abs(j - i) < 2:
+            return None
+        return self.values[(i + j) // 2 if j > i else (i + j + 1) // 2]
+
     def neighbours(self, value: Any) -> list[Any]:
         """The values next to ``value`` (its nearest candidate when it is not one)."""
         if value in self.values:
