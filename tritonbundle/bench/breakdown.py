@@ -36,7 +36,9 @@ def breakdown(recipe: Recipe, s: StepResult, options: BenchOptions) -> Breakdown
     requests = enc.get("requests", 0) or 0
     per_execute: dict[str, Any] = {}
     if executes:
-        phases = ("t_read_s", "t_plan_s", "t_fill_s", "t_launch_s", "t_wait_s", "t_respond_s", "t_execute_s", "gpu_s")
+        # tokenize: the encoder's own tokenizer calls (tokenize_in_encoder), apart from read since 2026-12-04
+        phases = ("t_read_s", *(("t_tokenize_s",) if enc.get("t_tokenize_s") else ()), "t_plan_s", "t_fill_s",
+                  "t_launch_s", "t_wait_s", "t_respond_s", "t_execute_s", "gpu_s")
         per_execute = {
             "encoder_execute_ms": {k.removeprefix("t_").removesuffix("_s"): 1000.0 * enc.get(k, 0.0) / executes
                                    for k in phases},

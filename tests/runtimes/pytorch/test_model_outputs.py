@@ -5,6 +5,7 @@ says why: tritonserver 2.51's Python backend frees the others without the GIL)."
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -14,6 +15,8 @@ import pytest
 from tritonbundle.contract import TOKENS_OUTPUT
 from tritonbundle.runtimes.pytorch import model as served
 from tritonbundle.runtimes.stats import new_stats
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 class _Pb:
@@ -52,3 +55,54 @@ def test_a_model_without_the_counts_output_never_attaches_them() -> None:
     model = object.__new__(served.TritonPythonModel)
     model.counts = False
     assert not model._wants_counts(_request("embedding", TOKENS_OUTPUT))
+
+
+def test_reading_and_tokenizing_are_timed_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An encoder that tokenizes itself splits execute()'s first phase into ``read`` (the requests'
+    tensors, checked and decoded) and ``tokenize`` (one tokenizer call for every text): the H200's
+    timelines had one figure for both. Here reading takes 5 ms a request and tokenizing 40 ms a call."""
+    import threading
+    import time
+
+    from tritonbundle.runtimes.text import load_tokenizer
+
+    class Tensor:
+        def __init__(self, texts: list[bytes]) -> None:
+            self.array = np.array(texts, dtype=object).reshape(-1, 1)
+
+        def shape(self) -> list[int]:
+            return list(self.array.shape)
+
+        def as_numpy(self) -> Any:
+            time.sleep(0.005)
+            return self.array
+
+    class Pb(_Pb):
+        @staticmethod
+        def get_input_tensor_by_name(request: Any, name: str) -> Any:
+            return request.tensor
+
+    class SlowTokenizer:
+        def __init__(self, whole: Any) -> None:
+            self.whole = whole
+
+        def encode_batch(self, rows: list[Any]) -> list[Any]:
+            time.sleep(0.040)
+            return list(self.whole.encode_batch_fast(rows))
+
+    monkeypatch.setattr(served, "pb_utils", Pb)
+    model = object.__new__(served.TritonPythonModel)
+    tokenizer = load_tokenizer(str(ROOT / "model_repository" / "minilm_tokenizer" / "1" / "tokenizer.json"), 32)
+    model.tokenizer, model.max_batch, model.max_text_bytes, model.max_length, model.pad_id = (
+        SlowTokenizer(tokenizer), 64, 4096, 32, 0)
+    model.counts, model._free, model._workers = False, None, None
+    model.stats, model._stats_lock = new_stats(), threading.Lock()
+    seen: list[Any] = []
+    monkeypatch.setattr(model, "_run", lambda indices, counted, batch, responses, stats, lane: seen.append(batch))
+    requests = [SimpleNamespace(tensor=Tensor([b"hello world", b"a second text"]), requested_output_names=set)
+                for _ in range(4)]
+    model.execute(requests)
+    ids, masks, rows = seen[0]
+    assert rows == [2, 2, 2, 2] and ids.shape[0] == 8 and masks.shape == ids.shape
+    assert 0.020 <= model.stats["t_read_s"] < 0.040, "four requests of 5 ms, without the tokenizer's 40"
+    assert 0.040 <= model.stats["t_tokenize_s"] < 0.080

@@ -191,8 +191,8 @@ def text_server(exported_minilm: Path, server_env: None, tmp_path_factory: pytes
     repo = folder / "model_repository"
     assert main(["build", "--manifest", str(folder / "models.yaml"), "--artifacts", str(ARTIFACTS),
                  "--repository", str(repo), "--runtime", "pytorch", "--target", "cpu"]) == 0
-    server = _serve(repo, folder / "tritonserver.log")
-    server.repository = repo
+    server = _serve(repo, folder / "tritonserver.log", stats=folder / "stats")
+    server.repository, server.stats_dir = repo, folder / "stats"
     yield server
     server.stop()
 
@@ -216,6 +216,13 @@ def test_a_model_that_tokenizes_itself_answers_like_the_ensemble(text_server: An
         with pytest.raises(InvalidInputError, match=r"TEXT\[1\] is empty"):
             http.embed(["fine", "\x00 \t"])
         assert http.embed(["still serving"]).shape == (1, 384)
+    from tritonbundle.runtimes.stats import read_stats, read_stats_info
+
+    time.sleep(0.6)  # the statistics are written every 0.25 s
+    stats = read_stats(text_server.stats_dir)
+    assert stats["t_tokenize_s"] > 0 and stats["t_read_s"] > 0, "reading and tokenizing, each timed"
+    assert [i.get("tokenizer") for i in read_stats_info(text_server.stats_dir) if i.get("tokenizer")] == [
+        "PlainTextTokenizer"], "the start-up line names the text path that serves"
 
 
 def test_batches_in_flight_answer_every_caller_with_its_own_rows_over_both_protocols(text_server: Any) -> None:

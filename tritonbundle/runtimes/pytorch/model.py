@@ -188,11 +188,15 @@ class TritonPythonModel:
         array = tensor.as_numpy()
         return read_texts(array, TEXT_INPUT, self.max_text_bytes, self.max_length)
 
-    def _gather(self, good: list[tuple[int, Any]]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], list[int]]:
-        """Every request's rows in one array pair (one copy per request, none per row) and the rows of each."""
+    def _gather(self, good: list[tuple[int, Any]], stats: dict[str, float],
+                ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], list[int]]:
+        """Every request's rows in one array pair (one copy per request, none per row) and the rows of each;
+        texts are tokenized together (timed apart from reading: ``t_tokenize_s``)."""
         if self.tokenizer is not None:
             texts = [text for _, mine in good for text in mine]
+            t0 = time.perf_counter()
             ((all_ids, all_masks),) = tokenize(self.tokenizer, texts, [(0, len(texts))], (), self.pad_id)
+            stats["t_tokenize_s"] += time.perf_counter() - t0
             return all_ids, all_masks, [len(mine) for _, mine in good]
         rows = sum(ids.shape[0] for _, (ids, _) in good)
         width = max(ids.shape[1] for _, (ids, _) in good)
@@ -222,13 +226,13 @@ class TritonPythonModel:
             except (RequestError, TextError) as e:
                 responses[index] = pb_utils.InferenceResponse(output_tensors=[], error=_error(str(e)))
                 stats["errors"] += 1
-        batch = self._gather(good) if good else None
+        batch = self._gather(good, stats) if good else None
         indices = [index for index, _ in good]
         counted = {index for index in indices if self._wants_counts(requests[index])}
         # the request tensors are not touched past this point
         stats["executes"] += 1
         stats["requests"] += len(requests)
-        stats["t_read_s"] += time.perf_counter() - t0
+        stats["t_read_s"] += time.perf_counter() - t0 - stats["t_tokenize_s"]
         if self._free is None or self._workers is None:
             if batch is not None:
                 self._run(indices, counted, batch, responses, stats, 0)
