@@ -17,6 +17,7 @@ from typing import Any
 from tritonbundle.bench.records import BundleResult, CeilingResult, PeerResult, ServedResult, Spread
 from tritonbundle.bench.result import BenchResult, ModelResult, Ratios
 from tritonbundle.files import write_json
+from tritonbundle.measure import host
 from tritonbundle.measure.latency import StepResult
 
 MAX_LOG_BYTES = 4 << 20
@@ -130,6 +131,7 @@ def markdown(result: BenchResult) -> str:
         f"{gpu.get('memory_mib', '-')} MiB; CPUs: {env.get('cpus')}"
         + (f" ({env['physical_cores']} physical cores)" if env.get("physical_cores") else ""),
         *([f"- GPU sharing (the bundle's instances): {env['gpu_sharing']}"] if env.get("gpu_sharing") else []),
+        *([f"- host speed: {host.describe(env['host_speed'])}"] if env.get("host_speed") else []),
         "- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
         f"- command: `{result.command}`",
         f"- traffic: {t.get('source')}: {int(t.get('requests', 0))} requests, mean {_f(t.get('mean_tokens'))} tokens, "

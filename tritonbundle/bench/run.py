@@ -38,6 +38,7 @@ from tritonbundle.bench.workspace import Built, build_repository, prepare_proces
 from tritonbundle.files import write_json
 from tritonbundle.log import LOG, step
 from tritonbundle.measure import probes
+from tritonbundle.measure.host import HostWatch
 from tritonbundle.recipes import BENCH_MODELS, Recipe
 
 PHASES: dict[str, Callable[[Context, Built, Recipe, float], SystemResult]] = {
@@ -59,6 +60,7 @@ def run_bench(options: BenchOptions) -> BenchResult:
     logs.mkdir(exist_ok=True)
     result = BenchResult(command="tritonbundle " + " ".join(sys.argv[1:]), options=_options_json(options),
                          environment=probes.environment(options.device))
+    watch = HostWatch()
 
     def save() -> None:
         """After every phase: what is known so far survives a run cut short."""
@@ -96,6 +98,7 @@ def run_bench(options: BenchOptions) -> BenchResult:
             gpu.stop()
         if result.status == "running":  # SIGTERM or Ctrl-C: what was measured is still written
             result.status = "interrupted"
+        result.environment["host_speed"] = watch.finish()
         result.elapsed_s = round(clock.elapsed(), 1)
         try:
             report.write_all(result, options.out, work)

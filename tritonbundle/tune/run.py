@@ -26,6 +26,7 @@ from tritonbundle.errors import ConfigError, TritonBundleError
 from tritonbundle.gpu_sharing import sharing_from_env
 from tritonbundle.log import LOG, step
 from tritonbundle.manifest import ModelSpec
+from tritonbundle.measure.host import python_ms
 from tritonbundle.measure.latency import Slo
 from tritonbundle.measure.levels import Ladder, Timing
 from tritonbundle.measure.loadgen import LoadError, LoadPool
@@ -94,9 +95,12 @@ def run_tune(options: TuneOptions) -> TuneResult:
                          centre)
         point.detail["seconds"] = round(time.monotonic() - t0, 1)
         point.detail["run"] = run_name  # search.compare: a resumed run's points are compared within a run
+        # The host's speed right after the point (measure/host.py): a point read low on a slow spell says so.
+        point.detail["host_python_ms"] = python_ms(repeat=3)[0]
         points.append(point)
-        LOG.info("    %s: %s -> %s", label, describe(config),
-                 f"{point.rate:,.1f} req/s at the SLO" if point.rate else point.detail.get("status", "missed"))
+        LOG.info("    %s: %s -> %s (host workload %.1f ms)", label, describe(config),
+                 f"{point.rate:,.1f} req/s at the SLO" if point.rate else point.detail.get("status", "missed"),
+                 point.detail["host_python_ms"])
         save()
         return point
 

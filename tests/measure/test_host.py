@@ -1,0 +1,36 @@
+"""The host-speed record a bench run carries (measure/host.py): the same workload timed before and after
+the run, and the hypervisor's share of the CPU time over it."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tritonbundle.measure import host
+
+
+def test_a_slower_host_after_the_run_reads_slower_and_steal_is_a_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    watch = host.HostWatch()
+    median, fastest = watch.before
+    assert 0 < fastest <= median
+    work = host._work
+    monkeypatch.setattr(host, "_work", lambda: (time.sleep(0.05), work())[1])  # the host's spell: 50 ms more
+    record = watch.finish()
+    assert record["python_ms_after"][1] >= record["python_ms_before"][1] + 45
+    assert record["steal_share"] is None or 0.0 <= record["steal_share"] <= 1.0
+    line = host.describe(record)
+    assert f"took {record['python_ms_before'][0]} ms before the run and {record['python_ms_after'][0]} ms after" in line
+
+
+def test_the_report_prints_the_host_speed_and_older_reports_stay_as_they_were() -> None:
+    from tritonbundle.bench import report
+    from tritonbundle.bench.result import BenchResult
+
+    record = {"python_ms_before": [40.1, 39.8], "python_ms_after": [57.0, 55.2], "steal_share": 0.021}
+    result = BenchResult("tritonbundle bench gpu", {"device": "cuda"}, {"date": "d", "host_speed": record})
+    assert ("- host speed: a fixed Python workload took 40.1 ms before the run and 57.0 ms after it (median of 5; "
+            "lower is faster, compare across runs); CPU time taken by the hypervisor (steal) during it: 2.1 %"
+            ) in report.markdown(result).splitlines()
+    assert BenchResult.from_json(result.to_json()).environment["host_speed"] == record
+    assert "host speed" not in report.markdown(BenchResult("tritonbundle bench gpu", {"device": "cuda"}, {"date": "d"}))
