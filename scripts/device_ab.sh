@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Run THERE (the GPU machine), in one device call: interleaved A/B rounds of the bench. Every setting
+# runs once per round, in turn (a slow spell of the machine falls on all of them alike); each run's
+# reports go to $OUT/runs/<name>-<round>/ and are packed into $OUT/runs.tgz after it (the device tool
+# returns 8 files a call); no run starts past the deadline; at the end, the summary table
+# (python -m tritonbundle.bench.compare: median and range per setting, read/tokenize per row, CPU per
+# request, the host's speed). Results docs/benchmarks.md, "H200: the plain-text tokenizer", used it.
+#
+# usage: bash scripts/device_ab.sh [--install] [--rounds N] [--first N] [--model bert-base|minilm]
+#            [--deadline S] NAME=TUNED_JSON[+VAR=VALUE...] ...
+#   --install   install what the call carries first (scripts/device_bench.sh install)
+#   --rounds    rounds (default 3); --first: the first round's number (a later call goes on: --first 3)
+#   --deadline  seconds from the start after which no run starts (default 480: a call's 600 s less one
+#               run killed at 115 s)
+#   NAME=FILE   a setting: its --tuned file; +VAR=VALUE sets an environment variable for its runs only
+# e.g. (carry .device/server, .device/stubs; ~440 s with the install):
+#   bash scripts/device_ab.sh --install --rounds 3 \
+#       plain=docs/tuning/h200-handpicked/bert-base-fused8-t4-b64.json \
+#       rust=docs/tuning/h200-handpicked/bert-base-fused8-t4-b64.json+TRITONBUNDLE_TOKENIZER_NORMALIZER=rust
+# Every run: TRITONBUNDLE_GPU_SHARING=mps unless set, texts in, p99 <= 50 ms, --budget-s 75 (62-70 s a run).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+T0=$(date +%s)
+OUT=${OUT:-$PWD/reports/ab}
+install=0 rounds=3 first=1 model=bert-base deadline=480 settings=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --install) install=1 ;;
+    --rounds) rounds=$2; shift ;;
+    --first) first=$2; shift ;;
+    --model) model=$2; shift ;;
+    --deadline) deadline=$2; shift ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    *=*) settings+=("$1") ;;
+    *) echo "device_ab: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+[ ${#settings[@]} -gt 0 ] || { echo "device_ab: name at least one setting NAME=TUNED_JSON" >&2; exit 2; }
+case $model in
+  bert-base) rates="--start-rate 6000 --max-rate 25600" ;;
+  minilm) rates="--start-rate 8000 --max-rate 51200" ;;
+  *) echo "device_ab: --model bert-base or minilm, not $model" >&2; exit 2 ;;
+esac
+mkdir -p "$OUT/runs"
+if [ "$install" = 1 ]; then
+  bash scripts/device_bench.sh install > "$OUT/install.log" 2>&1; tail -3 "$OUT/install.log"
+fi
+export TRITONBUNDLE_GPU_SHARING=${TRITONBUNDLE_GPU_SHARING:-mps}
+for i in $(seq "$first" "$rounds"); do
+  for spec in "${settings[@]}"; do
+    name=${spec%%=*} rest=${spec#*=}
+    file=${rest%%+*} extra=()
+    [ "$rest" != "$file" ] && IFS=+ read -r -a extra <<< "${rest#*+}"
+    now=$(date +%s)
+    if [ $((now - T0)) -gt "$deadline" ]; then echo "$name-$i: not started (deadline ${deadline} s)"; continue; fi
+    env "${extra[@]}" OUT="$OUT/runs/$name-$i" timeout 115 bash scripts/device_bench.sh run --models "$model" \
+      --systems bundle --budget-s 75 --rate-factor 1.5 --refine 3 --input text $rates --tuned "$file" > /dev/null 2>&1
+    rc=$?
+    echo "$name-$i: exit $rc, $(($(date +%s) - now)) s, $(python3 -c "
+import json, sys
+m = json.load(open(sys.argv[1]))['models']
+b = next(iter(m.values()))['systems']['bundle']
+print(b['status'], b.get('best_rps'), 'req/s at the SLO')" "$OUT/runs/$name-$i/bench.json" 2>&1 | tail -1)"
+    (cd "$OUT" && tar czf runs.tgz runs install.log 2>/dev/null)
+  done
+done
+python3 -m tritonbundle.bench.compare "$OUT" | tee "$OUT/summary.md"

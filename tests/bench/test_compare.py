@@ -1,0 +1,67 @@
+"""The A/B summary (bench/compare.py) over committed H200 reports, and the device script that runs the
+rounds (scripts/device_ab.sh) with its bench stood in for: the bench itself runs in test_bench_smoke.py
+and on the GPU machine; here, which runs it starts, in which order, with which environment."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tritonbundle.bench.compare import markdown, summarize
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_plain_text_ab_sums_up_as_the_docs_say() -> None:
+    settings = {s.name: s for s in summarize(ROOT / "docs" / "benchmarks" / "h200-plain-text")}
+    assert settings["bert-base-python"].rates == [13558.0, 13558.0, 14184.0]
+    assert settings["bert-base-rust"].median == 9178.0
+    assert round(settings["minilm-python"].median) == 14770 and round(settings["minilm-rust"].median) == 12558
+    python = settings["bert-base-python"].runs
+    assert 0.100 < min(r.read_per_row or 0 for r in python) and max(r.read_per_row or 1 for r in python) < 0.110
+    assert all(r.tokenize_per_row is None and r.host_ms is None for r in python), "not counted apart before 2026-12-04"
+    table = markdown([settings["bert-base-python"]])
+    assert "| bert-base-python | 13,558 / 13,558 / 14,184 | **13,558** [13,558-14,184] | 0.101-0.109 | - |" in table
+
+
+FAKE_BENCH = """#!/usr/bin/env bash
+# stands in for scripts/device_bench.sh: records its call, writes a report whose knee is the round's
+echo "$1 ${OUT##*/} ${AB_KNOB:-unset} $*" >> "$CALLS"
+mkdir -p "$OUT"
+rate=$(( ${OUT##*-} * 1000 + ${AB_KNOB:-0} ))
+cat > "$OUT/bench.json" <<JSON
+{"environment": {"host_speed": {"python_ms_before": [41.5, 40.0]}}, "models": {"m": {"systems": {"bundle": {
+ "status": "ok", "best_rps": $rate, "breakdown": {"encoder_execute_ms": {"read": 1.0, "tokenize": 2.0},
+ "encoder_rows_per_execute": 10.0, "achieved_rps": 1000.0, "cpu_cores": {"server:stub[m]": 0.25, "load0:python3": 0.5}}}}}}}
+JSON
+"""
+
+
+@pytest.mark.parametrize("deadline", ["480", "-1"])
+def test_the_device_script_interleaves_the_settings_and_sums_them_up(tmp_path: Path, deadline: str) -> None:
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "device_ab.sh", tmp_path / "scripts" / "device_ab.sh")
+    (tmp_path / "scripts" / "device_bench.sh").write_text(FAKE_BENCH)
+    calls, out = tmp_path / "calls.txt", tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "CALLS": str(calls), "PYTHONPATH": str(ROOT)}
+    env.pop("TRITONBUNDLE_GPU_SHARING", None)
+    done = subprocess.run(["bash", str(tmp_path / "scripts" / "device_ab.sh"), "--rounds", "2", "--deadline", deadline,
+                           "a=x.json", "b=y.json+AB_KNOB=7"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    if deadline == "-1":
+        assert not calls.exists() and "a-1: not started (deadline -1 s)" in done.stdout
+        return
+    lines = calls.read_text().splitlines()
+    assert [line.split()[:3] for line in lines] == [
+        ["run", "a-1", "unset"], ["run", "b-1", "7"], ["run", "a-2", "unset"], ["run", "b-2", "7"]]
+    assert "--tuned x.json" in lines[0] and "--tuned y.json" in lines[1] and "--models bert-base" in lines[0]
+    assert "b-2: exit 0" in done.stdout and "ok 2007 req/s at the SLO" in done.stdout
+    summary = (out / "summary.md").read_text()
+    assert "| b | 1,007 / 2,007 | **1,507** [1,007-2,007] | 0.100-0.100 | 0.200-0.200 | 0.250-0.250 | 0.500-0.500 | 41.5-41.5 |" in summary
+    assert json.loads((out / "runs" / "a-2" / "bench.json").read_text())["models"]["m"]["systems"]["bundle"]["best_rps"] == 2000
+    assert (out / "runs.tgz").stat().st_size > 0

@@ -1,0 +1,118 @@
+"""Interleaved A/B runs, summed up: the bench reports of one device call's rounds (``scripts/device_ab.sh``
+writes ``runs/<setting>-<round>/bench.json``), grouped by setting, as the median and range of each
+setting's knee with what explains it at the knee: reading and tokenizing per row, the Python stubs'
+CPU time per answered request, and the host's speed (``measure/host.py``) beside each run.
+
+On the H200 the knee moves 15-35 % from one run to the next (docs/benchmarks.md), so a setting is
+judged by the median of interleaved rounds; the per-row and per-request figures say whether a
+difference comes from the setting (the stage it changes got cheaper) or from the run (everything,
+the load generators too, got slower).
+
+    python -m tritonbundle.bench.compare docs/benchmarks/h200-plain-text
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_RUN = re.compile(r"^(?P<setting>.+)-(?P<round>\d+)$")
+
+
+@dataclass
+class Run:
+    """One bench run of one setting: its knee and what was measured there."""
+
+    round: int
+    rps: float | None
+    #: ms per row at the knee: reading the requests (with their tokenizing in reports before 2026-12-04)
+    #: and tokenizing (None when not counted apart).
+    read_per_row: float | None = None
+    tokenize_per_row: float | None = None
+    #: CPU time of the Python-backend stubs and of the load generators per answered request, ms.
+    stub_ms_per_request: float | None = None
+    load_ms_per_request: float | None = None
+    #: The host workload's median time before the run, ms (None in reports before 2026-12-04).
+    host_ms: float | None = None
+
+
+@dataclass
+class Setting:
+    name: str
+    runs: list[Run] = field(default_factory=list)
+
+    @property
+    def rates(self) -> list[float]:
+        return [r.rps or 0.0 for r in sorted(self.runs, key=lambda r: r.round)]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.rates) if self.runs else 0.0
+
+
+def read_run(path: Path) -> Run:
+    """The run in ``path`` (a folder with ``bench.json``, named ``<setting>-<round>``); its model's bundle."""
+    data = json.loads((path / "bench.json").read_text())
+    match = _RUN.match(path.name)
+    round_ = int(match["round"]) if match else 0
+    bundles = [m["systems"]["bundle"] for m in data.get("models", {}).values() if "bundle" in m.get("systems", {})]
+    run = Run(round_, bundles[0].get("best_rps") if bundles else None,
+              host_ms=((data.get("environment") or {}).get("host_speed") or {}).get("python_ms_before", [None])[0])
+    b: dict[str, Any] = (bundles[0].get("breakdown") or {}) if bundles else {}
+    phases, rows = b.get("encoder_execute_ms") or {}, b.get("encoder_rows_per_execute")
+    if rows:
+        run.read_per_row = phases["read"] / rows if "read" in phases else None
+        run.tokenize_per_row = phases["tokenize"] / rows if "tokenize" in phases else None
+    answered, cores = b.get("achieved_rps"), b.get("cpu_cores") or {}
+    if answered:
+        run.stub_ms_per_request = 1000.0 * sum(v for k, v in cores.items() if "stub[" in k) / answered
+        run.load_ms_per_request = 1000.0 * sum(v for k, v in cores.items() if k.startswith("load")) / answered
+    return run
+
+
+def summarize(folder: Path) -> list[Setting]:
+    """Every ``<setting>-<round>/bench.json`` under ``folder`` (or its ``runs/``), by setting, in the order
+    the settings first appear by name."""
+    root = folder / "runs" if (folder / "runs").is_dir() else folder
+    settings: dict[str, Setting] = {}
+    for path in sorted(p.parent for p in root.glob("*/bench.json")):
+        match = _RUN.match(path.name)
+        name = match["setting"] if match else path.name
+        settings.setdefault(name, Setting(name)).runs.append(read_run(path))
+    return list(settings.values())
+
+
+def _span(values: list[float | None], digits: int = 3) -> str:
+    got = [v for v in values if v is not None]
+    return f"{min(got):.{digits}f}-{max(got):.{digits}f}" if got else "-"
+
+
+def markdown(settings: list[Setting]) -> str:
+    """The table the docs carry: one row per setting."""
+    lines = ["| setting | req/s at the SLO, by round | median [range] | read per row (ms) | tokenize per row (ms) "
+             "| stubs' CPU per request (ms) | load generators' CPU per request (ms) | host workload (ms) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for s in settings:
+        rates = s.rates
+        lines.append(
+            f"| {s.name} | {' / '.join(f'{r:,.0f}' for r in rates)} | **{s.median:,.0f}** [{min(rates):,.0f}-"
+            f"{max(rates):,.0f}] | {_span([r.read_per_row for r in s.runs])} | {_span([r.tokenize_per_row for r in s.runs])} "
+            f"| {_span([r.stub_ms_per_request for r in s.runs])} | {_span([r.load_ms_per_request for r in s.runs])} "
+            f"| {_span([r.host_ms for r in s.runs], 1)} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("folder", type=Path, help="a folder of <setting>-<round>/bench.json (or one with runs/)")
+    args = parser.parse_args(argv)
+    print(markdown(summarize(args.folder)), end="")
+
+
+if __name__ == "__main__":
+    main()
