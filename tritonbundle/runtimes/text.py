@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tritonbundle.contract import pad_length
+from tritonbundle.runtimes.wordpiece import CachedWordPiece
 
 #: (token ids, attention mask) of one request, and its token type ids when they were asked for.
 Tokens = tuple[npt.NDArray[np.int64], ...]
@@ -38,6 +39,9 @@ _NON_SPACE = re.compile(r"\S")
 #: ``rust``: every text through the tokenizer's own normalizer (:class:`PlainTextTokenizer` off), for A/B
 #: measurements.
 NORMALIZER_ENV = "TRITONBUNDLE_TOKENIZER_NORMALIZER"
+#: ``rust``: plain texts through the Rust WordPiece too, not the word cache (:mod:`.wordpiece`), for A/B
+#: measurements.
+WORDS_ENV = "TRITONBUNDLE_TOKENIZER_WORDS"
 
 
 def cut(text: str, max_length: int) -> str:
@@ -93,7 +97,9 @@ def load_tokenizer(path: str, max_length: int, threads: int = 1) -> Any:
     bare = load()
     bare.normalizer = None
     raw = tuple(t["content"] for t in config.get("added_tokens") or () if not t.get("normalized", True))
-    return PlainTextTokenizer(whole, bare, lowercase=bool(normalizer.get("lowercase", True)), raw_tokens=raw)
+    words = CachedWordPiece.for_tokenizer(bare, config, max_length) if os.environ.get(WORDS_ENV) != "rust" else None
+    return PlainTextTokenizer(whole, bare, lowercase=bool(normalizer.get("lowercase", True)), raw_tokens=raw,
+                              words=words)
 
 
 class PlainTextTokenizer:
@@ -110,11 +116,19 @@ class PlainTextTokenizer:
     are the whole tokenizer's (tests/runtimes/tokenizer/test_text.py). Source:
     huggingface/tokenizers, ``tokenizers/src/normalizers/bert.rs``."""
 
-    def __init__(self, whole: Any, bare: Any, *, lowercase: bool, raw_tokens: Sequence[str]) -> None:
+    def __init__(self, whole: Any, bare: Any, *, lowercase: bool, raw_tokens: Sequence[str],
+                 words: CachedWordPiece | None = None) -> None:
         self.whole = whole
         self._encode_whole, self._encode_bare = _encoder(whole), _encoder(bare)
         self.lowercase = lowercase
         self.raw_tokens = tuple(raw_tokens)
+        #: Single plain texts from the word cache (:mod:`.wordpiece`; None: the Rust WordPiece for them too).
+        self.words = words
+
+    @property
+    def kind(self) -> str:
+        """The paths it serves, for start-up lines and A/B logs."""
+        return type(self).__name__ + ("+CachedWordPiece" if self.words is not None else "")
 
     def _plain(self, row: Row) -> bool:
         texts = row if isinstance(row, tuple) else (row,)
@@ -126,10 +140,18 @@ class PlainTextTokenizer:
         return (row[0].lower(), row[1].lower()) if isinstance(row, tuple) else row.lower()
 
     def encode_batch_fast(self, rows: Sequence[Row]) -> list[Any]:
+        """Each row by its path, in the call's order: a single plain text from the word cache, other
+        plain rows (pairs; every plain row without the cache) by the Rust tokenizer without its normalizer,
+        the rest by the whole tokenizer."""
         plain = [self._plain(r) for r in rows]
-        fast = iter(self._encode_bare([self._lower(r) for r, p in zip(rows, plain) if p]) if any(plain) else [])
+        words = self.words
+        cached = [words is not None and p and isinstance(r, str) for r, p in zip(rows, plain)]
+        ids = iter([words.encode(r.lower() if self.lowercase else r) for r, c in zip(rows, cached)
+                    if c and isinstance(r, str)] if words is not None else [])
+        bare = [self._lower(r) for r, p, c in zip(rows, plain, cached) if p and not c]
+        fast = iter(self._encode_bare(bare) if bare else [])
         slow = iter(self._encode_whole([r for r, p in zip(rows, plain) if not p]) if not all(plain) else [])
-        return [next(fast) if p else next(slow) for p in plain]
+        return [next(ids) if c else next(fast) if p else next(slow) for p, c in zip(plain, cached)]
 
     def encode(self, *args: Any, **kwargs: Any) -> Any:
         return self.whole.encode(*args, **kwargs)

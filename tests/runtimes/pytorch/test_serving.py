@@ -105,7 +105,7 @@ def test_the_config_is_the_pytorch_runtimes(pytorch_repository: Path) -> None:
                         "tritonbundle/runtimes/pytorch/engine.py", "tritonbundle/runtimes/pytorch/gpu_turn.py",
                         "tritonbundle/runtimes/pytorch/launch.py",
                         "tritonbundle/runtimes/stacks.py", "tritonbundle/runtimes/stats.py",
-                        "tritonbundle/runtimes/text.py"]
+                        "tritonbundle/runtimes/text.py", "tritonbundle/runtimes/wordpiece.py"]
 
 
 def test_embeddings_match_onnx_runtime_in_one_batch_and_one_by_one(pytorch_server: Any) -> None:
@@ -222,7 +222,7 @@ def test_a_model_that_tokenizes_itself_answers_like_the_ensemble(text_server: An
     stats = read_stats(text_server.stats_dir)
     assert stats["t_tokenize_s"] > 0 and stats["t_read_s"] > 0, "reading and tokenizing, each timed"
     assert [i.get("tokenizer") for i in read_stats_info(text_server.stats_dir) if i.get("tokenizer")] == [
-        "PlainTextTokenizer"], "the start-up line names the text path that serves"
+        "PlainTextTokenizer+CachedWordPiece"], "the start-up line names the text paths that serve"
 
 
 def test_batches_in_flight_answer_every_caller_with_its_own_rows_over_both_protocols(text_server: Any) -> None:

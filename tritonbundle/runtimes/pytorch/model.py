@@ -133,7 +133,7 @@ class TritonPythonModel:
                                                initializer=self._enter_worker)
         info = {"model": self.name, "instance": args.get("model_instance_name", ""), **self.engine.describe()}
         if self.tokenizer is not None:  # which text path served (PlainTextTokenizer or the whole Tokenizer)
-            info["tokenizer"] = type(self.tokenizer).__name__
+            info["tokenizer"] = getattr(self.tokenizer, "kind", type(self.tokenizer).__name__)
         self._log(f"{self.name}: {json.dumps(info)}")
         self.writer = writer_for(self.name, self.stats, info)
         # What initialize() built (torch, the weights, the graphs: ~200k objects) lives as long as the
