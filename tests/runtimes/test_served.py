@@ -16,11 +16,11 @@ from tritonbundle.runtimes import served
 RUNTIMES = Path(served.__file__).parent
 MODELS = {
     "tokenizer": ["tritonbundle.contract", "tritonbundle.runtimes.stacks", "tritonbundle.runtimes.stats",
-                  "tritonbundle.runtimes.text"],
+                  "tritonbundle.runtimes.text", "tritonbundle.runtimes.wordpiece"],
     "onnxruntime": ["tritonbundle.contract", "tritonbundle.runtimes.stacks"],
     "pytorch": ["tritonbundle.contract", "tritonbundle.errors", "tritonbundle.recipes",
                 "tritonbundle.runtimes.pytorch.engine", "tritonbundle.runtimes.pytorch.gpu_turn",
-                "tritonbundle.runtimes.pytorch.launch", "tritonbundle.runtimes.stacks", "tritonbundle.runtimes.stats", "tritonbundle.runtimes.text"],
+                "tritonbundle.runtimes.pytorch.launch", "tritonbundle.runtimes.stacks", "tritonbundle.runtimes.stats", "tritonbundle.runtimes.text", "tritonbundle.runtimes.wordpiece"],
 }
 
 

@@ -72,6 +72,9 @@ ENVIRONMENT = {
     "TRITONBUNDLE_TOKENIZER_NORMALIZER": "`rust`: BERT tokenizers normalize every text themselves, instead of "
                                          "lowercasing printable ASCII texts in Python first (`python`, the default, "
                                          "the same ids faster); for A/B measurements",
+    "TRITONBUNDLE_TOKENIZER_WORDS": "`rust`: plain texts through the tokenizer's Rust WordPiece instead of the word "
+                                    "cache (`cache`, the default: the same ids faster, `runtimes/wordpiece.py`); for A/B "
+                                    "measurements",
     "TRITONBUNDLE_GPU_SHARING": "`mps`: `serve`, `bench` and `tune` start a private CUDA MPS daemon before "
                                 "tritonserver, so a model's instances (Python-backend processes, the pytorch runtime) "
                                 "share each GPU side by side; `time-slicing` (the default) leaves them to CUDA's time "

@@ -60,7 +60,8 @@ def test_a_model_without_the_counts_output_never_attaches_them() -> None:
 def test_reading_and_tokenizing_are_timed_apart(monkeypatch: pytest.MonkeyPatch) -> None:
     """An encoder that tokenizes itself splits execute()'s first phase into ``read`` (the requests'
     tensors, checked and decoded) and ``tokenize`` (one tokenizer call for every text): the H200's
-    timelines had one figure for both. Here reading takes 5 ms a request and tokenizing 40 ms a call."""
+    timelines had one figure for both. Here reading takes 2 ms a request and tokenizing 200 ms a call
+    (far apart: a busy machine's late wake-ups do not blur them)."""
     import threading
     import time
 
@@ -74,7 +75,7 @@ def test_reading_and_tokenizing_are_timed_apart(monkeypatch: pytest.MonkeyPatch)
             return list(self.array.shape)
 
         def as_numpy(self) -> Any:
-            time.sleep(0.005)
+            time.sleep(0.002)
             return self.array
 
     class Pb(_Pb):
@@ -87,7 +88,7 @@ def test_reading_and_tokenizing_are_timed_apart(monkeypatch: pytest.MonkeyPatch)
             self.whole = whole
 
         def encode_batch(self, rows: list[Any]) -> list[Any]:
-            time.sleep(0.040)
+            time.sleep(0.200)
             return list(self.whole.encode_batch_fast(rows))
 
     monkeypatch.setattr(served, "pb_utils", Pb)
@@ -104,5 +105,5 @@ def test_reading_and_tokenizing_are_timed_apart(monkeypatch: pytest.MonkeyPatch)
     model.execute(requests)
     ids, masks, rows = seen[0]
     assert rows == [2, 2, 2, 2] and ids.shape[0] == 8 and masks.shape == ids.shape
-    assert 0.020 <= model.stats["t_read_s"] < 0.040, "four requests of 5 ms, without the tokenizer's 40"
-    assert 0.040 <= model.stats["t_tokenize_s"] < 0.080
+    assert 0.008 <= model.stats["t_read_s"] < 0.200, "four requests of 2 ms, without the tokenizer's 200"
+    assert model.stats["t_tokenize_s"] >= 0.200
