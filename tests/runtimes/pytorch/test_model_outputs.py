@@ -5,7 +5,6 @@ says why: tritonserver 2.51's Python backend frees the others without the GIL)."
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -15,8 +14,6 @@ import pytest
 from tritonbundle.contract import TOKENS_OUTPUT
 from tritonbundle.runtimes.pytorch import model as served
 from tritonbundle.runtimes.stats import new_stats
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 class _Pb:
@@ -65,6 +62,7 @@ def test_reading_and_tokenizing_are_timed_apart(monkeypatch: pytest.MonkeyPatch)
     import threading
     import time
 
+    from tritonbundle.recipes import tokenizer_file
     from tritonbundle.runtimes.text import load_tokenizer
 
     class Tensor:
@@ -93,7 +91,7 @@ def test_reading_and_tokenizing_are_timed_apart(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setattr(served, "pb_utils", Pb)
     model = object.__new__(served.TritonPythonModel)
-    tokenizer = load_tokenizer(str(ROOT / "model_repository" / "minilm_tokenizer" / "1" / "tokenizer.json"), 32)
+    tokenizer = load_tokenizer(str(tokenizer_file("minilm")), 32)
     model.tokenizer, model.max_batch, model.max_text_bytes, model.max_length, model.pad_id = (
         SlowTokenizer(tokenizer), 64, 4096, 32, 0)
     model.counts, model._free, model._workers = False, None, None
