@@ -33,13 +33,25 @@ FAKE_BENCH = """#!/usr/bin/env bash
 # stands in for scripts/device_bench.sh: records its call, writes a report whose knee is the round's
 echo "$1 ${OUT##*/} ${AB_KNOB:-unset} $*" >> "$CALLS"
 mkdir -p "$OUT"
-rate=$(( ${OUT##*-} * 1000 + ${AB_KNOB:-0} ))
-cat > "$OUT/bench.json" <<JSON
-{"environment": {"host_speed": {"python_ms_before": [41.5, 40.0]}}, "models": {"m": {"systems": {"bundle": {
- "status": "ok", "best_rps": $rate, "breakdown": {"encoder_execute_ms": {"read": 1.0, "tokenize": 2.0},
- "encoder_rows_per_execute": 10.0, "achieved_rps": 1000.0, "cpu_cores": {"server:stub[m]": 0.25, "load0:python3": 0.5}}}}}}}
-JSON
+python3 - "$TEMPLATE" "$OUT/bench.json" $(( ${OUT##*-} * 1000 + ${AB_KNOB:-0} )) <<'PY'
+import json, sys
+report = json.load(open(sys.argv[1]))
+report["models"]["bert_base"]["systems"]["bundle"]["best_rps"] = int(sys.argv[3])
+json.dump(report, open(sys.argv[2], "w"))
+PY
 """
+
+
+def _template(into: Path) -> Path:
+    """A committed H200 report with the figures the summary reads set to round numbers."""
+    report = json.loads((ROOT / "docs" / "benchmarks" / "h200-plain-text" / "bert-base-python-1" / "bench.json").read_text())
+    report["environment"]["host_speed"] = {"python_ms_before": [41.5, 40.0]}
+    report["models"]["bert_base"]["systems"]["bundle"]["breakdown"].update(
+        encoder_execute_ms={"read": 1.0, "tokenize": 2.0}, encoder_rows_per_execute=10.0, achieved_rps=1000.0,
+        cpu_cores={"server:stub[m]": 0.25, "load0:python3": 0.5})
+    path = into / "template.json"
+    path.write_text(json.dumps(report))
+    return path
 
 
 @pytest.mark.parametrize("deadline", ["480", "-1"])
@@ -48,7 +60,8 @@ def test_the_device_script_interleaves_the_settings_and_sums_them_up(tmp_path: P
     shutil.copy(ROOT / "scripts" / "device_ab.sh", tmp_path / "scripts" / "device_ab.sh")
     (tmp_path / "scripts" / "device_bench.sh").write_text(FAKE_BENCH)
     calls, out = tmp_path / "calls.txt", tmp_path / "out"
-    env = {**os.environ, "OUT": str(out), "CALLS": str(calls), "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "OUT": str(out), "CALLS": str(calls), "PYTHONPATH": str(ROOT),
+           "TEMPLATE": str(_template(tmp_path))}
     env.pop("TRITONBUNDLE_GPU_SHARING", None)
     done = subprocess.run(["bash", str(tmp_path / "scripts" / "device_ab.sh"), "--rounds", "2", "--deadline", deadline,
                            "a=x.json", "b=y.json+AB_KNOB=7"], env=env, capture_output=True, text=True, timeout=120)
@@ -63,5 +76,6 @@ def test_the_device_script_interleaves_the_settings_and_sums_them_up(tmp_path: P
     assert "b-2: exit 0" in done.stdout and "ok 2007 req/s at the SLO" in done.stdout
     summary = (out / "summary.md").read_text()
     assert "| b | 1,007 / 2,007 | **1,507** [1,007-2,007] | 0.100-0.100 | 0.200-0.200 | 0.250-0.250 | 0.500-0.500 | 41.5-41.5 |" in summary
-    assert json.loads((out / "runs" / "a-2" / "bench.json").read_text())["models"]["m"]["systems"]["bundle"]["best_rps"] == 2000
+    assert json.loads((out / "runs" / "a-2" / "bench.json").read_text())["models"]["bert_base"]["systems"]["bundle"][
+        "best_rps"] == 2000
     assert (out / "runs.tgz").stat().st_size > 0

@@ -19,7 +19,9 @@ import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+from tritonbundle.bench.records import BundleResult
+from tritonbundle.bench.result import BenchResult
 
 _RUN = re.compile(r"^(?P<setting>.+)-(?P<round>\d+)$")
 
@@ -57,21 +59,21 @@ class Setting:
 
 def read_run(path: Path) -> Run:
     """The run in ``path`` (a folder with ``bench.json``, named ``<setting>-<round>``); its model's bundle."""
-    data = json.loads((path / "bench.json").read_text())
+    result = BenchResult.from_json(json.loads((path / "bench.json").read_text()))
     match = _RUN.match(path.name)
-    round_ = int(match["round"]) if match else 0
-    bundles = [m["systems"]["bundle"] for m in data.get("models", {}).values() if "bundle" in m.get("systems", {})]
-    run = Run(round_, bundles[0].get("best_rps") if bundles else None,
-              host_ms=((data.get("environment") or {}).get("host_speed") or {}).get("python_ms_before", [None])[0])
-    b: dict[str, Any] = (bundles[0].get("breakdown") or {}) if bundles else {}
-    phases, rows = b.get("encoder_execute_ms") or {}, b.get("encoder_rows_per_execute")
+    bundle = next((m.systems["bundle"] for m in result.models.values() if "bundle" in m.systems), None)
+    run = Run(int(match["round"]) if match else 0, bundle.best_rps if bundle is not None else None,
+              host_ms=(result.environment.get("host_speed") or {}).get("python_ms_before", [None])[0])
+    b = bundle.breakdown if isinstance(bundle, BundleResult) else None
+    if b is None:
+        return run
+    phases, rows = b.encoder_execute_ms or {}, b.encoder_rows_per_execute
     if rows:
         run.read_per_row = phases["read"] / rows if "read" in phases else None
         run.tokenize_per_row = phases["tokenize"] / rows if "tokenize" in phases else None
-    answered, cores = b.get("achieved_rps"), b.get("cpu_cores") or {}
-    if answered:
-        run.stub_ms_per_request = 1000.0 * sum(v for k, v in cores.items() if "stub[" in k) / answered
-        run.load_ms_per_request = 1000.0 * sum(v for k, v in cores.items() if k.startswith("load")) / answered
+    if b.achieved_rps:
+        run.stub_ms_per_request = 1000.0 * sum(v for k, v in b.cpu_cores.items() if "stub[" in k) / b.achieved_rps
+        run.load_ms_per_request = 1000.0 * sum(v for k, v in b.cpu_cores.items() if k.startswith("load")) / b.achieved_rps
     return run
 
 
