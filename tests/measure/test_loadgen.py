@@ -19,12 +19,15 @@ def _requests(metrics_url: str) -> dict[str, float]:
             for model, counters in triton_metrics.scrape(metrics_url).items()}
 
 
-@pytest.mark.parametrize("requests, reached, skipped", [
-    ("auto", {"minilm", "minilm_tokenizer", "minilm_encoder"}, set()),
-    ("tokens", {"minilm_encoder"}, {"minilm", "minilm_tokenizer"}),
+@pytest.mark.parametrize("requests, sender, reached, skipped", [
+    ("auto", "wire", {"minilm", "minilm_tokenizer", "minilm_encoder"}, set()),
+    ("auto", "client", {"minilm", "minilm_tokenizer", "minilm_encoder"}, set()),
+    ("tokens", "wire", {"minilm_encoder"}, {"minilm", "minilm_tokenizer"}),
 ])
-def test_token_requests_go_straight_to_the_encoder(server: object, tmp_path: Path, requests: str, reached: set[str],
-                                                   skipped: set[str]) -> None:
+def test_token_requests_go_straight_to_the_encoder(server: object, tmp_path: Path, requests: str, sender: str,
+                                                   reached: set[str], skipped: set[str],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITONBUNDLE_LOAD_SENDER", sender)
     metrics_url = server.metrics_url  # type: ignore[attr-defined]
     with LoadPool(1, tmp_path, f"loadgen-{requests}") as pool:
         pool.setup(kind="grpc", url=server.grpc_url, model="minilm", traffic=str(TRAFFIC),  # type: ignore[attr-defined]

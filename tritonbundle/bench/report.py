@@ -132,6 +132,8 @@ def markdown(result: BenchResult) -> str:
         + (f" ({env['physical_cores']} physical cores)" if env.get("physical_cores") else ""),
         *([f"- GPU sharing (the bundle's instances): {env['gpu_sharing']}"] if env.get("gpu_sharing") else []),
         *([f"- host speed: {host.describe(env['host_speed'])}"] if env.get("host_speed") else []),
+        *([f"- the bundle's load generators send gRPC requests: {env['load_sender']} (TRITONBUNDLE_LOAD_SENDER)"]
+          if env.get("load_sender") else []),
         "- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
         f"- command: `{result.command}`",
         f"- traffic: {t.get('source')}: {int(t.get('requests', 0))} requests, mean {_f(t.get('mean_tokens'))} tokens, "

@@ -79,5 +79,9 @@ ENVIRONMENT = {
                                 "tritonserver, so a model's instances (Python-backend processes, the pytorch runtime) "
                                 "share each GPU side by side; `time-slicing` (the default) leaves them to CUDA's time "
                                 "slices (README, \"Sharing the GPU\")",
+    "TRITONBUNDLE_LOAD_SENDER": "`client`: `bench` and `tune` load generators send each gRPC request through the "
+                                "project's asyncio client instead of as bytes built once per request of their "
+                                "pool (`wire`, the default: the same requests for less of the host's CPU, "
+                                "`measure/wire.py`); for A/B measurements",
     "TRITONBUNDLE_LOADTEST": "set by `loadtest`: the settings the locustfile reads",
 }

@@ -273,20 +273,27 @@ class AsyncGrpcClient(_AsyncBaseClient):
         self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str], timeout_s: float,
         headers: Mapping[str, str] | None = None,
     ) -> dict[str, np.ndarray[Any, Any]]:
-        import tritonclient.grpc.aio as aiogrpcclient
-        from tritonclient.utils import np_to_triton_dtype
-
-        inputs = []
-        for name, array in arrays.items():
-            inp = aiogrpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-            inp.set_data_from_numpy(array)
-            inputs.append(inp)
-        requested = [aiogrpcclient.InferRequestedOutput(name) for name in outputs]
+        inputs, requested = grpc_tensors(arrays, outputs)
         result = await self._client.infer(
             model, inputs, outputs=requested or None, client_timeout=timeout_s, timeout=core.server_timeout_us(timeout_s),
             headers={**self._request_headers(), **(headers or {})},
         )
         return self._outputs(result, outputs, model)
+
+
+def grpc_tensors(arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str]) -> tuple[list[Any], list[Any]]:
+    """tritonclient's gRPC ``InferInput``s holding ``arrays`` and ``InferRequestedOutput``s for ``outputs``:
+    what :class:`AsyncGrpcClient` sends, and what the load generator's requests on the wire are built from
+    (:mod:`tritonbundle.measure.wire`)."""
+    import tritonclient.grpc.aio as aiogrpcclient
+    from tritonclient.utils import np_to_triton_dtype
+
+    inputs = []
+    for name, array in arrays.items():
+        inp = aiogrpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+        inp.set_data_from_numpy(array)
+        inputs.append(inp)
+    return inputs, [aiogrpcclient.InferRequestedOutput(name) for name in outputs]
 
 
 async def aconnect(url: str, *, protocol: str = "http", **options: Any) -> _AsyncBaseClient:

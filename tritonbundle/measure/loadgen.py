@@ -5,8 +5,10 @@ Each worker is ``python -m tritonbundle.measure.loadgen``: it reads one JSON com
 and answers one JSON line on stdout. ``setup`` connects (gRPC: the project's ``AsyncGrpcClient`` on
 the served model; HTTP: aiohttp against the naive server) and builds its request pool from the traffic
 sample (gRPC: the model's own requests, :func:`tritonbundle.payloads.for_model`: texts through its
-task's method, or tensors of its declared shapes, or token rows to a text model's encoder; HTTP: texts); ``step`` sends Poisson arrivals at a
-rate for a while and returns the latencies of the requests scheduled inside the measured window.
+task's method, or tensors of its declared shapes, or token rows to a text model's encoder, each built
+once into the bytes it sends, :mod:`tritonbundle.measure.wire`, unless ``TRITONBUNDLE_LOAD_SENDER=client``;
+HTTP: texts); ``step`` sends Poisson arrivals at a rate for a while and returns the latencies of the
+requests scheduled inside the measured window.
 
 Latency is measured from each request's *scheduled* arrival time to its answer, so a client that
 falls behind shows up as latency (no coordinated omission); ``lag_ms`` reports how late sends were.
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from tritonbundle.measure.latency import StepResult, step_result
+from tritonbundle.measure.wire import WireSender, capture, sender
 
 
 # -- the worker -------------------------------------------------------------------------------------------
@@ -51,6 +54,8 @@ class _Worker:
         #: (tokens, request): texts for HTTP, payloads.Call for gRPC.
         self.pool: list[tuple[int, Any]] = []
         self.client: Any = None
+        #: gRPC requests as bytes (the ``wire`` sender), else None: sent through ``client``.
+        self.wire: WireSender | None = None
         self.session: Any = None
         self.url = ""
         self.path = "/embed"
@@ -74,6 +79,11 @@ class _Worker:
                                  max_batch=int(cmd.get("max_batch", 1)), kind=str(cmd.get("requests", "auto")))
             calls = [requests.next() for _ in range(int(cmd.get("pool", 2000)))]
             self.pool = [(c.tokens * c.rows, c) for c in calls]
+            # The first call goes through the client (its answer decoded and checked), the rest as bytes.
+            await self.one(calls[0])
+            if str(cmd.get("sender", "wire")) == "wire":
+                self.pool = [(tokens, await capture(self.client, c.send)) for tokens, c in self.pool]
+                self.wire = WireSender(self.url, timeout_s=self.timeout_s)
         elif self.kind == "http":
             self.pool = text_pool(cmd["traffic"], seed=int(cmd["seed"]), size=int(cmd.get("pool", 2000)))
             import aiohttp
@@ -88,7 +98,9 @@ class _Worker:
         return {"ok": True, "pool": len(self.pool), "pid": os.getpid()}
 
     async def one(self, request: Any) -> None:
-        if self.kind == "grpc":
+        if self.wire is not None:
+            await self.wire.send(request)
+        elif self.kind == "grpc":
             await request.send(self.client)
         else:
             text = request
@@ -162,6 +174,10 @@ class _Worker:
         }
 
     async def close(self) -> None:
+        if self.wire is not None:
+            with contextlib.suppress(Exception):
+                await self.wire.close()
+            self.wire = None
         if self.client is not None:
             with contextlib.suppress(Exception):
                 await self.client.close()
@@ -268,10 +284,12 @@ class LoadPool:
 
     def setup(self, *, kind: str, url: str, model: str, traffic: str, seed: int, timeout_s: float, pool: int = 2000,
               ready_timeout_s: float = 120.0, path: str = "/embed", requests: str = "auto") -> None:
-        """``requests`` (gRPC): ``auto``, the model's own requests, or ``tokens``, token rows to its encoder."""
+        """``requests`` (gRPC): ``auto``, the model's own requests, or ``tokens``, token rows to its encoder.
+        gRPC requests go as bytes or through the client as ``TRITONBUNDLE_LOAD_SENDER`` says (:func:`sender`)."""
+        how = sender()
         self._ask_all([
             {"op": "setup", "kind": kind, "url": url, "model": model, "traffic": traffic, "seed": seed * 1000 + i,
-             "timeout_s": timeout_s, "pool": pool, "path": path, "requests": requests}
+             "timeout_s": timeout_s, "pool": pool, "path": path, "requests": requests, "sender": how}
             for i in range(self.processes)
         ], ready_timeout_s)
 

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from tritonbundle.gpu_sharing import sharing_from_env
+from tritonbundle.measure.wire import sender
 
 LIBRARIES = (
     "torch", "transformers", "tokenizers", "safetensors", "numpy", "tritonclient", "grpcio", "protobuf",
@@ -103,7 +104,8 @@ def environment(device: str) -> dict[str, Any]:
         "host": platform.node(), "platform": platform.platform(), "cpus": os.cpu_count(),
         "physical_cores": physical_cores(),
         "python_executable": sys.executable, "device": device, "gpu": gpu_info() if device == "cuda" else None,
-        "gpu_sharing": sharing_from_env() if device == "cuda" else None, "versions": versions(),
+        "gpu_sharing": sharing_from_env() if device == "cuda" else None, "load_sender": sender(),
+        "versions": versions(),
     }
 
 

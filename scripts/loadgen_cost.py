@@ -1,0 +1,73 @@
+"""What a load generator spends per request, by sender: the bench's own load generator (one worker
+process, Poisson arrivals) against the real tritonserver serving the example repository's ``minilm``,
+sending its gRPC requests as bytes built once (``wire``) or through the project's asyncio client
+(``client``), interleaved over ``--repeat`` rounds. Texts of ``--tokens`` tokens (default 16: on the 2-core
+development machine the CPU server keeps up with chat-length texts only at a few dozen requests per
+second; ``--tokens 0`` draws chat lengths). Prints, per run: the rate answered, p50/p99, and the
+CPU the load generator's process used per request (psutil), with the server's for context; then the
+median and range per sender. Needs ``model_repository/`` (``make demo`` or ``tritonbundle repo``).
+
+    .venv/bin/python scripts/loadgen_cost.py --rate 150 --seconds 10 --repeat 3
+    .venv/bin/python scripts/loadgen_cost.py --rate 40 --seconds 15 --repeat 3 --tokens 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+from pathlib import Path
+
+from tritonbundle.measure.loadgen import LoadPool
+from tritonbundle.measure.probes import CpuMeter
+from tritonbundle.measure.wire import SENDER_ENV, SENDERS
+from tritonbundle.served import ServedRepository
+from tritonbundle.traffic import dump, synthetic
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(served: ServedRepository, folder: Path, traffic: Path, how: str, rate: float, seconds: float, seed: int) -> float:
+    os.environ[SENDER_ENV] = how
+    with LoadPool(1, folder, how) as pool:
+        pool.setup(kind="grpc", url=served.grpc_url, model="minilm", traffic=str(traffic), seed=seed, timeout_s=10.0,
+                   pool=500)
+        assert served.server.process is not None
+        meter = CpuMeter({"load": pool.pids[0], "server": served.server.process.pid})
+        before = meter.read()
+        step = pool.step(rate, warmup_s=0.0, window_s=seconds, grace_s=5.0, seed=seed)
+        after = meter.read()
+    used = {group: sum(v - before.get(k, 0.0) for k, v in after.items() if k.startswith(group + ":"))
+            for group in ("load", "server")}
+    per_request = {group: 1000.0 * cpu / max(1, step.sent) for group, cpu in used.items()}
+    print(f"{how:6s}: {step.sent / seconds:6.1f} req/s sent, {step.failed} failed, p50 {step.p50_ms:5.1f} ms, "
+          f"p99 {step.p99_ms:6.1f} ms; CPU per request: load generator {per_request['load']:.3f} ms, "
+          f"tritonserver and stubs {per_request['server']:.3f} ms", flush=True)
+    return per_request["load"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rate", type=float, default=150.0, help="offered requests per second")
+    parser.add_argument("--seconds", type=float, default=10.0, help="seconds per run")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds, each sender once per round")
+    parser.add_argument("--tokens", type=int, default=16, help="tokens per text; 0: chat lengths")
+    args = parser.parse_args()
+    results: dict[str, list[float]] = {how: [] for how in SENDERS}
+    with tempfile.TemporaryDirectory(prefix="loadgen-cost-") as tmp:
+        folder = Path(tmp)
+        sample = synthetic("fixed", fixed_tokens=args.tokens) if args.tokens else synthetic("chat")
+        traffic = dump(sample, folder / "traffic.jsonl")
+        with ServedRepository(ROOT / "model_repository", folder) as served:
+            served.start(180)
+            for r in range(args.repeat):
+                for how in SENDERS:
+                    results[how].append(run(served, folder, traffic, how, args.rate, args.seconds, seed=r))
+    for how, values in results.items():
+        print(f"{how:6s}: load generator CPU per request, median {statistics.median(values):.3f} ms "
+              f"[{min(values):.3f}-{max(values):.3f}] over {len(values)} runs")
+
+
+if __name__ == "__main__":
+    main()

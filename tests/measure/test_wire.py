@@ -1,0 +1,89 @@
+"""The load generator's requests on the wire, against the real tritonserver: the bytes built once are the
+client's own requests (the server answers them as it answers the client), split at the model's batch
+limit like the client's, with the client's headers; a failed request names its status and message."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tritonbundle.clients.aio import AsyncGrpcClient
+from tritonbundle.clients.core import RetryPolicy
+from tritonbundle.measure.wire import WireError, WireRequest, WireSender, capture, sender
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+TEXTS = ["a short one", "a longer text about rivers and the music of the night", "guitars"]
+
+
+def _embeddings(answers: list[bytes]) -> np.ndarray[Any, Any]:
+    from tritonclient.grpc import InferResult, service_pb2
+
+    parts = [InferResult(service_pb2.ModelInferResponse.FromString(a)).as_numpy("embedding") for a in answers]
+    return np.concatenate(parts, axis=0)
+
+
+async def _client_and_wire(url: str, texts: list[str], headers: dict[str, str] | None = None
+                           ) -> tuple[np.ndarray[Any, Any], tuple[WireRequest, ...], np.ndarray[Any, Any]]:
+    async with AsyncGrpcClient(url, model="minilm", retry=RetryPolicy(max_attempts=1), headers=headers) as client:
+        expected = await client.embed(texts)
+        requests = await capture(client, lambda c: c.embed(texts))
+    wire = WireSender(url, timeout_s=30.0)
+    try:
+        got = _embeddings(await wire.send(requests))
+    finally:
+        await wire.close()
+    return expected, requests, got
+
+
+def test_the_bytes_on_the_wire_are_the_clients_request(server: Any) -> None:
+    expected, requests, got = asyncio.run(_client_and_wire(server.grpc_url, TEXTS))
+    assert len(requests) == 1
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_call_past_the_batch_limit_is_split_as_the_client_splits_it(server: Any) -> None:
+    texts = [f"text number {i} " + "and rivers " * (i % 5) for i in range(40)]  # minilm: max_batch_size 32
+    expected, requests, got = asyncio.run(_client_and_wire(server.grpc_url, texts))
+    assert len(requests) == 2
+    assert got.shape == expected.shape == (40, expected.shape[1])
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_the_clients_headers_go_with_every_part(server: Any) -> None:
+    texts = [f"text {i}" for i in range(33)]
+    _expected, requests, _got = asyncio.run(_client_and_wire(server.grpc_url, texts, {"x-team": "team-a"}))
+    assert [dict(r.metadata).get("x-team") for r in requests] == ["team-a", "team-a"]
+
+
+def test_a_failed_request_says_its_status_and_message(server: Any) -> None:
+    async def run() -> None:
+        async with AsyncGrpcClient(server.grpc_url, model="minilm", retry=RetryPolicy(max_attempts=1)) as client:
+            good = await capture(client, lambda c: c.embed(["hi"]))
+        # The same bytes with the model's name changed: a model the server does not have.
+        from tritonclient.grpc import service_pb2
+
+        message = service_pb2.ModelInferRequest.FromString(good[0].body)
+        message.model_name = "no_such_model"
+        wire = WireSender(server.grpc_url, timeout_s=10.0)
+        try:
+            with pytest.raises(WireError, match=r"^[A-Z_]+: .*no_such_model"):
+                await wire.send([WireRequest(message.SerializeToString())])
+            assert len(await wire.send(good)) == 1  # the channel still serves
+        finally:
+            await wire.close()
+
+    asyncio.run(run())
+
+
+def test_the_sender_is_wire_unless_the_environment_says_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRITONBUNDLE_LOAD_SENDER", raising=False)
+    assert sender() == "wire"
+    monkeypatch.setenv("TRITONBUNDLE_LOAD_SENDER", "client")
+    assert sender() == "client"
+    monkeypatch.setenv("TRITONBUNDLE_LOAD_SENDER", "bytes")
+    with pytest.raises(ValueError, match="TRITONBUNDLE_LOAD_SENDER='bytes': expected one of wire, client"):
+        sender()
