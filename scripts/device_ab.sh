@@ -17,6 +17,7 @@
 #   bash scripts/device_ab.sh --install --rounds 3 \
 #       plain=docs/tuning/h200-handpicked/bert-base-fused8-t4-b64.json \
 #       rust=docs/tuning/h200-handpicked/bert-base-fused8-t4-b64.json+TRITONBUNDLE_TOKENIZER_NORMALIZER=rust
+#   (the load generators' sender: wire=FILE client=FILE+TRITONBUNDLE_LOAD_SENDER=client)
 # Every run: TRITONBUNDLE_GPU_SHARING=mps unless set, texts in, p99 <= 50 ms, --budget-s 75 (62-70 s a run).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +31,7 @@ while [ $# -gt 0 ]; do
     --first) first=$2; shift ;;
     --model) model=$2; shift ;;
     --deadline) deadline=$2; shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *=*) settings+=("$1") ;;
     *) echo "device_ab: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
