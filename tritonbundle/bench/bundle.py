@@ -1,7 +1,8 @@
 """The bundle: the real ``tritonserver`` serving the repository the build stage writes (tokenizer +
-encoder + ensemble, dynamic batching, padding targets, CUDA graphs), driven over gRPC by
-``AsyncGrpcClient`` from several load generator processes: texts to the ensemble, or with ``--input tokens``
-token rows to the encoder (what a client that tokenizes on its side sends; the tokenizer stage drops out)."""
+encoder + ensemble, dynamic batching, padding targets, CUDA graphs), driven over gRPC from several load
+generator processes with the requests ``AsyncGrpcClient`` builds (sent as bytes built once,
+:mod:`tritonbundle.measure.wire`): texts to the ensemble, or with ``--input tokens`` token rows to the
+encoder (what a client that tokenizes on its side sends; the tokenizer stage drops out)."""
 
 from __future__ import annotations
 
