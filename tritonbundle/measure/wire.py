@@ -73,8 +73,8 @@ class _Recorder(AsyncGrpcClient):
 
     def __init__(self, live: AsyncGrpcClient) -> None:
         # Not the base's __init__: the live client's attributes as they are (settings, model descriptions).
+        # The model descriptions stay shared: one this fetches (a token model's) is the live client's too.
         self.__dict__.update(vars(live))
-        self.retry = RetryPolicy(max_attempts=1)
         self.requests: list[WireRequest] = []
 
     async def _call(self, model: str, fn: Callable[[], Awaitable[T]], *, deadline: float,
