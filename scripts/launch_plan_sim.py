@@ -1,0 +1,95 @@
+"""What the pytorch runtime's launch planner does with a set of batch buckets, offline: computed/useful
+tokens, GPU time per row and launches per ``execute()``, for calls of ``--rows`` rows (Poisson) drawn
+from the chat traffic, planned as the runtime plans them (``LaunchPlanner.plan_packed``: packing tried,
+the cheaper plan kept) with launch costs measured on the H200: a bench report's ceiling (graph replay
+times per batch x padding target) or a tune report's engine timings (``launch_ms_by_shape``: what the
+serving planner prices launches with). Batch sizes not timed are interpolated linearly between the
+nearest that were: an assumption (on BERT-base's engine timings, interpolating 2, 4 and 16 from 1, 8 and
+32 lands within -3 % to +7 % of their measured times), so the figures are estimates, not measurements.
+
+    .venv/bin/python scripts/launch_plan_sim.py --report docs/benchmarks/h200-minilm.json --rows 46 \\
+        --buckets 1,2,4,8,16,32,64 --buckets 1,2,3,4,6,8,10,12,14,16,20,24,28,32,40,48,56,64
+    .venv/bin/python scripts/launch_plan_sim.py --report docs/tuning/h200-bert-base-plain-text/tune.json ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+from tritonbundle.runtimes.pytorch.launch import LaunchPlanner, launch_tokens
+from tritonbundle.traffic import synthetic
+
+
+def _launch_ms(data: object) -> dict[str, float] | None:
+    """The first ``launch_ms_by_shape`` of a tune report (each point's engine timings)."""
+    if isinstance(data, dict):
+        if data.get("launch_ms_by_shape"):
+            return dict(data["launch_ms_by_shape"])
+        data = list(data.values())
+    if isinstance(data, list):
+        for item in data:
+            found = _launch_ms(item)
+            if found:
+                return found
+    return None
+
+
+def costs(report: str) -> tuple[list[int], dict[tuple[int, int], float], list[int]]:
+    """Padding targets, seconds per measured (batch, target), and the batch sizes measured: a bench
+    report's ceiling (graph replays alone), or a tune report's engine timings (``launch_ms_by_shape``,
+    what the serving planner itself prices launches with)."""
+    data = json.load(open(report))
+    if "models" in data:
+        ceiling = next(iter(data["models"].values()))["systems"]["ceiling"]
+        shapes = ceiling["timings_ms"]
+    else:
+        shapes = _launch_ms(data)
+        if not shapes:
+            raise SystemExit(f"{report}: no ceiling timings and no launch_ms_by_shape")
+    timed = {(int(b), int(s)): ms / 1000.0 for b, s, ms in ((*k.split("x"), v) for k, v in shapes.items())}
+    return sorted({s for _, s in timed}), timed, sorted({b for b, _ in timed})
+
+
+def shape_cost(batch: int, target: int, timed: dict[tuple[int, int], float], measured: list[int]) -> float:
+    if (batch, target) in timed:
+        return timed[(batch, target)]
+    low = max(b for b in measured if b < batch)
+    high = min(b for b in measured if b > batch)
+    a, z = timed[(low, target)], timed[(high, target)]
+    return a + (z - a) * (batch - low) / (high - low)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--report", default="docs/benchmarks/h200-minilm.json", help="a bench.json with a ceiling")
+    parser.add_argument("--rows", default="20,46", help="mean rows per execute() (Poisson), comma-separated")
+    parser.add_argument("--buckets", action="append", help="batch buckets, comma-separated (repeat to compare)")
+    parser.add_argument("--calls", type=int, default=3000)
+    args = parser.parse_args()
+    targets, timed, measured = costs(args.report)
+    lengths = np.array(synthetic("chat", n=20_000, seed=1).clipped(max(targets)).lengths)
+    for spec in args.buckets or ["1,2,4,8,16,32,64"]:
+        buckets = [int(b) for b in spec.split(",")]
+        planner = LaunchPlanner(targets, buckets, {(b, s): shape_cost(b, s, timed, measured)
+                                                   for b in buckets for s in targets})
+        for mean in (int(r) for r in args.rows.split(",")):
+            rng = np.random.default_rng(0)
+            useful = computed = launches = rows = 0
+            gpu = 0.0
+            for _ in range(args.calls):
+                call = rng.choice(lengths, max(1, int(rng.poisson(mean))))
+                _units, plan = planner.plan_packed(call)
+                useful += int(call.sum())
+                computed += launch_tokens(plan)
+                gpu += planner.launch_cost(plan)
+                launches += len(plan)
+                rows += call.size
+            print(f"buckets {spec:<32} rows ~{mean:>3}: computed/useful {computed / useful:.3f}, "
+                  f"GPU {1000 * gpu / rows:.4f} ms per row, {launches / args.calls:.2f} launches per call")
+
+
+if __name__ == "__main__":
+    main()
