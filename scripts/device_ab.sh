@@ -7,11 +7,13 @@
 # request, the host's speed). Results docs/benchmarks.md, "H200: the plain-text tokenizer", used it.
 #
 # usage: bash scripts/device_ab.sh [--install] [--rounds N] [--first N] [--model bert-base|minilm]
-#            [--deadline S] NAME=TUNED_JSON[+VAR=VALUE...] ...
+#            [--deadline S] [--budget S] NAME=TUNED_JSON[+VAR=VALUE...] ...
 #   --install   install what the call carries first (scripts/device_bench.sh install)
 #   --rounds    rounds (default 3); --first: the first round's number (a later call goes on: --first 3)
 #   --deadline  seconds from the start after which no run starts (default 480: a call's 600 s less one
 #               run killed at 115 s)
+#   --budget    each run's --budget-s (default 75; a run is killed 40 s past it): more for settings
+#               whose instances take longer to start (more CUDA graphs)
 #   NAME=FILE   a setting: its --tuned file; +VAR=VALUE sets an environment variable for its runs only
 # e.g. (carry .device/server, .device/stubs; ~440 s with the install):
 #   bash scripts/device_ab.sh --install --rounds 3 \
@@ -23,7 +25,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 T0=$(date +%s)
 OUT=${OUT:-$PWD/reports/ab}
-install=0 rounds=3 first=1 model=bert-base deadline=480 settings=()
+install=0 rounds=3 first=1 model=bert-base deadline=480 budget=75 settings=()
 while [ $# -gt 0 ]; do
   case $1 in
     --install) install=1 ;;
@@ -31,7 +33,8 @@ while [ $# -gt 0 ]; do
     --first) first=$2; shift ;;
     --model) model=$2; shift ;;
     --deadline) deadline=$2; shift ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    --budget) budget=$2; shift ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *=*) settings+=("$1") ;;
     *) echo "device_ab: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -55,8 +58,8 @@ for i in $(seq "$first" "$rounds"); do
     [ "$rest" != "$file" ] && IFS=+ read -r -a extra <<< "${rest#*+}"
     now=$(date +%s)
     if [ $((now - T0)) -gt "$deadline" ]; then echo "$name-$i: not started (deadline ${deadline} s)"; continue; fi
-    env "${extra[@]}" OUT="$OUT/runs/$name-$i" timeout 115 bash scripts/device_bench.sh run --models "$model" \
-      --systems bundle --budget-s 75 --rate-factor 1.5 --refine 3 --input text $rates --tuned "$file" > /dev/null 2>&1
+    env "${extra[@]}" OUT="$OUT/runs/$name-$i" timeout $((budget + 40)) bash scripts/device_bench.sh run --models "$model" \
+      --systems bundle --budget-s "$budget" --rate-factor 1.5 --refine 3 --input text $rates --tuned "$file" > /dev/null 2>&1
     rc=$?
     echo "$name-$i: exit $rc, $(($(date +%s) - now)) s, $(python3 -c "
 import json, sys

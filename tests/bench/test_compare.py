@@ -64,7 +64,8 @@ def test_the_device_script_interleaves_the_settings_and_sums_them_up(tmp_path: P
            "TEMPLATE": str(_template(tmp_path))}
     env.pop("TRITONBUNDLE_GPU_SHARING", None)
     done = subprocess.run(["bash", str(tmp_path / "scripts" / "device_ab.sh"), "--rounds", "2", "--deadline", deadline,
-                           "a=x.json", "b=y.json+AB_KNOB=7"], env=env, capture_output=True, text=True, timeout=120)
+                           "--budget", "90", "a=x.json", "b=y.json+AB_KNOB=7"], env=env, capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 0, done.stderr
     if deadline == "-1":
         assert not calls.exists() and "a-1: not started (deadline -1 s)" in done.stdout
@@ -73,6 +74,7 @@ def test_the_device_script_interleaves_the_settings_and_sums_them_up(tmp_path: P
     assert [line.split()[:3] for line in lines] == [
         ["run", "a-1", "unset"], ["run", "b-1", "7"], ["run", "a-2", "unset"], ["run", "b-2", "7"]]
     assert "--tuned x.json" in lines[0] and "--tuned y.json" in lines[1] and "--models bert-base" in lines[0]
+    assert all("--budget-s 90" in line for line in lines)
     assert "b-2: exit 0" in done.stdout and "ok 2007 req/s at the SLO" in done.stdout
     summary = (out / "summary.md").read_text()
     assert "| b | 1,007 / 2,007 | **1,507** [1,007-2,007] | 0.100-0.100 | 0.200-0.200 | 0.250-0.250 | 0.500-0.500 | 41.5-41.5 |" in summary
