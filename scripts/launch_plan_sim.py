@@ -1,6 +1,6 @@
 """What the pytorch runtime's launch planner does with a set of batch buckets, offline: computed/useful
-tokens, GPU time per row and launches per ``execute()``, for calls of ``--rows`` rows (Poisson) drawn
-from the chat traffic, planned as the runtime plans them (``LaunchPlanner.plan_packed``: packing tried,
+tokens, GPU time per row and launches per ``execute()``, for calls of ``--rows`` rows (Poisson, at most
+``--max-rows``) drawn from the chat traffic, planned as the runtime plans them (``LaunchPlanner.plan_packed``: packing tried,
 the cheaper plan kept) with launch costs measured on the H200: a bench report's ceiling (graph replay
 times per batch x padding target) or a tune report's engine timings (``launch_ms_by_shape``: what the
 serving planner prices launches with). Batch sizes not timed are interpolated linearly between the
@@ -67,6 +67,7 @@ def main() -> None:
     parser.add_argument("--report", default="docs/benchmarks/h200-minilm.json", help="a bench.json with a ceiling")
     parser.add_argument("--rows", default="20,46", help="mean rows per execute() (Poisson), comma-separated")
     parser.add_argument("--buckets", action="append", help="batch buckets, comma-separated (repeat to compare)")
+    parser.add_argument("--max-rows", type=int, default=64, help="rows a call holds at most (the model's max batch)")
     parser.add_argument("--calls", type=int, default=3000)
     args = parser.parse_args()
     targets, timed, measured = costs(args.report)
@@ -80,7 +81,7 @@ def main() -> None:
             useful = computed = launches = rows = 0
             gpu = 0.0
             for _ in range(args.calls):
-                call = rng.choice(lengths, max(1, int(rng.poisson(mean))))
+                call = rng.choice(lengths, min(args.max_rows, max(1, int(rng.poisson(mean)))))
                 _units, plan = planner.plan_packed(call)
                 useful += int(call.sum())
                 computed += launch_tokens(plan)
