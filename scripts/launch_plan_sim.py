@@ -56,6 +56,8 @@ def costs(report: str) -> tuple[list[int], dict[tuple[int, int], float], list[in
 def shape_cost(batch: int, target: int, timed: dict[tuple[int, int], float], measured: list[int]) -> float:
     if (batch, target) in timed:
         return timed[(batch, target)]
+    if not measured[0] < batch < measured[-1]:
+        raise SystemExit(f"batch {batch} is outside the timed batch sizes {measured}: nothing to interpolate from")
     low = max(b for b in measured if b < batch)
     high = min(b for b in measured if b > batch)
     a, z = timed[(low, target)], timed[(high, target)]
