@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from tests.conftest import API_KEY
@@ -32,3 +33,14 @@ def stop_serve(process: subprocess.Popen[bytes]) -> None:
         process.wait(timeout=60)
     except subprocess.TimeoutExpired:
         process.kill()
+
+
+def logged(path: Path, *needles: str, timeout_s: float = 30.0) -> str:
+    """The log once it holds every one of ``needles``, or as it is after ``timeout_s``: a supervised server
+    answers a moment before ``serve``'s own readiness poll returns and logs "ready again"."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        text = path.read_text()
+        if all(n in text for n in needles) or time.monotonic() > deadline:
+            return text
+        time.sleep(0.2)

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests.reliability.supervised import logged
 from tests.reliability.test_canary import REPORT, answers, serve, stop
 from tritonbundle.canary import Canary, metric_sum
 
@@ -178,6 +179,7 @@ def test_a_stopped_tritonserver_is_found_hung_and_restarted(repository: Path, tm
             time.sleep(0.2)
         back = round(time.monotonic() - t0, 2)
         assert _tritonserver_pid(http) != pid
+        logged(tmp_path / "serve.log", "the server is hung", "ready again")  # before stop() cuts it short
     finally:
         with_pid: Any = locals().get("pid")
         if with_pid:
