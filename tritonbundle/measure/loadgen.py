@@ -51,7 +51,7 @@ def text_pool(traffic: str, *, seed: int, size: int, max_tokens: int = 512) -> l
 class _Worker:
     def __init__(self) -> None:
         self.kind = ""
-        #: (tokens, request): texts for HTTP, payloads.Call for gRPC.
+        #: (tokens, request): texts for HTTP; for gRPC the WireRequests of a call (wire), else its payloads.Call.
         self.pool: list[tuple[int, Any]] = []
         self.client: Any = None
         #: gRPC requests as bytes (the ``wire`` sender), else None: sent through ``client``.
