@@ -58,11 +58,13 @@ def test_a_run_cut_short_has_no_verdict(tmp_path: Path) -> None:
 def test_a_gpu_run_says_how_its_instances_shared_the_gpu(tmp_path: Path) -> None:
     """A winner found under MPS holds under MPS: the report keeps the mode (README, "Sharing the GPU")."""
     result = TuneResult(command="c", model="m", slo_p99_ms=50.0, budget_s=60.0, manifest="models.yaml", overrides={},
-                        defaults={"instances": 4}, start={"instances": 4}, status="interrupted", gpu_sharing="mps")
+                        defaults={"instances": 4}, start={"instances": 4}, status="interrupted", gpu_sharing="mps",
+                        load_sender="wire")
     data = result.to_json()
-    assert data["gpu_sharing"] == "mps" and TuneResult.from_json(data) == result
+    assert data["gpu_sharing"] == "mps" and data["load_sender"] == "wire" and TuneResult.from_json(data) == result
     report.write(result, tmp_path)
-    assert "GPU sharing (the instances'): mps" in (tmp_path / "tune.md").read_text()
+    text = (tmp_path / "tune.md").read_text()
+    assert "GPU sharing (the instances'): mps" in text and "load generators send: wire" in text
 
 
 def test_resume_takes_the_points_of_a_run_like_this_one_and_refuses_another(tmp_path: Path) -> None:
@@ -81,6 +83,12 @@ def test_resume_takes_the_points_of_a_run_like_this_one_and_refuses_another(tmp_
     run.slo_p99_ms, run.gpu_sharing = earlier.slo_p99_ms, "time-slicing"
     with pytest.raises(ConfigError, match="GPU sharing was 'mps'"):
         resumed_points(path, run)
+    # That report predates the sender's record: its load generators sent through the client.
+    run.gpu_sharing, run.load_sender = earlier.gpu_sharing, "wire"
+    with pytest.raises(ConfigError, match="load sender was 'client', this run's is 'wire'"):
+        resumed_points(path, run)
+    run.load_sender = "client"
+    assert len(resumed_points(path, run)) == len(earlier.points)
     path.write_text("{not json")
     with pytest.raises(ConfigError, match="not a tune report"):
         resumed_points(path, run)

@@ -69,7 +69,8 @@ def markdown(result: TuneResult) -> str:
     lines = [f"# tune: {result.model}, p99 <= {result.slo_p99_ms} ms", ""]
     lines.append(f"Status: {result.status}; budget {_f(result.budget_s, '.0f')} s; command: `{result.command}`"
                  + (f"; GPU sharing (the instances'): {result.gpu_sharing}" if result.gpu_sharing else "")
-                 + (f"; resumed from `{result.resumed_from}`" if result.resumed_from else ""))
+                 + (f"; resumed from `{result.resumed_from}`" if result.resumed_from else "")
+                 + (f"; load generators send: {result.load_sender}" if result.load_sender else ""))
     lines.append("")
     if result.verdict is not None and result.verdict.reason:
         lines += [f"**Why:** {result.verdict.reason}.", ""]

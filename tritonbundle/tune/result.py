@@ -130,6 +130,9 @@ class TuneResult:
     gpu_sharing: str | None = None
     #: The earlier run's report this one went on from (``--resume``); its points come first.
     resumed_from: str | None = None
+    #: How the load generators sent gRPC requests (``TRITONBUNDLE_LOAD_SENDER``); None in reports written
+    #: before it was recorded, which sent through the client.
+    load_sender: str | None = None
 
     @property
     def winner(self) -> PointSummary | None:
@@ -145,6 +148,8 @@ class TuneResult:
             data["gpu_sharing"] = self.gpu_sharing
         if self.resumed_from is not None:
             data["resumed_from"] = self.resumed_from
+        if self.load_sender is not None:
+            data["load_sender"] = self.load_sender
         if self.space is not None:
             data["space"] = space_json(self.space)
         if self.verdict is not None:
@@ -159,20 +164,21 @@ class TuneResult:
                    dict(data.get("start") or {}), [Point.from_json(p) for p in data.get("points") or []],
                    data.get("status", ""), space_from_json(space) if space is not None else None,
                    Verdict.from_json(data) if "winner" in data else None, data.get("gpu_sharing"),
-                   data.get("resumed_from"))
+                   data.get("resumed_from"), data.get("load_sender"))
 
 
 def resumed_points(path: Path, run: TuneResult) -> list[Point]:
     """The points of the earlier run in ``path`` (its ``tune.json``), which ``run`` goes on from: refused,
-    naming the difference, when it tuned another model, under another SLO, with other overrides or another
-    GPU sharing (its rates would not compare with this run's)."""
+    naming the difference, when it tuned another model, under another SLO, with other overrides, another
+    GPU sharing or another load sender (its rates would not compare with this run's)."""
     try:
         earlier = TuneResult.from_json(json.loads(path.read_text()))
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ConfigError(f"--resume {path}: not a tune report ({type(e).__name__}: {e})") from None
     for what, was, now in (("model", earlier.model, run.model), ("p99 SLO (ms)", earlier.slo_p99_ms, run.slo_p99_ms),
                            ("overrides", earlier.overrides, run.overrides),
-                           ("GPU sharing", earlier.gpu_sharing, run.gpu_sharing)):
+                           ("GPU sharing", earlier.gpu_sharing, run.gpu_sharing),
+                           ("load sender", earlier.load_sender or "client", run.load_sender or "client")):
         if was != now:
             raise ConfigError(f"--resume {path}: that run's {what} was {was!r}, this run's is {now!r}: its rates "
                               "do not compare; start a new run instead")

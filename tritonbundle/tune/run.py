@@ -31,6 +31,7 @@ from tritonbundle.measure.latency import Slo
 from tritonbundle.measure.levels import Ladder, Timing
 from tritonbundle.measure.loadgen import LoadError, LoadPool
 from tritonbundle.measure.probes import GpuSampler
+from tritonbundle.measure.wire import sender
 from tritonbundle.served import ServedRepository
 from tritonbundle.tune import report
 from tritonbundle.tune.options import TuneOptions
@@ -71,7 +72,8 @@ def run_tune(options: TuneOptions) -> TuneResult:
     start = {**defaults, **options.start}
     result = TuneResult(command="tritonbundle " + " ".join(sys.argv[1:]), model=spec.name, slo_p99_ms=options.slo_ms,
                         budget_s=options.budget_s, manifest=str(options.manifest), overrides=options.overrides,
-                        defaults=defaults, start=start, gpu_sharing=sharing_from_env() if spec.target == "gpu" else None)
+                        defaults=defaults, start=start, gpu_sharing=sharing_from_env() if spec.target == "gpu" else None,
+                        load_sender=sender())
     points = result.points
     run_name = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} pid {os.getpid()}"
     # --resume: the earlier run's points join this one's, and each configuration it measured is taken
