@@ -27,6 +27,7 @@ def test_the_plain_text_ab_sums_up_as_the_docs_say() -> None:
     assert all(r.tokenize_per_row is None and r.host_ms is None for r in python), "not counted apart before 2026-12-04"
     table = markdown([settings["bert-base-python"]])
     assert "| bert-base-python | 13,558 / 13,558 / 14,184 | **13,558** [13,558-14,184] | 0.101-0.109 | - |" in table
+    assert table.rstrip().endswith("| 1.10-1.11 | - | 26-29 |"), table  # computed/useful, host, start-up
 
 
 FAKE_BENCH = """#!/usr/bin/env bash
@@ -77,7 +78,8 @@ def test_the_device_script_interleaves_the_settings_and_sums_them_up(tmp_path: P
     assert all("--budget-s 90" in line for line in lines)
     assert "b-2: exit 0" in done.stdout and "ok 2007 req/s at the SLO" in done.stdout
     summary = (out / "summary.md").read_text()
-    assert "| b | 1,007 / 2,007 | **1,507** [1,007-2,007] | 0.100-0.100 | 0.200-0.200 | 0.250-0.250 | 0.500-0.500 | 41.5-41.5 |" in summary
+    assert ("| b | 1,007 / 2,007 | **1,507** [1,007-2,007] | 0.100-0.100 | 0.200-0.200 | 0.250-0.250 | 0.500-0.500 "
+            "| 1.11-1.11 | 41.5-41.5 | 29-29 |") in summary
     assert json.loads((out / "runs" / "a-2" / "bench.json").read_text())["models"]["bert_base"]["systems"]["bundle"][
         "best_rps"] == 2000
     assert (out / "runs.tgz").stat().st_size > 0

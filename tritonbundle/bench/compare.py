@@ -1,7 +1,8 @@
 """Interleaved A/B runs, summed up: the bench reports of one device call's rounds (``scripts/device_ab.sh``
 writes ``runs/<setting>-<round>/bench.json``), grouped by setting, as the median and range of each
 setting's knee with what explains it at the knee: reading and tokenizing per row, the Python stubs'
-CPU time per answered request, and the host's speed (``measure/host.py``) beside each run.
+CPU time per answered request, computed/useful tokens, and the host's speed (``measure/host.py``) and
+the server's start-up time beside each run.
 
 On the H200 the knee moves 15-35 % from one run to the next (docs/benchmarks.md), so a setting is
 judged by the median of interleaved rounds; the per-row and per-request figures say whether a
@@ -41,6 +42,9 @@ class Run:
     load_ms_per_request: float | None = None
     #: The host workload's median time before the run, ms (None in reports before 2026-12-04).
     host_ms: float | None = None
+    #: Tokens computed per useful token over the run, and the server's start-up, s.
+    computed_per_useful: float | None = None
+    startup_s: float | None = None
 
 
 @dataclass
@@ -64,6 +68,10 @@ def read_run(path: Path) -> Run:
     bundle = next((m.systems["bundle"] for m in result.models.values() if "bundle" in m.systems), None)
     run = Run(int(match["round"]) if match else 0, bundle.best_rps if bundle is not None else None,
               host_ms=(result.environment.get("host_speed") or {}).get("python_ms_before", [None])[0])
+    if bundle is not None:
+        run.computed_per_useful = bundle.computed_per_useful
+    if isinstance(bundle, BundleResult):
+        run.startup_s = bundle.startup_s
     b = bundle.breakdown if isinstance(bundle, BundleResult) else None
     if b is None:
         return run
@@ -97,15 +105,17 @@ def _span(values: list[float | None], digits: int = 3) -> str:
 def markdown(settings: list[Setting]) -> str:
     """The table the docs carry: one row per setting."""
     lines = ["| setting | req/s at the SLO, by round | median [range] | read per row (ms) | tokenize per row (ms) "
-             "| stubs' CPU per request (ms) | load generators' CPU per request (ms) | host workload (ms) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+             "| stubs' CPU per request (ms) | load generators' CPU per request (ms) | computed/useful "
+             "| host workload (ms) | start-up (s) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in settings:
         rates = s.rates
         lines.append(
             f"| {s.name} | {' / '.join(f'{r:,.0f}' for r in rates)} | **{s.median:,.0f}** [{min(rates):,.0f}-"
             f"{max(rates):,.0f}] | {_span([r.read_per_row for r in s.runs])} | {_span([r.tokenize_per_row for r in s.runs])} "
             f"| {_span([r.stub_ms_per_request for r in s.runs])} | {_span([r.load_ms_per_request for r in s.runs])} "
-            f"| {_span([r.host_ms for r in s.runs], 1)} |")
+            f"| {_span([r.computed_per_useful for r in s.runs], 2)} | {_span([r.host_ms for r in s.runs], 1)} "
+            f"| {_span([r.startup_s for r in s.runs], 0)} |")
     return "\n".join(lines) + "\n"
 
 
