@@ -79,9 +79,9 @@ class _Worker:
                                  max_batch=int(cmd.get("max_batch", 1)), kind=str(cmd.get("requests", "auto")))
             calls = [requests.next() for _ in range(int(cmd.get("pool", 2000)))]
             self.pool = [(c.tokens * c.rows, c) for c in calls]
-            # The first call goes through the client (its answer decoded and checked), the rest as bytes.
-            await self.one(calls[0])
             if str(cmd.get("sender", "wire")) == "wire":
+                # One call through the client (its answer decoded and checked), then the pool as bytes.
+                await self.one(calls[0])
                 self.pool = [(tokens, await capture(self.client, c.send)) for tokens, c in self.pool]
                 self.wire = WireSender(self.url, timeout_s=self.timeout_s)
         elif self.kind == "http":

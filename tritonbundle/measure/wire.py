@@ -40,8 +40,6 @@ SENDER_ENV = "TRITONBUNDLE_LOAD_SENDER"
 SENDERS = ("wire", "client")
 #: Triton's unary inference method (grpc_service.proto, ``service GRPCInferenceService``).
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
-#: As tritonclient's channels: no limit of its own on message sizes (tritonclient/grpc/_client.py).
-MAX_MESSAGE = 2**31 - 1
 
 
 def sender() -> str:
@@ -125,11 +123,13 @@ class WireSender:
 
     def __init__(self, url: str, *, timeout_s: float) -> None:
         import grpc
+        from tritonclient.grpc._client import MAX_GRPC_MESSAGE_SIZE  # the limits tritonclient's channels set
 
         self.timeout_s = timeout_s
         self._rpc_error = grpc.aio.AioRpcError
         self._channel = grpc.aio.insecure_channel(url, options=[
-            ("grpc.max_send_message_length", MAX_MESSAGE), ("grpc.max_receive_message_length", MAX_MESSAGE)])
+            ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE)])
         # No serializers: the request goes as the bytes given, the answer comes back as bytes.
         self._infer = self._channel.unary_unary(MODEL_INFER)
 
