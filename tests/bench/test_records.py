@@ -18,7 +18,9 @@ CURRENT = [*sorted(DOCS.glob("h200-lanes-fix/*-bench.json")), *sorted(DOCS.glob(
            *sorted(DOCS.glob("h200-batch-cap/*-bench.json")),  # per-system start rates, a failed peer
            *sorted(DOCS.glob("h200-tokenizer-split/*-bench.json")),  # the tokenizer counters
            *sorted(DOCS.glob("h200-threads/*/bench.json")), *sorted(DOCS.glob("h200-tuned-vs-handpicked/*/bench.json")),
-           *sorted(DOCS.glob("h200-tune-threads/*/bench.json")), *sorted(DOCS.glob("h200-plain-text/*/bench.json"))]
+           *sorted(DOCS.glob("h200-tune-threads/*/bench.json")), *sorted(DOCS.glob("h200-plain-text/*/bench.json")),
+           *sorted(DOCS.glob("h200-buckets/*/bench.json")), *sorted(DOCS.glob("h200-word-cache/*/bench.json")),
+           *sorted(DOCS.glob("h200-sender/*/bench.json"))]
 #: Older shapes: three rounds without the bundle's restarts; one round with all four systems.
 OLDER = [DOCS / "h200-repeat" / "bert-base.json", DOCS / "h200-bert-base.json"]
 
