@@ -9,7 +9,7 @@ from tests.conftest import ARTIFACTS, MANIFEST
 from tritonbundle.build.stage import BuildOptions, load_manifest
 from tritonbundle.manifest import Tunables
 from tritonbundle.tune.run import can_fold
-from tritonbundle.tune.space import ORDER, Knob, describe, key, space
+from tritonbundle.tune.space import GRAPH_BUCKET_SETS, ORDER, Knob, describe, key, space
 
 
 def test_every_knob_is_a_manifest_tunable() -> None:
@@ -112,3 +112,17 @@ def test_the_threads_come_after_the_fold_in_a_round() -> None:
     names = [k.name for k in space(slo_ms=50, cores=16, text=True, gpu=True, fold=True).knobs]
     assert names.index("instances") < names.index("tokenize_in_encoder") < names.index("tokenizer_threads")
     assert names.index("tokenizer_threads") < names.index("max_queue_delay_us")
+
+
+def test_buckets_between_the_powers_of_two_are_offered_only_to_an_engine_of_cuda_graphs() -> None:
+    fine = GRAPH_BUCKET_SETS[0]
+    graphs = space(slo_ms=50, cores=16, text=True, gpu=True,
+                   launch_ms={(1, 64): 1.0, (64, 512): 20.0, (128, 512): 51.0}).knob("batch_buckets").values
+    assert fine in graphs
+    # ordered by the largest bucket, then by how many: after the powers of two to 64, before those to 128
+    assert graphs.index(fine) == graphs.index((1, 2, 4, 8, 16, 32, 64)) + 1
+    assert fine not in space(slo_ms=50, cores=16, text=True, gpu=True).knob("batch_buckets").values
+    assert fine not in space(slo_ms=50, cores=2, text=True, gpu=False).knob("batch_buckets").values
+    # the launch times' cap applies to them too
+    capped = space(slo_ms=50, cores=16, text=True, gpu=True, launch_ms={(32, 512): 20.0, (64, 512): 30.0})
+    assert fine not in capped.knob("batch_buckets").values
