@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from tritonbundle.measure import triton_metrics
+from tritonbundle.measure.probes import thread_times
 from tritonbundle.payloads import PayloadFactory
 from tritonbundle.runtimes.stats import read_stats
 from tritonbundle.served import ServedRepository
@@ -34,13 +35,13 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = "minilm_tokenizer"
 
 
-def repository(into: Path, delay_us: int, threads: int) -> Path:
-    """The example tokenizer, alone: one instance, ``delay_us`` of queue delay, ``threads`` per call."""
+def repository(into: Path, delay_us: int, threads: int, instances: int = 1) -> Path:
+    """The example tokenizer, alone: ``instances``, ``delay_us`` of queue delay, ``threads`` per call."""
     repo = into / "model_repository"
     shutil.copytree(ROOT / "model_repository" / MODEL, repo / MODEL, ignore=shutil.ignore_patterns("__pycache__"))
     config = repo / MODEL / "config.pbtxt"
     text = config.read_text()
-    text = re.sub(r"count: \d+", "count: 1", text)
+    text = re.sub(r"count: \d+", f"count: {instances}", text)
     text = text.replace("dynamic_batching {", f"dynamic_batching {{\n  max_queue_delay_microseconds: {delay_us}", 1)
     text = re.sub(r'(key: "threads"\n  value \{\n    string_value: )"\d+"', rf'\1"{threads}"', text)
     config.write_text(text)
@@ -69,16 +70,18 @@ async def drive(url: str, texts: list[str], concurrency: int, seconds: float) ->
     return answered
 
 
-def measure(delay_us: int, threads: int, texts: list[str], concurrency: int, seconds: float) -> str:
+def measure(delay_us: int, threads: int, texts: list[str], concurrency: int, seconds: float, instances: int = 1) -> str:
     with tempfile.TemporaryDirectory(prefix="tokenizer-stage-") as tmp:
         folder = Path(tmp)
-        with ServedRepository(repository(folder, delay_us, threads), folder) as served:
+        with ServedRepository(repository(folder, delay_us, threads, instances), folder) as served:
             served.start(120)
             asyncio.run(drive(served.grpc_url, texts[:64], 4, 2.0))  # warm up
+            pid = served.server.process.pid if served.server.process else 0
             before = (triton_metrics.scrape(served.server.metrics_url), read_stats(served.stats_dir, "tokenizer"))
-            t0 = time.monotonic()
+            threads_before, t0 = thread_times(pid), time.monotonic()
             answered = asyncio.run(drive(served.grpc_url, texts, concurrency, seconds))
             wall = time.monotonic() - t0
+            threads_after = thread_times(pid)
             time.sleep(0.4)  # the statistics file is written every 0.25 s
             after = (triton_metrics.scrape(served.server.metrics_url), read_stats(served.stats_dir, "tokenizer"))
     views = {v.model: v for v in triton_metrics.view(before[0], after[0])}
@@ -89,10 +92,16 @@ def measure(delay_us: int, threads: int, texts: list[str], concurrency: int, sec
     # Triton counts each call's compute once per request it held; so does t_execute_by_request_s.
     outside = triton["compute_ms_per_request"] - 1000.0 * stats["t_execute_by_request_s"] / stats["requests"]
     per_request = stats["requests"] / calls
-    return (f"delay {delay_us:>5} us, threads {threads}: {answered / wall:7.1f} req/s, {per_request:4.1f} requests/call; "
+    # tritonserver's own threads (not the stub's): its CPU per answered request, all of it and its busiest
+    # three threads' (Triton 2.51 handles every gRPC ModelInfer on two threads, src/grpc/grpc_server.cc)
+    spent = sorted(((threads_after[k] - threads_before.get(k, 0.0), k.split(" ", 1)[-1]) for k in threads_after),
+                   reverse=True)
+    us = [(1e6 * v / max(1, answered), name) for v, name in spent]
+    return (f"delay {delay_us:>5} us, threads {threads}, instances {instances}: {answered / wall:7.1f} req/s, {per_request:4.1f} requests/call; "
             "per call (ms): " + ", ".join(f"{k} {v:.3f}" for k, v in per_call.items())
             + f"; Triton's compute beyond execute() {outside:.3f} ms per request; queue "
-            f"{triton['queue_ms_per_request']:.2f} ms")
+            f"{triton['queue_ms_per_request']:.2f} ms; tritonserver CPU per request {sum(u for u, _ in us):.0f} us, "
+            f"its busiest threads {', '.join(f'{u:.0f} ({name})' for u, name in us[:5])} us ({len(us)} threads)")
 
 
 def main() -> None:
@@ -101,6 +110,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--delays", default="0,2000", help="tokenizer queue delays to run, microseconds")
     parser.add_argument("--threads", default="1", help="tokenizer threads per call to run")
+    parser.add_argument("--instances", default="1", help="tokenizer instances to run")
     parser.add_argument("--repeat", type=int, default=1, help="rounds over every setting, interleaved")
     args = parser.parse_args()
     factory = PayloadFactory(synthetic("chat", n=2000, seed=0), seed=0, max_batch=1)
@@ -108,7 +118,8 @@ def main() -> None:
     for _ in range(args.repeat):
         for threads in (int(t) for t in args.threads.split(",")):
             for delay in (int(d) for d in args.delays.split(",")):
-                print(measure(delay, threads, texts, args.concurrency, args.seconds), flush=True)
+                for n in (int(i) for i in args.instances.split(",")):
+                    print(measure(delay, threads, texts, args.concurrency, args.seconds, n), flush=True)
 
 
 if __name__ == "__main__":

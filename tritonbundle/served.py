@@ -146,7 +146,8 @@ class ServedRepository:
             except OSError:
                 sample = {}
             return {"metrics": sample, "stats": read_stats(self.stats_dir),
-                    "tokenizer": read_stats(self.stats_dir, "tokenizer"), "cpu": meter.read(), "t": time.monotonic()}
+                    "tokenizer": read_stats(self.stats_dir, "tokenizer"), "cpu": meter.read(),
+                    "threads": dict(meter.threads), "t": time.monotonic()}
 
         def finish(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
             views = {v.model: v.to_json() for v in triton_metrics.view(before["metrics"], after["metrics"])}
@@ -157,6 +158,7 @@ class ServedRepository:
                 **({"tokenizer": tokenizer} if tokenizer else {}),
                 "cpu_cores": CpuMeter.delta(before["cpu"], after["cpu"], after["t"] - before["t"]),
                 "cpu_processes": dict(meter.processes),
+                "cpu_threads": CpuMeter.busiest_threads(before["threads"], after["threads"], after["t"] - before["t"]),
             }
 
         def drain(max_s: float) -> float:

@@ -66,10 +66,13 @@ def test_bench_on_the_cpu_measures_four_systems_and_cleans_up(tmp_path: Path) ->
     assert tokenizer["t_execute_by_request_s"] >= tokenizer["t_execute_s"] > 0
     assert "rows" not in tokenizer and "texts" not in bundle_step["extra"]["encoder"]
     assert "minilm_encoder" in bundle_step["extra"]["triton"]  # and Triton's metrics
+    threads = bundle_step["extra"]["cpu_threads"]  # and each role's busiest threads, from /proc
+    assert threads["server:tritonserver"] and all(0 <= cores <= 1.05 for _, cores in threads["server:tritonserver"])
     assert result["environment"]["versions"]["torch"] != "-"
     md = (out / "bench.md").read_text()
     assert "Throughput at the SLO" in md and "Where the bundle's time goes" in md
     assert "- tokenizer execute() per call (ms): read " in md and "Triton's compute beyond execute()" in md
+    assert "- busiest threads, share of one core (thread name): stub[minilm_encoder]" in md
     time.sleep(1.0)
     assert _our_processes(str(work)) == [], "a server or stub outlived the benchmark"
     assert _our_processes("tritonbundle.measure.loadgen") == [] or all(

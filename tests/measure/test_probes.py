@@ -4,11 +4,17 @@ GPU, so the samples are written in; the NVML reading itself runs on the device m
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import threading
+import time
+from pathlib import Path
+
 import pytest
 
 from tritonbundle.bench.records import Breakdown
 from tritonbundle.bench.report import _clocks
-from tritonbundle.measure.probes import GPU_KEYS, GpuSample, GpuSampler
+from tritonbundle.measure.probes import GPU_KEYS, CpuMeter, GpuSample, GpuSampler, parse_stat, thread_times
 
 
 def test_a_window_summarises_the_samples_inside_it() -> None:
@@ -47,3 +53,61 @@ def test_the_report_names_the_clock_only_when_it_was_sampled() -> None:
     old = Breakdown.from_json(Breakdown(at_offered_rps=1.0, achieved_rps=1.0, client_mean_ms=1.0, client_p99_ms=1.0,
                                         client_lag_mean_ms=None, ensemble_request_ms=None).to_json())
     assert old.gpu_clocks is None and "gpu_clocks" not in old.to_json()
+
+
+def test_a_stat_line_gives_its_thread_name_and_cpu_ticks() -> None:
+    # proc(5): pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime ...
+    line = "4242 (grpc (x) 1) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 37 0 0 20 0 40 0 1000 0 0"
+    assert parse_stat(line) == ("grpc (x) 1", 287)
+
+
+def test_the_busiest_thread_is_found_in_a_live_process() -> None:
+    """This process's own threads, read from /proc while one of them spins: it is the busiest."""
+    native: list[int] = []
+    stop = threading.Event()
+
+    def spin() -> None:
+        native.append(threading.get_native_id())
+        while not stop.is_set():
+            pass
+
+    worker = threading.Thread(target=spin)
+    worker.start()
+    try:
+        time.sleep(0.05)
+        before, t0 = thread_times(os.getpid()), time.monotonic()
+        time.sleep(0.4)
+        after, wall = thread_times(os.getpid()), time.monotonic() - t0
+    finally:
+        stop.set()
+        worker.join()
+    assert len(after) >= 2 and all(v >= 0 for v in after.values())
+    busiest = max(after, key=lambda k: after[k] - before.get(k, 0.0))
+    assert busiest.split(" ", 1)[0] == f"{os.getpid()}/{native[0]}"
+    top = CpuMeter.busiest_threads({"me": before}, {"me": after}, wall, top=2)["me"]
+    assert len(top) == 2 and top[0][1] >= 0.3 and top[0][1] >= top[1][1]
+
+
+def test_busiest_threads_rank_each_role_by_its_share_of_a_core() -> None:
+    before = {"server:tritonserver": {"1/2 tritonserver": 10.0, "1/3 tritonserver": 10.0, "1/4 grpc_global_tim": 1.0}}
+    after = {"server:tritonserver": {"1/2 tritonserver": 11.9, "1/3 tritonserver": 10.5, "1/4 grpc_global_tim": 1.1,
+                                     "1/5 new": 0.2}}
+    assert CpuMeter.busiest_threads(before, after, 2.0, top=3) == {
+        "server:tritonserver": [("tritonserver", 0.95), ("tritonserver", 0.25), ("new", 0.1)]}
+
+
+def test_the_report_names_the_busiest_threads_and_a_saturated_server_thread() -> None:
+    from tritonbundle.bench import options as bench_options
+    from tritonbundle.bench.breakdown import hints
+    from tritonbundle.bench.report import _threads
+
+    b = Breakdown(at_offered_rps=1, achieved_rps=1, client_mean_ms=1, client_p99_ms=1, client_lag_mean_ms=None,
+                  ensemble_request_ms=None,
+                  cpu_threads={"server:tritonserver": [("tritonserver", 0.97), ("grpc_global_tim", 0.2), ("idle", 0.0)],
+                               "server:stub[m]": [("triton_python_b", 0.004)],
+                               "load0": [("python3", 0.55)], "load1": [("python3", 0.61)]})
+    assert _threads(b.cpu_threads or {}) == "tritonserver 0.97 (tritonserver), 0.20 (grpc_global_tim); " \
+        "load generators 0.61 (python3)"
+    assert any("busiest thread (tritonserver) used 97% of a core" in h for h in hints(b, bench_options.BenchOptions(out=Path('.'))))
+    calm = dataclasses.replace(b, cpu_threads={"server:tritonserver": [("tritonserver", 0.6)]})
+    assert not [h for h in hints(calm, bench_options.BenchOptions(out=Path('.'))) if "busiest thread" in h]

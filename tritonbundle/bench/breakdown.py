@@ -64,6 +64,7 @@ def breakdown(recipe: Recipe, s: StepResult, options: BenchOptions) -> Breakdown
         client_grpc_ms=s.mean_ms - ensemble_ms if ensemble_ms is not None and math.isfinite(s.mean_ms) else None,
         tokenizer=roles.get("tokenizer"), encoder=roles.get("encoder"), **per_execute, padding=tokens_ratio(enc),
         cpu_cores=s.extra.get("cpu_cores", {}), cpu_processes=s.extra.get("cpu_processes", {}),
+        cpu_threads=s.extra.get("cpu_threads"),
         gpu_util_mean=s.extra.get("gpu_util_mean"), gpu_clocks=_clocks(s.extra),
     )
     return dataclasses.replace(out, hints=hints(out, options))
@@ -80,6 +81,11 @@ def hints(b: Breakdown, options: BenchOptions) -> list[str]:
                 else f"used {cores:.0%} of one core"
             out.append(f"{role.split(':', 1)[1]}: {each}: a single-threaded Python-backend instance near 100 % is "
                        "saturated (a bottleneck; more instances or less Python per request would help)")
+    server = [(name, cores) for name, cores in (b.cpu_threads or {}).get("server:tritonserver", []) if cores >= 0.85]
+    if server:
+        out.append(f"tritonserver's busiest thread ({server[0][0]}) used {server[0][1]:.0%} of a core: a saturated "
+                   "thread in the server; Triton 2.51's gRPC frontend handles every ModelInfer on 2 threads "
+                   "(src/grpc/grpc_server.cc), which --grpc-infer-thread-count raises from 2.58 on")
     loads = [c for r, c in b.cpu_cores.items() if r.startswith("load")]
     if loads and max(loads) >= 0.9:
         out.append(f"a load generator process used {max(loads):.0%} of a core: the client side may limit the rate")

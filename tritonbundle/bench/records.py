@@ -242,6 +242,9 @@ class Breakdown:
     #: CPU cores busy, and processes counted, by process role ("server:stub[...]", "load0"...).
     cpu_cores: dict[str, float] = field(default_factory=dict)
     cpu_processes: dict[str, int] | None = None
+    #: Per process role, its busiest threads as (thread name, share of one core); None in reports from
+    #: before threads were sampled.
+    cpu_threads: dict[str, list[tuple[str, float]]] | None = None
     gpu_util_mean: float | None = None
     #: The GPU's SM clock (mean, min, MHz), power (mean, W) and share of samples it had slowed its clocks
     #: in (power cap, heat) over the level: ``gpu_sm_mhz_mean``, ``gpu_sm_mhz_min``, ``gpu_power_w_mean``,
@@ -251,7 +254,8 @@ class Breakdown:
 
     OPTIONAL = ("client_grpc_ms", "tokenizer", "encoder", "encoder_execute_ms", "encoder_rows_per_execute",
                 "encoder_launches_per_execute", "encoder_execute_ms_per_request", "encoder_call_ms", "tokenizer_execute_ms",
-                "tokenizer_texts_per_execute", "tokenizer_call_ms", "tokenizer_outside_ms", "cpu_processes", "gpu_clocks")
+                "tokenizer_texts_per_execute", "tokenizer_call_ms", "tokenizer_outside_ms", "cpu_processes", "cpu_threads",
+                "gpu_clocks")
 
     def to_json(self) -> Json:
         return drop_none({f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, *self.OPTIONAL)

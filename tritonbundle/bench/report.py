@@ -9,7 +9,7 @@ import dataclasses
 import io
 import math
 import tarfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -277,10 +277,24 @@ def _bundle_lines(bundle: BundleResult) -> list[str]:
         cores = b.cpu_cores or {}
         if cores:
             md.append("- CPU cores busy: " + ", ".join(f"{k} {val:.2f}" for k, val in sorted(cores.items(), key=lambda kv: -kv[1])))
+        if b.cpu_threads:
+            md.append("- busiest threads, share of one core (thread name): " + _threads(b.cpu_threads))
         md.append(f"- GPU utilisation {_f(b.gpu_util_mean, '.0f')} %" + _clocks(b.gpu_clocks))
         for h in b.hints or []:
             md.append(f"- reading: {h}")
     return md
+
+
+def _threads(threads: Mapping[str, Sequence[Sequence[Any]]]) -> str:
+    """The server's roles' busiest threads (those past 1 % of a core), then the load generators' busiest one."""
+    busy = {role: [(name, cores) for name, cores in top if cores >= 0.01] for role, top in threads.items()}
+    parts = [f"{role.removeprefix('server:')} " + ", ".join(f"{cores:.2f} ({name})" for name, cores in top)
+             for role, top in sorted(busy.items()) if role.startswith("server:") and top]
+    loads = [(cores, name) for role, top in threads.items() if role.startswith("load") for name, cores in top]
+    if loads:
+        cores, name = max(loads)
+        parts.append(f"load generators {cores:.2f} ({name})")
+    return "; ".join(parts)
 
 
 def _fixed_loads(entry: ModelResult) -> list[str]:

@@ -227,6 +227,8 @@ class CpuMeter:
         self.roots = dict(roots)
         #: group:role -> processes counted in the last read (4 tokenizer instances are 4 stubs).
         self.processes: dict[str, int] = {}
+        #: group:role -> {"pid/tid name": CPU seconds} of every thread in the last read (Linux).
+        self.threads: dict[str, dict[str, float]] = {}
 
     def read(self) -> dict[str, float]:
         """group -> CPU seconds so far, per process name below the group's root (e.g. the stubs)."""
@@ -236,6 +238,7 @@ class CpuMeter:
             return {}
         out: dict[str, float] = {}
         self.processes = {}
+        self.threads = {}
         for group, pid in self.roots.items():
             try:
                 root = psutil.Process(pid)
@@ -251,12 +254,55 @@ class CpuMeter:
                 key = f"{group}:{name}"
                 out[key] = out.get(key, 0.0) + t.user + t.system
                 self.processes[key] = self.processes.get(key, 0) + 1
+                self.threads.setdefault(key, {}).update(thread_times(p.pid))
         return out
 
     @staticmethod
     def delta(before: Mapping[str, float], after: Mapping[str, float], wall_s: float) -> dict[str, float]:
         """Cores busy per process role over a window (1.0 = one core fully used)."""
         return {k: round((after[k] - before.get(k, 0.0)) / wall_s, 3) for k in after if wall_s > 0}
+
+    @staticmethod
+    def busiest_threads(before: Mapping[str, Mapping[str, float]], after: Mapping[str, Mapping[str, float]],
+                        wall_s: float, top: int = 3) -> dict[str, list[tuple[str, float]]]:
+        """Per process role, its ``top`` busiest threads over a window as (thread name, share of one
+        core): a thread near 1.0 is saturated whatever the process's total says (tritonserver's gRPC
+        inference handlers, two threads in Triton 2.51, are the case in point)."""
+        out: dict[str, list[tuple[str, float]]] = {}
+        for role, threads in after.items():
+            was = before.get(role, {})
+            busy = sorted(((k.split(" ", 1)[-1], (v - was.get(k, 0.0)) / wall_s) for k, v in threads.items()
+                           if wall_s > 0), key=lambda kv: -kv[1])
+            out[role] = [(name, round(cores, 3)) for name, cores in busy[:top]]
+        return out
+
+
+def thread_times(pid: int) -> dict[str, float]:
+    """``{"pid/tid name": CPU seconds}`` of each thread of ``pid``, from ``/proc`` (empty elsewhere, or
+    once it has exited). The name is the thread's ``comm``: gRPC and PyTorch name theirs, Triton's
+    own threads carry the process's name."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return {}
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                name, ticks = parse_stat(f.read())
+        except (OSError, ValueError, IndexError):
+            continue
+        out[f"{pid}/{tid} {name}"] = ticks / tick
+    return out
+
+
+def parse_stat(stat: str) -> tuple[str, int]:
+    """A ``/proc/.../stat`` line's name and its user + system CPU time in clock ticks (proc(5): fields
+    14 and 15). The name may hold spaces and parentheses: the fields after it follow its last ')'."""
+    name = stat[stat.find("(") + 1:stat.rfind(")")]
+    fields = stat[stat.rfind(")") + 2:].split()
+    return name, int(fields[11]) + int(fields[12])
 
 
 def _role(proc: Any) -> str:
