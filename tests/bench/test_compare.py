@@ -30,6 +30,19 @@ def test_the_plain_text_ab_sums_up_as_the_docs_say() -> None:
     assert table.rstrip().endswith("| 1.10-1.11 | - | 26-29 |"), table  # computed/useful, host, start-up
 
 
+def test_the_tenth_sessions_abs_sum_up_as_the_docs_say() -> None:
+    """docs/benchmarks.md and the README quote these medians (the ceilings 20,646 and 79,639)."""
+    docs = ROOT / "docs" / "benchmarks"
+    buckets = {s.name: s for s in summarize(docs / "h200-buckets")}
+    assert round(buckets["bert-base-fine"].median) == 15713 and round(buckets["bert-base-b64"].median) == 14740
+    assert round(buckets["bert-base-fine"].median / 20646, 2) == 0.76
+    assert max(r.computed_per_useful or 9 for r in buckets["minilm-fine"].runs) < 1.13
+    words = {s.name: s for s in summarize(docs / "h200-word-cache")}
+    assert round(words["minilm-words"].median) == 28300 and round(words["minilm-rust"].median) == 23117
+    sender = {s.name: s for s in summarize(docs / "h200-sender")}
+    assert round(sender["minilm-wire"].median) == 29056 and round(sender["minilm-client"].median) == 18024
+
+
 FAKE_BENCH = """#!/usr/bin/env bash
 # stands in for scripts/device_bench.sh: records its call, writes a report whose knee is the round's
 echo "$1 ${OUT##*/} ${AB_KNOB:-unset} $*" >> "$CALLS"
@@ -65,7 +78,7 @@ def test_the_device_script_interleaves_the_settings_and_sums_them_up(tmp_path: P
            "TEMPLATE": str(_template(tmp_path))}
     env.pop("TRITONBUNDLE_GPU_SHARING", None)
     done = subprocess.run(["bash", str(tmp_path / "scripts" / "device_ab.sh"), "--rounds", "2", "--deadline", deadline,
-                           "--budget", "90", "a=x.json", "b=y.json+AB_KNOB=7"], env=env, capture_output=True, text=True,
+                           "--budget", "90", "a=x.json", "b=y.json+AB_KNOB=7+--load-procs=4"], env=env, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
     if deadline == "-1":
@@ -76,6 +89,7 @@ def test_the_device_script_interleaves_the_settings_and_sums_them_up(tmp_path: P
         ["run", "a-1", "unset"], ["run", "b-1", "7"], ["run", "a-2", "unset"], ["run", "b-2", "7"]]
     assert "--tuned x.json" in lines[0] and "--tuned y.json" in lines[1] and "--models bert-base" in lines[0]
     assert all("--budget-s 90" in line for line in lines)
+    assert [line.endswith(" --load-procs=4") for line in lines] == [False, True, False, True]  # a flag, b's only
     assert "b-2: exit 0" in done.stdout and "ok 2007 req/s at the SLO" in done.stdout
     summary = (out / "summary.md").read_text()
     assert ("| b | 1,007 / 2,007 | **1,507** [1,007-2,007] | 0.100-0.100 | 0.200-0.200 | 0.250-0.250 | 0.500-0.500 "
