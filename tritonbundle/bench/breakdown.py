@@ -61,6 +61,7 @@ def breakdown(recipe: Recipe, s: StepResult, options: BenchOptions) -> Breakdown
     out = Breakdown(
         at_offered_rps=s.offered_rps, achieved_rps=s.achieved_rps, client_mean_ms=s.mean_ms, client_p99_ms=s.p99_ms,
         client_lag_mean_ms=s.extra.get("client_lag_mean_ms"), ensemble_request_ms=ensemble_ms,
+        client_lag_p99_ms=s.extra.get("client_lag_p99_ms"), client_loop_lag_p99_ms=s.extra.get("client_loop_lag_p99_ms"),
         client_grpc_ms=s.mean_ms - ensemble_ms if ensemble_ms is not None and math.isfinite(s.mean_ms) else None,
         tokenizer=roles.get("tokenizer"), encoder=roles.get("encoder"), **per_execute, padding=tokens_ratio(enc),
         cpu_cores=s.extra.get("cpu_cores", {}), cpu_processes=s.extra.get("cpu_processes", {}),
@@ -89,6 +90,11 @@ def hints(b: Breakdown, options: BenchOptions) -> list[str]:
     loads = [c for r, c in b.cpu_cores.items() if r.startswith("load")]
     if loads and max(loads) >= 0.9:
         out.append(f"a load generator process used {max(loads):.0%} of a core: the client side may limit the rate")
+    loop_lag = b.client_loop_lag_p99_ms
+    if loop_lag is not None and math.isfinite(b.client_p99_ms) and loop_lag >= 0.1 * b.client_p99_ms:
+        out.append(f"the load generators' event loops woke {loop_lag:.1f} ms late at p99, against a p99 latency of "
+                   f"{b.client_p99_ms:.1f} ms: the client side is part of the measured tail (more --load-procs "
+                   "spread it)")
     lag = b.client_lag_mean_ms
     if lag is not None and lag > 2.0:
         out.append(f"the load generators sent {lag:.1f} ms late on average: client-bound at this rate")

@@ -220,6 +220,10 @@ class Breakdown:
     client_lag_mean_ms: float | None
     ensemble_request_ms: float | None
     client_grpc_ms: float | None = None
+    #: The load generators' sends, late at p99, and their event loops' timer wake-ups, late at p99 (the
+    #: worst process's; ms); None in reports from before they were measured.
+    client_lag_p99_ms: float | None = None
+    client_loop_lag_p99_ms: float | None = None
     #: Triton's view of the tokenizer and the encoder models (queue, compute, batch size...).
     tokenizer: dict[str, Any] | None = None
     encoder: dict[str, Any] | None = None
@@ -252,7 +256,7 @@ class Breakdown:
     gpu_clocks: dict[str, float | None] | None = None
     hints: list[str] = field(default_factory=list)
 
-    OPTIONAL = ("client_grpc_ms", "tokenizer", "encoder", "encoder_execute_ms", "encoder_rows_per_execute",
+    OPTIONAL = ("client_grpc_ms", "client_lag_p99_ms", "client_loop_lag_p99_ms", "tokenizer", "encoder", "encoder_execute_ms", "encoder_rows_per_execute",
                 "encoder_launches_per_execute", "encoder_execute_ms_per_request", "encoder_call_ms", "tokenizer_execute_ms",
                 "tokenizer_texts_per_execute", "tokenizer_call_ms", "tokenizer_outside_ms", "cpu_processes", "cpu_threads",
                 "gpu_clocks")

@@ -249,7 +249,10 @@ def _bundle_lines(bundle: BundleResult) -> list[str]:
                f"({_f(b.achieved_rps)} answered/s):", ""]
         md.append(f"- client-side mean latency {_f(b.client_mean_ms, '.2f')} ms (p99 {_f(b.client_p99_ms, '.2f')}); "
                   f"ensemble time inside Triton {_f(b.ensemble_request_ms, '.2f')} ms; client + gRPC + frontend "
-                  f"{_f(b.client_grpc_ms, '.2f')} ms; load generators late by {_f(b.client_lag_mean_ms, '.2f')} ms")
+                  f"{_f(b.client_grpc_ms, '.2f')} ms; load generators late by {_f(b.client_lag_mean_ms, '.2f')} ms"
+                  + ("" if b.client_loop_lag_p99_ms is None else
+                     f" (p99 {_f(b.client_lag_p99_ms, '.2f')}); their event loops woke timers "
+                     f"{_f(b.client_loop_lag_p99_ms, '.2f')} ms late at p99"))
         for role, x in (("tokenizer", b.tokenizer), ("encoder", b.encoder)):
             if x:
                 md.append(f"- {role}: queue {_f(x.get('queue_ms_per_request'), '.2f')} ms, compute "

@@ -1,0 +1,66 @@
+"""The load generator watches its own event loop: a process whose requests keep the loop busy shows it as
+timers woken late (the client's share of a measured tail), one whose requests wait on I/O does not."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from tritonbundle.measure.loadgen import _p99_ms, _Worker
+
+
+def test_the_p99_is_the_nearest_rank() -> None:
+    assert _p99_ms([]) == 0.0
+    assert _p99_ms([0.001] * 99 + [0.5]) == pytest.approx(500.0)
+    assert _p99_ms([i / 1000 for i in range(1, 201)]) == pytest.approx(199.0)
+
+
+def _step(one: Any) -> dict[str, Any]:
+    worker = _Worker()
+    worker.kind = "http"
+    worker.pool = [(1, "text")] * 8
+    worker.one = one  # type: ignore[method-assign]
+    return asyncio.run(worker.step({"rate": 100.0, "warmup_s": 0.0, "window_s": 0.6, "grace_s": 1.0, "seed": 0}))
+
+
+def test_a_busy_loop_wakes_its_timers_late_and_an_idle_one_does_not() -> None:
+    async def blocks(_request: Any) -> None:
+        time.sleep(0.006)  # CPU work in the loop: every other callback waits
+
+    async def waits(_request: Any) -> None:
+        await asyncio.sleep(0.006)
+
+    busy, idle = _step(blocks), _step(waits)
+    assert busy["sent"] > 20 and idle["sent"] > 20 and not busy["errors"] and not idle["errors"]
+    assert busy["loop_lag_p99_ms"] >= 3.0, busy["loop_lag_p99_ms"]
+    assert idle["loop_lag_p99_ms"] < busy["loop_lag_p99_ms"]
+    assert busy["lag_p99_ms"] >= busy["lag_mean_ms"] >= 0
+
+
+def test_the_report_shows_the_loops_lateness_and_reads_a_large_one_as_the_clients_share() -> None:
+    import dataclasses
+    import json
+    from pathlib import Path
+
+    from tritonbundle.bench import options as bench_options
+    from tritonbundle.bench import report
+    from tritonbundle.bench.breakdown import hints
+    from tritonbundle.bench.records import BundleResult
+    from tritonbundle.bench.result import BenchResult
+
+    path = Path(__file__).resolve().parents[2] / "docs/benchmarks/h200-buckets/minilm-fine-3/bench.json"
+    result = BenchResult.from_json(json.loads(path.read_text()))
+    bundle = result.models["minilm"].systems["bundle"]
+    assert isinstance(bundle, BundleResult) and bundle.breakdown is not None
+    assert "event loops" not in report.markdown(result)  # measured since: the committed report has none
+    late = dataclasses.replace(bundle.breakdown, client_lag_p99_ms=1.25, client_loop_lag_p99_ms=6.5)
+    result.models["minilm"].systems["bundle"] = dataclasses.replace(bundle, breakdown=late)
+    assert "load generators late by 0.47 ms (p99 1.25); their event loops woke timers 6.50 ms late at p99" \
+        in report.markdown(result)
+    options = bench_options.BenchOptions(out=Path("."))
+    assert any("event loops woke 6.5 ms late at p99" in h for h in hints(late, options))  # p99 latency 30.5 ms
+    calm = dataclasses.replace(late, client_loop_lag_p99_ms=0.4)
+    assert not [h for h in hints(calm, options) if "event loops" in h]
