@@ -14,8 +14,23 @@ from tritonbundle.measure.loadgen import _p99_ms, _Worker
 
 def test_the_p99_is_the_nearest_rank() -> None:
     assert _p99_ms([]) == 0.0
-    assert _p99_ms([0.001] * 99 + [0.5]) == pytest.approx(500.0)
-    assert _p99_ms([i / 1000 for i in range(1, 201)]) == pytest.approx(199.0)
+    assert _p99_ms([0.001] * 99 + [0.5]) == pytest.approx(1.0)  # the 99th of 100: one outlier is the 1 %
+    assert _p99_ms([0.001] * 98 + [0.5] * 2) == pytest.approx(500.0)
+    assert _p99_ms([i / 1000 for i in range(1, 201)]) == pytest.approx(198.0)
+    assert _p99_ms([0.007]) == pytest.approx(7.0)
+
+
+def test_a_step_that_fails_leaves_no_watch_running() -> None:
+    worker = _Worker()
+    worker.kind = "http"  # an empty pool: drawing a request fails
+
+    async def run() -> list[asyncio.Task[Any]]:
+        with pytest.raises(ValueError):
+            await worker.step({"rate": 100.0, "warmup_s": 0.0, "window_s": 0.5, "grace_s": 1.0, "seed": 0})
+        await asyncio.sleep(0.01)
+        return [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+
+    assert asyncio.run(run()) == []
 
 
 def _step(one: Any) -> dict[str, Any]:
@@ -64,3 +79,6 @@ def test_the_report_shows_the_loops_lateness_and_reads_a_large_one_as_the_client
     assert any("event loops woke 6.5 ms late at p99" in h for h in hints(late, options))  # p99 latency 30.5 ms
     calm = dataclasses.replace(late, client_loop_lag_p99_ms=0.4)
     assert not [h for h in hints(calm, options) if "event loops" in h]
+    # an idle loop's lateness (under 2 ms) is not read as the client's share, even beside a short p99
+    short = dataclasses.replace(late, client_loop_lag_p99_ms=1.5, client_p99_ms=8.0)
+    assert not [h for h in hints(short, options) if "event loops" in h]

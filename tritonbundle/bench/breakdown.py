@@ -85,13 +85,15 @@ def hints(b: Breakdown, options: BenchOptions) -> list[str]:
     server = [(name, cores) for name, cores in (b.cpu_threads or {}).get("server:tritonserver", []) if cores >= 0.85]
     if server:
         out.append(f"tritonserver's busiest thread ({server[0][0]}) used {server[0][1]:.0%} of a core: a saturated "
-                   "thread in the server; Triton 2.51's gRPC frontend handles every ModelInfer on 2 threads "
-                   "(src/grpc/grpc_server.cc), which --grpc-infer-thread-count raises from 2.58 on")
+                   "thread in the server; it may be one of the 2 threads on which Triton 2.51's gRPC frontend "
+                   "handles every ModelInfer (src/grpc/grpc_server.cc; --grpc-infer-thread-count from 2.58 on), "
+                   "or a model instance's own thread in the server")
     loads = [c for r, c in b.cpu_cores.items() if r.startswith("load")]
     if loads and max(loads) >= 0.9:
         out.append(f"a load generator process used {max(loads):.0%} of a core: the client side may limit the rate")
     loop_lag = b.client_loop_lag_p99_ms
-    if loop_lag is not None and math.isfinite(b.client_p99_ms) and loop_lag >= 0.1 * b.client_p99_ms:
+    # An idle loop wakes ~0.5-0.9 ms late at p99 (epoll's millisecond timeouts): 2 ms is past that.
+    if loop_lag is not None and math.isfinite(b.client_p99_ms) and loop_lag >= max(2.0, 0.1 * b.client_p99_ms):
         out.append(f"the load generators' event loops woke {loop_lag:.1f} ms late at p99, against a p99 latency of "
                    f"{b.client_p99_ms:.1f} ms: the client side is part of the measured tail (more --load-procs "
                    "spread it)")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import random
 import subprocess
@@ -39,11 +40,11 @@ LOOP_TICK_S = 0.002
 
 
 def _p99_ms(seconds: Sequence[float]) -> float:
-    """The 99th percentile of ``seconds``, in ms (0 for none): nearest rank, no interpolation."""
+    """The 99th percentile of ``seconds``, in ms (0 for none): nearest rank (the ceil(0.99 n)-th smallest)."""
     if not seconds:
         return 0.0
     ordered = sorted(seconds)
-    return 1000.0 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+    return 1000.0 * ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
 
 
 # -- the worker -------------------------------------------------------------------------------------------
@@ -151,48 +152,50 @@ class _Worker:
         t = 0.0
         end = warmup_s + window_s
         loop_lags: list[float] = []
-        watching = True
 
         async def watch_loop() -> None:
             """How late this process's event loop wakes a timer over the measured window: what an answer
             that has arrived may wait before its latency is taken (the load generator's share of the tail)."""
-            while watching:
+            while loop.time() < t0 + end:
                 before = loop.time()
                 await asyncio.sleep(LOOP_TICK_S)
                 if before >= t0 + warmup_s:
                     loop_lags.append(max(0.0, loop.time() - before - LOOP_TICK_S))
 
         watcher = asyncio.ensure_future(watch_loop())
-        while True:
-            t += rng.expovariate(rate)
-            if t >= end:
-                break
-            tokens, text = self.pool[rng.randrange(len(self.pool))]
-            when = t0 + t
-            delay = when - loop.time()
-            if delay > 0.0005:
-                await asyncio.sleep(delay)
-            now = loop.time()
-            late = max(0.0, now - when)
-            measured = t >= warmup_s
-            if measured:
-                measured_sent += 1
-                tokens_sent += tokens
-                lag_sum += late
-                lag_max = max(lag_max, late)
-                lates.append(late)
-            tasks.append(asyncio.ensure_future(fire(text, when, measured)))
-            sent += 1
-        deadline = t0 + end + grace_s
-        pending = [x for x in tasks if not x.done()]
-        if pending:
-            _done, pending_set = await asyncio.wait(pending, timeout=max(0.0, deadline - loop.time()))
-            for task in pending_set:
-                task.cancel()
-            if pending_set:
-                await asyncio.gather(*pending_set, return_exceptions=True)
-        watching = False
-        await watcher
+        try:
+            while True:
+                t += rng.expovariate(rate)
+                if t >= end:
+                    break
+                tokens, text = self.pool[rng.randrange(len(self.pool))]
+                when = t0 + t
+                delay = when - loop.time()
+                if delay > 0.0005:
+                    await asyncio.sleep(delay)
+                now = loop.time()
+                late = max(0.0, now - when)
+                measured = t >= warmup_s
+                if measured:
+                    measured_sent += 1
+                    tokens_sent += tokens
+                    lag_sum += late
+                    lag_max = max(lag_max, late)
+                    lates.append(late)
+                tasks.append(asyncio.ensure_future(fire(text, when, measured)))
+                sent += 1
+            deadline = t0 + end + grace_s
+            pending = [x for x in tasks if not x.done()]
+            if pending:
+                _done, pending_set = await asyncio.wait(pending, timeout=max(0.0, deadline - loop.time()))
+                for task in pending_set:
+                    task.cancel()
+                if pending_set:
+                    await asyncio.gather(*pending_set, return_exceptions=True)
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
         lost = measured_sent - len(latencies) - sum(errors.values())
         if lost > 0:
             errors["no answer within the grace period"] = errors.get("no answer within the grace period", 0) + lost
