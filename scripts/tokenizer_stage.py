@@ -94,7 +94,7 @@ def measure(delay_us: int, threads: int, texts: list[str], concurrency: int, sec
     per_request = stats["requests"] / calls
     # tritonserver's own threads (not the stub's): its CPU per answered request, all of it and its busiest
     # three threads' (Triton 2.51 handles every gRPC ModelInfer on two threads, src/grpc/grpc_server.cc)
-    spent = sorted(((threads_after[k] - threads_before.get(k, 0.0), k.split(" ", 1)[-1]) for k in threads_after),
+    spent = sorted(((cpu - threads_before.get(k, (name, 0.0))[1], name) for k, (name, cpu) in threads_after.items()),
                    reverse=True)
     us = [(1e6 * v / max(1, answered), name) for v, name in spent]
     return (f"delay {delay_us:>5} us, threads {threads}, instances {instances}: {answered / wall:7.1f} req/s, {per_request:4.1f} requests/call; "

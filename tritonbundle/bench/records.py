@@ -267,7 +267,10 @@ class Breakdown:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Breakdown:
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        fields = {k: v for k, v in data.items() if k in names}
+        if fields.get("cpu_threads"):  # JSON's lists back to the (name, cores) pairs a level records
+            fields["cpu_threads"] = {role: [(str(n), float(c)) for n, c in top] for role, top in fields["cpu_threads"].items()}
+        return cls(**fields)
 
 
 @dataclass(frozen=True, kw_only=True)

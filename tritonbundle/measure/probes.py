@@ -227,8 +227,8 @@ class CpuMeter:
         self.roots = dict(roots)
         #: group:role -> processes counted in the last read (4 tokenizer instances are 4 stubs).
         self.processes: dict[str, int] = {}
-        #: group:role -> {"pid/tid name": CPU seconds} of every thread in the last read (Linux).
-        self.threads: dict[str, dict[str, float]] = {}
+        #: group:role -> {"pid/tid": (thread name, CPU seconds)} of every thread in the last read (Linux).
+        self.threads: dict[str, dict[str, tuple[str, float]]] = {}
 
     def read(self) -> dict[str, float]:
         """group -> CPU seconds so far, per process name below the group's root (e.g. the stubs)."""
@@ -263,23 +263,27 @@ class CpuMeter:
         return {k: round((after[k] - before.get(k, 0.0)) / wall_s, 3) for k in after if wall_s > 0}
 
     @staticmethod
-    def busiest_threads(before: Mapping[str, Mapping[str, float]], after: Mapping[str, Mapping[str, float]],
+    def busiest_threads(before: Mapping[str, Mapping[str, tuple[str, float]]],
+                        after: Mapping[str, Mapping[str, tuple[str, float]]],
                         wall_s: float, top: int = 3) -> dict[str, list[tuple[str, float]]]:
         """Per process role, its ``top`` busiest threads over a window as (thread name, share of one
         core): a thread near 1.0 is saturated whatever the process's total says (tritonserver's gRPC
-        inference handlers, two threads in Triton 2.51, are the case in point)."""
+        inference handlers, two threads in Triton 2.51, are the case in point). A thread seen only
+        after counts from zero; a share never goes below zero (a thread id reused meanwhile)."""
         out: dict[str, list[tuple[str, float]]] = {}
+        if wall_s <= 0:
+            return out
         for role, threads in after.items():
             was = before.get(role, {})
-            busy = sorted(((k.split(" ", 1)[-1], (v - was.get(k, 0.0)) / wall_s) for k, v in threads.items()
-                           if wall_s > 0), key=lambda kv: -kv[1])
+            busy = sorted(((name, max(0.0, cpu - was.get(key, (name, 0.0))[1]) / wall_s)
+                           for key, (name, cpu) in threads.items()), key=lambda kv: -kv[1])
             out[role] = [(name, round(cores, 3)) for name, cores in busy[:top]]
         return out
 
 
-def thread_times(pid: int) -> dict[str, float]:
-    """``{"pid/tid name": CPU seconds}`` of each thread of ``pid``, from ``/proc`` (empty elsewhere, or
-    once it has exited). The name is the thread's ``comm``: gRPC and PyTorch name theirs, Triton's
+def thread_times(pid: int) -> dict[str, tuple[str, float]]:
+    """``{"pid/tid": (name, CPU seconds)}`` of each thread of ``pid``, from ``/proc`` (empty elsewhere,
+    or once it has exited). The name is the thread's ``comm``: gRPC and PyTorch name theirs, Triton's
     own threads carry the process's name."""
     tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     out = {}
@@ -293,7 +297,7 @@ def thread_times(pid: int) -> dict[str, float]:
                 name, ticks = parse_stat(f.read())
         except (OSError, ValueError, IndexError):
             continue
-        out[f"{pid}/{tid} {name}"] = ticks / tick
+        out[f"{pid}/{tid}"] = (name, ticks / tick)
     return out
 
 
