@@ -15,7 +15,7 @@
 #   --budget    each run's --budget-s (default 75; a run is killed 40 s past it): more for settings
 #               whose instances take longer to start (more CUDA graphs)
 #   NAME=FILE   a setting: its --tuned file; +VAR=VALUE sets an environment variable for its runs only,
-#               +--flag=VALUE passes a flag of the bench (e.g. +--load-procs=4)
+#               +--flag=VALUE passes a flag of the bench (e.g. +--load-procs=4; values without '+')
 # e.g. (carry .device/server, .device/stubs; ~440 s with the install):
 #   bash scripts/device_ab.sh --install --rounds 3 \
 #       plain=docs/tuning/h200-handpicked/bert-base-fused8-t4-b64.json \
@@ -36,7 +36,7 @@ while [ $# -gt 0 ]; do
     --model) model=$2; shift ;;
     --deadline) deadline=$2; shift ;;
     --budget) budget=$2; shift ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *=*) settings+=("$1") ;;
     *) echo "device_ab: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -58,11 +58,13 @@ for i in $(seq "$first" "$rounds"); do
     name=${spec%%=*} rest=${spec#*=}
     file=${rest%%+*} extra=() env_vars=() flags=()
     [ "$rest" != "$file" ] && IFS=+ read -r -a extra <<< "${rest#*+}"
-    for e in "${extra[@]}"; do case $e in --*) flags+=("$e") ;; *) env_vars+=("$e") ;; esac; done
+    for e in ${extra[@]+"${extra[@]}"}; do case $e in --*=*) flags+=("$e") ;; *=*) env_vars+=("$e") ;;
+      *) echo "device_ab: $name: '$e' is neither VAR=VALUE nor --flag=VALUE" >&2; exit 2 ;; esac; done
     now=$(date +%s)
     if [ $((now - T0)) -gt "$deadline" ]; then echo "$name-$i: not started (deadline ${deadline} s)"; continue; fi
-    env "${env_vars[@]}" OUT="$OUT/runs/$name-$i" timeout $((budget + 40)) bash scripts/device_bench.sh run --models "$model" \
-      --systems bundle --budget-s "$budget" --rate-factor 1.5 --refine 3 --input text $rates --tuned "$file" "${flags[@]}" \
+    env ${env_vars[@]+"${env_vars[@]}"} OUT="$OUT/runs/$name-$i" timeout $((budget + 40)) bash scripts/device_bench.sh run \
+      --models "$model" --systems bundle --budget-s "$budget" --rate-factor 1.5 --refine 3 --input text $rates \
+      --tuned "$file" ${flags[@]+"${flags[@]}"} \
       > /dev/null 2>&1
     rc=$?
     echo "$name-$i: exit $rc, $(($(date +%s) - now)) s, $(python3 -c "

@@ -97,3 +97,15 @@ def test_the_device_script_interleaves_the_settings_and_sums_them_up(tmp_path: P
     assert json.loads((out / "runs" / "a-2" / "bench.json").read_text())["models"]["bert_base"]["systems"]["bundle"][
         "best_rps"] == 2000
     assert (out / "runs.tgz").stat().st_size > 0
+
+
+def test_the_device_script_refuses_a_setting_item_it_cannot_place(tmp_path: Path) -> None:
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "device_ab.sh", tmp_path / "scripts" / "device_ab.sh")
+    (tmp_path / "scripts" / "device_bench.sh").write_text(FAKE_BENCH)
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "CALLS": str(tmp_path / "calls.txt"), "PYTHONPATH": str(ROOT),
+           "TEMPLATE": str(_template(tmp_path))}
+    done = subprocess.run(["bash", str(tmp_path / "scripts" / "device_ab.sh"), "--rounds", "1", "a=x.json+--load-procs"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "'--load-procs' is neither VAR=VALUE nor --flag=VALUE" in done.stderr
+    assert not (tmp_path / "calls.txt").exists()
