@@ -65,10 +65,7 @@ class Tunables:
     runtime: str = knob("onnxruntime", {"type": "string", "minLength": 1},
                         "a runtime of tritonbundle.runtimes: onnxruntime, tensorrt, pytorch")
     precision: str = knob("fp32", {"enum": list(PRECISIONS)})
-    batch_buckets: tuple[int, ...] = knob((1, 8, 32), _BUCKETS, "batch sizes of the optimization profiles (pytorch "
-                                          "runtime: of its CUDA graphs, each launch padded up to one; buckets between "
-                                          "the powers of two, 1, 2, 3, 4, 6, 8, 10, ... 56, 64, passed 6.6 % more on "
-                                          "the H200: docs/benchmarks.md)")
+    batch_buckets: tuple[int, ...] = knob((1, 8, 32), _BUCKETS)
     sequence_buckets: int = knob(4, {"type": "integer", "minimum": 1, "maximum": 16})
     opt_percentile: float = knob(95.0, {"type": "number", "exclusiveMinimum": 0, "maximum": 100})
     max_queue_delay_us: int = knob(2000, {"type": "integer", "minimum": 0})
