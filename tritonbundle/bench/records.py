@@ -256,10 +256,11 @@ class Breakdown:
     gpu_clocks: dict[str, float | None] | None = None
     hints: list[str] = field(default_factory=list)
 
-    OPTIONAL = ("client_grpc_ms", "client_lag_p99_ms", "client_loop_lag_p99_ms", "tokenizer", "encoder", "encoder_execute_ms", "encoder_rows_per_execute",
-                "encoder_launches_per_execute", "encoder_execute_ms_per_request", "encoder_call_ms", "tokenizer_execute_ms",
-                "tokenizer_texts_per_execute", "tokenizer_call_ms", "tokenizer_outside_ms", "cpu_processes", "cpu_threads",
-                "gpu_clocks")
+    OPTIONAL = ("client_grpc_ms", "client_lag_p99_ms", "client_loop_lag_p99_ms", "tokenizer", "encoder",
+                "encoder_execute_ms", "encoder_rows_per_execute", "encoder_launches_per_execute",
+                "encoder_execute_ms_per_request", "encoder_call_ms", "tokenizer_execute_ms",
+                "tokenizer_texts_per_execute", "tokenizer_call_ms", "tokenizer_outside_ms", "cpu_processes",
+                "cpu_threads", "gpu_clocks")
 
     def to_json(self) -> Json:
         return drop_none({f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, *self.OPTIONAL)
@@ -269,7 +270,8 @@ class Breakdown:
         names = {f.name for f in dataclasses.fields(cls)}
         fields = {k: v for k, v in data.items() if k in names}
         if fields.get("cpu_threads"):  # JSON's lists back to the (name, cores) pairs a level records
-            fields["cpu_threads"] = {role: [(str(n), float(c)) for n, c in top] for role, top in fields["cpu_threads"].items()}
+            fields["cpu_threads"] = {role: [(str(n), float(c)) for n, c in top]
+                                     for role, top in fields["cpu_threads"].items()}
         return cls(**fields)
 
 
