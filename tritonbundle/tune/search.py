@@ -65,6 +65,14 @@ TIE_BAND = 0.15
 NOISE_CAP = 0.35
 TIES = 2
 _ANY = object()
+#: A move needs this gain in rate (relative) to count, so noise does not walk the search around.
+MIN_GAIN = 0.03
+#: A step that reads within :data:`MIN_GAIN` of the current point's rate on at most this share of its server
+#: CPU per answered request moves too: the same rate from fewer cores leaves room for the knobs after it.
+#: On the H200, from the bad start, folding the tokenizer in read 14,501 req/s on 4.40 server cores against
+#: 14,486 on 7.23 and was not taken; the folded hand-picked settings then led the tune's winner in three
+#: bench rounds of three, median 13,558 against 12,781 req/s (docs/tuning.md, "buckets offered").
+CHEAPER = 0.8
 
 
 def noise_band(measured: Mapping[Any, list[Point]]) -> float:
@@ -75,6 +83,18 @@ def noise_band(measured: Mapping[Any, list[Point]]) -> float:
     return min(NOISE_CAP, max([TIE_BAND, *spreads]))
 
 
+def cpu_per_request(point: Point) -> float | None:
+    """Server CPU seconds per answered request at ``point``'s best passing level (None: not measured)."""
+    cores = point.detail.get("server_cores")
+    return cores / point.rate if cores and point.rate else None
+
+
+def cheaper(candidate: Point, current: Point) -> bool:
+    """``candidate`` serves a request on at most :data:`CHEAPER` of ``current``'s server CPU."""
+    mine, theirs = cpu_per_request(candidate), cpu_per_request(current)
+    return mine is not None and theirs is not None and mine <= theirs * CHEAPER
+
+
 def run_of(point: Point) -> Any:
     """The tune run that measured ``point`` (None for reports written before runs were named)."""
     return point.detail.get("run")
@@ -82,10 +102,11 @@ def run_of(point: Point) -> Any:
 
 def coordinate_descent(
     measure: Callable[[str, Config], Point], start: Config, space: Space, *, can_continue: Callable[[], bool],
-    min_gain: float = 0.03, rounds: int = 3, again: Callable[[str, Config, int], Point] | None = None,
+    min_gain: float = MIN_GAIN, rounds: int = 3, again: Callable[[str, Config, int], Point] | None = None,
 ) -> Result:
     """``measure(label, config)`` returns the point; a move needs ``min_gain`` (relative) to count, so
-    noise does not walk the search around. ``again(label, config, n)``: the configuration's
+    noise does not walk the search around; a step within ``min_gain`` of the current rate moves when it
+    is :func:`cheaper` in server CPU per request. ``again(label, config, n)``: the configuration's
     measurement number ``n`` (0 the first). With it:
 
     - a step that reads within the noise band under the current point says nothing, so the next value
@@ -155,7 +176,8 @@ def coordinate_descent(
                     candidate = visit(label, config)
                     tried.append((knob.name, step, candidate))
                     mine, theirs = compare(candidate)
-                    if mine <= theirs * (1 + min_gain):
+                    as_fast = mine >= theirs * (1 - min_gain) and cheaper(candidate, current)
+                    if mine <= theirs * (1 + min_gain) and not as_fast:
                         further = knob.past(origin, step)
                         if (again is not None and step == value and not looked and further is not None
                                 and mine >= theirs * (1 - noise_band(measured))):
@@ -280,7 +302,8 @@ def reason(result: Result, baseline: Point | None) -> str:
     elif baseline is not None:
         lines.append("the manifest's settings met the SLO at no rate tried")
     for knob, old, new, before, after in result.moves:
-        lines.append(f"{knob} {old} -> {new}: {before:,.1f} -> {after:,.1f} req/s")
+        lines.append(f"{knob} {old} -> {new}: {before:,.1f} -> {after:,.1f} req/s"
+                     + (" (as fast, on less server CPU per request)" if after <= before * (1 + MIN_GAIN) else ""))
     if result.finals:
         lines.append("re-measured side by side, in turns, the winner by median: " + "; ".join(
             f"{describe(p.config)}: median {statistics.median(rates):,.1f} of "
@@ -289,7 +312,7 @@ def reason(result: Result, baseline: Point | None) -> str:
     if not result.moves:
         if tried:
             lines.append(f"none of the {len(tried)} other configuration(s) measured beat it by more than the noise "
-                         "margin (3 %)")
+                         f"margin ({MIN_GAIN:.0%}) or matched it on less server CPU")
         else:
             lines.append(f"the search stopped ({result.stopped}) before it measured any candidate past its start; "
                          "give it a larger --budget-s")
