@@ -13,7 +13,8 @@
 #   --deadline  seconds from the start after which no run starts (default 480: a call's 600 s less one
 #               run killed at 115 s)
 #   --budget    each run's --budget-s (default 75; a run is killed 40 s past it): more for settings
-#               whose instances take longer to start (more CUDA graphs)
+#               whose instances take longer to start (more CUDA graphs: the 18 batch buckets start in
+#               52-55 s, and at 95 two of three ladders ended right after 13,500 req/s passed: give 120)
 #   NAME=FILE   a setting: its --tuned file; +VAR=VALUE sets an environment variable for its runs only,
 #               +--flag=VALUE passes a flag of the bench (e.g. +--load-procs=4; values without '+')
 # e.g. (carry .device/server, .device/stubs; ~440 s with the install):
@@ -36,7 +37,7 @@ while [ $# -gt 0 ]; do
     --model) model=$2; shift ;;
     --deadline) deadline=$2; shift ;;
     --budget) budget=$2; shift ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *=*) settings+=("$1") ;;
     *) echo "device_ab: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
