@@ -43,6 +43,24 @@ def test_the_tenth_sessions_abs_sum_up_as_the_docs_say() -> None:
     assert round(sender["minilm-wire"].median) == 29056 and round(sender["minilm-client"].median) == 18024
 
 
+def test_the_eleventh_sessions_runs_read_as_the_docs_say() -> None:
+    """docs/tuning.md and docs/benchmarks.md quote these: the tune's winner from the bad start against the
+    hand-picked settings (one call, three rounds), and the peer three times around one bundle run."""
+    docs = ROOT / "docs" / "benchmarks"
+    ab = {s.name: s for s in summarize(docs / "h200-tune-vs-handpicked-2")}
+    assert [round(r) for r in ab["tuned"].rates] == [12781, 13519, 11489] and round(ab["tuned"].median) == 12781
+    assert ab["handpicked"].rates == [13558.0, 13558.0, 13558.0]
+    assert round(ab["tuned"].median / ab["handpicked"].median, 2) == 0.94
+
+    def rate(run: str, system: str) -> float:
+        report = json.loads((docs / "h200-peer-same-call" / run / "bench.json").read_text())
+        return float(report["models"]["bert_base"]["systems"][system]["best_rps"])
+
+    peers = sorted(rate(f"peer-{i}", "peer") for i in (1, 2, 3))
+    assert [round(p) for p in peers] == [257, 436, 836]
+    assert round(rate("bundle-1", "bundle")) == 16264 and round(rate("bundle-1", "bundle") / peers[1]) == 37
+
+
 FAKE_BENCH = """#!/usr/bin/env bash
 # stands in for scripts/device_bench.sh: records its call, writes a report whose knee is the round's
 echo "$1 ${OUT##*/} ${AB_KNOB:-unset} $*" >> "$CALLS"

@@ -20,7 +20,8 @@ CURRENT = [*sorted(DOCS.glob("h200-lanes-fix/*-bench.json")), *sorted(DOCS.glob(
            *sorted(DOCS.glob("h200-threads/*/bench.json")), *sorted(DOCS.glob("h200-tuned-vs-handpicked/*/bench.json")),
            *sorted(DOCS.glob("h200-tune-threads/*/bench.json")), *sorted(DOCS.glob("h200-plain-text/*/bench.json")),
            *sorted(DOCS.glob("h200-buckets/*/bench.json")), *sorted(DOCS.glob("h200-word-cache/*/bench.json")),
-           *sorted(DOCS.glob("h200-sender/*/bench.json"))]
+           *sorted(DOCS.glob("h200-sender/*/bench.json")), *sorted(DOCS.glob("h200-peer-same-call/*/bench.json")),
+           *sorted(DOCS.glob("h200-tune-vs-handpicked-2/*/bench.json"))]
 #: Older shapes: three rounds without the bundle's restarts; one round with all four systems.
 OLDER = [DOCS / "h200-repeat" / "bert-base.json", DOCS / "h200-bert-base.json"]
 
