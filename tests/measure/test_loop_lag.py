@@ -9,15 +9,19 @@ from typing import Any
 
 import pytest
 
+from tritonbundle.measure.latency import percentile
 from tritonbundle.measure.loadgen import _p99_ms, _Worker
 
 
-def test_the_p99_is_the_nearest_rank() -> None:
+def test_the_lateness_p99_is_the_latencies_percentile() -> None:
+    """One definition of p99 across the bench (linear between order statistics), so a lateness and the
+    latency it is read against compare like for like."""
     assert _p99_ms([]) == 0.0
-    assert _p99_ms([0.001] * 99 + [0.5]) == pytest.approx(1.0)  # the 99th of 100: one outlier is the 1 %
+    assert _p99_ms([0.001] * 99 + [0.5]) == pytest.approx(5.99)  # 1 % of the way from the 99th to the 100th
     assert _p99_ms([0.001] * 98 + [0.5] * 2) == pytest.approx(500.0)
-    assert _p99_ms([i / 1000 for i in range(1, 201)]) == pytest.approx(198.0)
+    assert _p99_ms([i / 1000 for i in range(1, 201)]) == pytest.approx(198.01)
     assert _p99_ms([0.007]) == pytest.approx(7.0)
+    assert _p99_ms([0.003, 0.001, 0.002]) == pytest.approx(1000 * percentile([0.003, 0.001, 0.002], 99))
 
 
 def test_a_step_that_fails_leaves_no_watch_running() -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import os
 import random
 import subprocess
@@ -31,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tritonbundle.measure.latency import StepResult, step_result
+from tritonbundle.measure.latency import StepResult, percentile, step_result
 from tritonbundle.measure.wire import WireSender, capture, sender
 
 #: The load generators' event-loop watch: a timer this often, its lateness sampled (2 ms: ~500 wake-ups a
@@ -40,11 +39,8 @@ LOOP_TICK_S = 0.002
 
 
 def _p99_ms(seconds: Sequence[float]) -> float:
-    """The 99th percentile of ``seconds``, in ms (0 for none): nearest rank (the ceil(0.99 n)-th smallest)."""
-    if not seconds:
-        return 0.0
-    ordered = sorted(seconds)
-    return 1000.0 * ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
+    """The 99th percentile of ``seconds`` as the latencies' (:func:`.latency.percentile`), in ms (0 for none)."""
+    return 1000.0 * percentile(seconds, 99) if seconds else 0.0
 
 
 # -- the worker -------------------------------------------------------------------------------------------
