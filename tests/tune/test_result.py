@@ -67,6 +67,23 @@ def test_a_gpu_run_says_how_its_instances_shared_the_gpu(tmp_path: Path) -> None
     assert "GPU sharing (the instances'): mps" in text and "load generators send: wire" in text
 
 
+def test_resume_measures_again_a_point_whose_rate_search_the_budget_cut() -> None:
+    """The H200 run's last point, the 18 buckets, missed 10,151 req/s, passed 7,178 and 8,536, and then the
+    budget ended: 8,544 is a floor. Taken over as measured, it would never be measured again."""
+    from tritonbundle.tune.result import resumed_points
+
+    path = TUNING / "h200-bert-base-buckets-offered-2" / "tune.json"
+    earlier = TuneResult.from_json(json.loads(path.read_text()))
+    run = TuneResult(command="", model=earlier.model, slo_p99_ms=earlier.slo_p99_ms, budget_s=60, manifest="",
+                     overrides=dict(earlier.overrides), defaults={}, start={}, gpu_sharing=earlier.gpu_sharing,
+                     load_sender=earlier.load_sender)
+    cut = [p for p in earlier.points if p.detail.get("stopped") == "time budget"]
+    assert [p.config["batch_buckets"][2] for p in cut] == [3]
+    taken = resumed_points(path, run)
+    assert len(taken) == len(earlier.points) - 1 and cut[0] not in taken
+    assert "| ok (cut by the budget: a floor) |" in report.markdown(earlier).splitlines()[-1]
+
+
 def test_resume_takes_the_points_of_a_run_like_this_one_and_refuses_another(tmp_path: Path) -> None:
     from tritonbundle.tune.result import resumed_points
 

@@ -17,7 +17,7 @@ from tritonbundle.measure.latency import Slo
 from tritonbundle.measure.levels import Ladder, Probes, measure_rates
 from tritonbundle.measure.loadgen import LoadPool
 from tritonbundle.measure.probes import GpuSampler
-from tritonbundle.measure.search import Sweep
+from tritonbundle.measure.search import TIME_BUDGET, Sweep
 
 
 @dataclass
@@ -52,7 +52,7 @@ def sweep(ctx: Context, pool: LoadPool, phase_deadline: float, system: str, prob
     result = measure_rates(pool, system=system, slo=ctx.slo, timing=timing, ladder=ladder, probes=probes,
                            deadline=phase_deadline, seed=o.seed * 100, gpu=ctx.gpu)
     if not result.steps:  # a phase that measured nothing has no rate to report: it failed, and says why
-        if result.stopped == "time budget":
+        if result.stopped == TIME_BUDGET:
             why = (f"{max(0.0, left_s):.0f} s of the phase were left after the system started, and one level takes "
                    f"{timing.cost_s:.1f} s; give the run more --budget-s")
         elif result.stopped == "max rate":

@@ -9,6 +9,9 @@ from typing import Any
 
 from tritonbundle.measure.latency import Slo, StepResult, judge
 
+#: Why a rate search ended when its time ran out: its best rate is a floor of the knee, not the knee.
+TIME_BUDGET = "time budget"
+
 
 @dataclass
 class Sweep:
@@ -59,7 +62,7 @@ def search_rate(
     stopped = "max rate"
     while rate <= max_rate * (1 + 1e-9):
         if not ok():
-            stopped = "time budget"
+            stopped = TIME_BUDGET
             break
         if run(rate).passed:
             lo = rate
@@ -81,7 +84,7 @@ def search_rate(
     if lo is not None and hi is not None:
         for _ in range(refine):
             if not ok():
-                stopped = "time budget"
+                stopped = TIME_BUDGET
                 break
             mid = math.sqrt(lo * hi)
             if run(mid).passed:

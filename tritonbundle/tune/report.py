@@ -27,7 +27,7 @@ from tritonbundle.files import write_json
 from tritonbundle.measure.search import Sweep
 from tritonbundle.tune.capacity import autoscaling_values
 from tritonbundle.tune.result import Move, PointSummary, TuneResult, Verdict
-from tritonbundle.tune.search import Point, Result, reason
+from tritonbundle.tune.search import Point, Result, cut_short, reason
 from tritonbundle.tune.space import Config, Space, describe
 
 
@@ -86,7 +86,7 @@ def markdown(result: TuneResult) -> str:
         lines.append(
             f"| {i} | {p.label}{mark} | {describe(p.config)} | {_f(p.rate)} | {_f(d.get('p50_ms'))} "
             f"| {_f(d.get('p99_ms'))} | {_f(d.get('server_cores'), '.2f')} | {_f(gpu)} | {_f(d.get('startup_s'))} "
-            f"| {d.get('status', '')} |")
+            f"| {d.get('status', '')}{' (cut by the budget: a floor)' if cut_short(p) else ''} |")
     lines.append("")
     return "\n".join(lines)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tritonbundle.errors import ConfigError
-from tritonbundle.tune.search import Point
+from tritonbundle.tune.search import Point, cut_short
 from tritonbundle.tune.space import Config, Knob, Space, config_from_json
 
 Json = dict[str, Any]
@@ -170,7 +170,8 @@ class TuneResult:
 def resumed_points(path: Path, run: TuneResult) -> list[Point]:
     """The points of the earlier run in ``path`` (its ``tune.json``), which ``run`` goes on from: refused,
     naming the difference, when it tuned another model, under another SLO, with other overrides, another
-    GPU sharing or another load sender (its rates would not compare with this run's)."""
+    GPU sharing or another load sender (its rates would not compare with this run's). A point whose
+    rate search the budget cut is left out (its rate is a floor): this run measures it again."""
     try:
         earlier = TuneResult.from_json(json.loads(path.read_text()))
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -182,4 +183,4 @@ def resumed_points(path: Path, run: TuneResult) -> list[Point]:
         if was != now:
             raise ConfigError(f"--resume {path}: that run's {what} was {was!r}, this run's is {now!r}: its rates "
                               "do not compare; start a new run instead")
-    return earlier.points
+    return [p for p in earlier.points if not cut_short(p)]

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tritonbundle.measure.search import TIME_BUDGET
 from tritonbundle.tune.space import Config, Space, config_from_json, describe, inert, key
 
 
@@ -81,6 +82,11 @@ def noise_band(measured: Mapping[Any, list[Point]]) -> float:
     spreads = [1 - min(r) / max(r) for r in ([p.score for p in got] for got in measured.values())
                if len(r) > 1 and max(r) > 0]
     return min(NOISE_CAP, max([TIE_BAND, *spreads]))
+
+
+def cut_short(point: Point) -> bool:
+    """The time budget ended ``point``'s rate search before it bracketed the knee: its rate is a floor."""
+    return point.detail.get("stopped") == TIME_BUDGET
 
 
 def cpu_per_request(point: Point) -> float | None:
@@ -170,7 +176,7 @@ def coordinate_descent(
                 while steps:
                     step = steps.pop(0)
                     if not can_continue():
-                        return Result(points, _end(current, points), moves, "time budget")
+                        return Result(points, _end(current, points), moves, TIME_BUDGET)
                     config = space.moved(current.config, knob.name, step)
                     label = f"round {round_ + 1}: {describe(_changed(current.config, config))}"
                     candidate = visit(label, config)
@@ -203,7 +209,7 @@ def coordinate_descent(
         if not improved and again is not None and close:
             for point in [current, *(c for _, _, c in close)]:
                 if not can_continue():
-                    return Result(points, _end(current, points), moves, "time budget")
+                    return Result(points, _end(current, points), moves, TIME_BUDGET)
                 measure_again(f"tie-break {round_ + 1}: {point.label}", point)
             broken.update(key(p.config) for p in [current, *(c for _, _, c in close)])
             run = run_of(measured[key(current.config)][-1])
