@@ -66,6 +66,12 @@ class ModelNotFoundError(ClientError):
     """The model or version does not exist on the server (HTTP 400/404, gRPC NOT_FOUND)."""
 
 
+#: Triton's own texts for its two load answers (core's RequestQueue and its queue policy): the gateway
+#: maps them to HTTP 429 and 503, the bench counts a level's refusals by them.
+QUEUE_FULL = "Exceeds maximum queue size"
+QUEUE_TIMEOUT = "Request timeout expired"
+
+
 class ServerUnavailableError(ClientError):
     """The server could not be reached or refused for load (connection refused, HTTP 503, UNAVAILABLE)."""
 

@@ -38,6 +38,8 @@ from tritonbundle.clients.aio import AsyncGrpcClient
 from tritonbundle.clients.core import RetryPolicy
 from tritonbundle.contract import TENANT_HEADER, TOKENS_OUTPUT
 from tritonbundle.errors import (
+    QUEUE_FULL,
+    QUEUE_TIMEOUT,
     ClientBusyError,
     ClientError,
     ConfigError,
@@ -132,11 +134,6 @@ class Backend:
 def not_found(model: str, served: Sequence[str]) -> ApiError:
     return ApiError(404, f"the model {model!r} does not exist here or this key may not use it; served to it: "
                          f"{list(served)}", code="model_not_found", param="model")
-
-
-#: Triton's own texts for its two load answers (core's RequestQueue and its queue policy).
-QUEUE_FULL = "Exceeds maximum queue size"
-QUEUE_TIMEOUT = "Request timeout expired"
 
 
 def api_error(e: ClientError) -> ApiError:
