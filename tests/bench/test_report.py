@@ -249,3 +249,17 @@ def test_the_report_says_how_each_instance_timed_its_launch_costs_and_how_far_th
     report.write_all(result, tmp_path / "out", tmp_path)
     md = (tmp_path / "out" / "bench.md").read_text()
     assert "launch costs: 64x512 took 21.20-42.40 ms by the 4 instances' timings (spread 100 %)" in md
+
+
+def test_a_level_past_the_knee_that_missed_on_a_full_queue_says_so() -> None:
+    """The H200's MiniLM runs since the wire sender: the first level past the knee missed on requests Triton
+    refused for a full queue (1.5-6.9 % of them), which the latency table alone shows only as p99 inf."""
+    docs = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "h200-buckets"
+    queue = report.markdown(BenchResult.from_json(json.loads((docs / "minilm-fine-1" / "bench.json").read_text())))
+    assert ("- bundle at 36,596 req/s offered: 3,357 of 60,291 (5.6 %): 3,357 WireError: UNAVAILABLE: Exceeds "
+            "maximum queue size\n") in queue
+    assert "bundle: the first level past its rate at the SLO (36,596 req/s) missed on refusals: the server " \
+           "refused 5.6 % of its requests for a full queue" in queue
+    latency = report.markdown(BenchResult.from_json(json.loads((docs / "minilm-fine-2" / "bench.json").read_text())))
+    assert "- bundle at 29,880 req/s offered: 997 of 55,364 (1.8 %)" in latency
+    assert "the first level past its rate" not in latency  # 28,404 missed on its p99 (59.0 ms), nothing refused

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import math
+import re
 import tarfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from typing import Any
 
 from tritonbundle.bench.records import BundleResult, CeilingResult, PeerResult, ServedResult, Spread
 from tritonbundle.bench.result import BenchResult, ModelResult, Ratios
+from tritonbundle.errors import QUEUE_FULL
 from tritonbundle.files import write_json
 from tritonbundle.measure import host
 from tritonbundle.measure.latency import StepResult
@@ -317,7 +319,36 @@ def _fixed_loads(entry: ModelResult) -> list[str]:
             cells.append(f"{_f(_ms(level.p50_ms))} / {_f(_ms(level.p99_ms))}; {_f(level.achieved_rps)}"
                          f"{'' if level.passed else ' (missed)'}" if level else "-")
         out.append(f"| {rate:g} | {cells[0]} | {cells[1]} | {cells[2]} |")
+    failed = [(system, level) for rate in sorted(levels) for system, level in levels[rate].items() if level.failed]
+    if failed:
+        out += ["", "Failed requests (refused, timed out or unanswered), by level:", ""]
+        out += [f"- {system} at {level.offered_rps:,.0f} req/s offered: {level.failed:,} of {level.sent:,} "
+                f"({100 * level.error_ratio:.1f} %): " + "; ".join(
+                    f"{n:,} {_REQUEST_ID.sub('', why)}" for why, n in (level.extra.get("errors") or {}).items())
+                for system, level in failed]
+    for system in ("naive", "peer", "bundle"):
+        served = entry.system(system, ServedResult)
+        refused = _refused_past_the_knee(served.sweep.steps, served.sweep.best_rps) if served is not None else None
+        if refused is not None:
+            out.append(f"\n{system}: the first level past its rate at the SLO ({refused.offered_rps:,.0f} req/s) missed "
+                       f"on refusals: the server refused {100 * refused.error_ratio:.1f} % of its requests for a full "
+                       f"queue ({QUEUE_FULL}). The queue's bound (`max_queue_size`; auto holds two full batches per "
+                       "instance) shed them; a larger bound may let that level pass")
     return out
+
+
+#: Triton's request id in its error texts ("[request id: <id_unknown>] "), left out of the report.
+_REQUEST_ID = re.compile(r"\[request id: [^\]]*\] ")
+
+
+def _refused_past_the_knee(steps: Sequence[StepResult], best_rps: float | None) -> StepResult | None:
+    """The lowest missed level above the best passing rate, when most of its failures are refusals for
+    a full queue (none when the latency missed, or nothing failed there)."""
+    past = sorted((s for s in steps if not s.passed and s.offered_rps > (best_rps or 0.0)), key=lambda s: s.offered_rps)
+    if not past or not past[0].failed:
+        return None
+    errors = past[0].extra.get("errors") or {}
+    return past[0] if 2 * sum(n for why, n in errors.items() if QUEUE_FULL in why) > past[0].failed else None
 
 
 def plot(result: BenchResult, path: Path) -> Path | None:
