@@ -263,3 +263,20 @@ def test_a_level_past_the_knee_that_missed_on_a_full_queue_says_so() -> None:
     latency = report.markdown(BenchResult.from_json(json.loads((docs / "minilm-fine-2" / "bench.json").read_text())))
     assert "- bundle at 29,880 req/s offered: 997 of 55,364 (1.8 %)" in latency
     assert "the first level past its rate" not in latency  # 28,404 missed on its p99 (59.0 ms), nothing refused
+
+
+@pytest.mark.parametrize("bound", [2048, 4096])
+def test_a_settings_file_sets_the_queue_bound_the_model_is_served_with(tmp_path: Path, bound: int) -> None:
+    """The MiniLM queue-bound settings (docs/benchmarks.md, "the peer in the same call"): the auto bound
+    is 2 x 64 rows x 8 instances = 1,024; the files raise it for the A/B the next device session runs."""
+    from tritonbundle import manifest
+    from tritonbundle.recipes import BENCH_MODELS
+    from tritonbundle.runtimes.base import queue_size
+    from tritonbundle.tune.run import winner_overrides
+
+    handpicked = Path(__file__).resolve().parents[2] / "docs" / "tuning" / "h200-handpicked"
+    for name, expected in (("minilm-fused8-t4-buckets18.json", 1024), (f"minilm-fused8-t4-buckets18-q{bound}.json", bound)):
+        o = bench_options.BenchOptions(out=tmp_path, device="cuda", tuned=winner_overrides(handpicked / name))
+        raw = workspace.manifest_for(BENCH_MODELS["minilm"], o, tmp_path / "t.jsonl", tmp_path / "tok.json")
+        spec = manifest.from_dict(raw, path=tmp_path / "m.yaml").models[0]
+        assert queue_size(spec, spec.instances) == expected
