@@ -332,8 +332,9 @@ def _fixed_loads(entry: ModelResult) -> list[str]:
         if refused is not None:
             out.append(f"\n{system}: the first level past its rate at the SLO ({refused.offered_rps:,.0f} req/s) missed "
                        f"on refusals: the server refused {100 * refused.error_ratio:.1f} % of its requests for a full "
-                       f"queue ({QUEUE_FULL}). The queue's bound (`max_queue_size`; auto holds two full batches per "
-                       "instance) shed them; a larger bound may let that level pass")
+                       f"queue ({QUEUE_FULL}): the queue's bound (`max_queue_size`, by default two full batches per "
+                       "instance) was reached, by a burst or by more requests than the instances served; a larger "
+                       "bound passes the level only in the first case")
     return out
 
 
@@ -342,10 +343,11 @@ _REQUEST_ID = re.compile(r"\[request id: [^\]]*\] ")
 
 
 def _refused_past_the_knee(steps: Sequence[StepResult], best_rps: float | None) -> StepResult | None:
-    """The lowest missed level above the best passing rate, when most of its failures are refusals for
-    a full queue (none when the latency missed, or nothing failed there)."""
+    """The lowest missed level above the best passing rate, when failures decided its miss (at least 1 %
+    failed, so its p99 is infinite) and most of them are refusals for a full queue; none when its p99 of
+    answered requests missed (a few refusals under 1 % do not decide it)."""
     past = sorted((s for s in steps if not s.passed and s.offered_rps > (best_rps or 0.0)), key=lambda s: s.offered_rps)
-    if not past or not past[0].failed:
+    if not past or not past[0].failed or not math.isinf(past[0].p99_ms):
         return None
     errors = past[0].extra.get("errors") or {}
     return past[0] if 2 * sum(n for why, n in errors.items() if QUEUE_FULL in why) > past[0].failed else None
