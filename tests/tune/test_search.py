@@ -352,6 +352,22 @@ def test_a_step_as_fast_on_less_server_cpu_moves_and_one_as_fast_on_more_does_no
     unfolded = coordinate_descent(measure, {"tokenize_in_encoder": False, "instances": 6, "tokenizer_instances": 2},
                                   Space((Knob("instances", (6, 8)),)), can_continue=lambda: True)
     assert unfolded.moves == []  # 14,490 on 9.0 cores: as fast, not cheaper
+    table[(True, 8)] = (14_486.0 / 1.04, 4.40)  # cheaper, but 4 % slower: not as fast
+    slower = coordinate_descent(measure, start, space, can_continue=lambda: True)
+    assert all(m[0] != "tokenize_in_encoder" for m in slower.moves)
+
+
+def test_a_point_that_paid_just_over_the_margin_is_not_left_again_as_fast_and_cheaper() -> None:
+    """B beats A by 3.05 %, A costs half B's CPU: A -> B is a rate move, and B -> A must not read as fast
+    (within 3 % of B from A's side is 1/1.0305 = 0.970 < 1/1.03), or the descent would go back and forth."""
+    space = Space((Knob("instances", (1, 2)),))
+
+    def measure(label: str, config: dict[str, Any]) -> Point:
+        one = config["instances"] == 1
+        return Point(label, config, 100.0 if one else 103.05, {"server_cores": 1.0 if one else 2.0})
+
+    result = coordinate_descent(measure, {"instances": 1}, space, can_continue=lambda: True)
+    assert [m[:3] for m in result.moves] == [("instances", 1, 2)] and result.stopped == "converged"
 
 
 def test_a_round_that_moved_nothing_measures_the_close_ones_again_and_moves_by_median() -> None:

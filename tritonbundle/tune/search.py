@@ -85,7 +85,8 @@ def noise_band(measured: Mapping[Any, list[Point]]) -> float:
 
 
 def cut_short(point: Point) -> bool:
-    """The time budget ended ``point``'s rate search before it bracketed the knee: its rate is a floor."""
+    """The time budget ended ``point``'s rate search before it finished (before or while it narrowed the
+    knee down): its rate is a floor."""
     return point.detail.get("stopped") == TIME_BUDGET
 
 
@@ -96,7 +97,8 @@ def cpu_per_request(point: Point) -> float | None:
 
 
 def cheaper(candidate: Point, current: Point) -> bool:
-    """``candidate`` serves a request on at most :data:`CHEAPER` of ``current``'s server CPU."""
+    """``candidate`` serves a request on at most :data:`CHEAPER` of ``current``'s server CPU (each point's
+    own measurement: a 20 % margin is wider than the host's drift between calls on the H200)."""
     mine, theirs = cpu_per_request(candidate), cpu_per_request(current)
     return mine is not None and theirs is not None and mine <= theirs * CHEAPER
 
@@ -182,7 +184,9 @@ def coordinate_descent(
                     candidate = visit(label, config)
                     tried.append((knob.name, step, candidate))
                     mine, theirs = compare(candidate)
-                    as_fast = mine >= theirs * (1 - min_gain) and cheaper(candidate, current)
+                    # As fast: within the margin seen from the candidate's side, so that a move back from a
+                    # point that paid just over the margin is never also "as fast" (no back and forth).
+                    as_fast = mine * (1 + min_gain) >= theirs and cheaper(candidate, current)
                     if mine <= theirs * (1 + min_gain) and not as_fast:
                         further = knob.past(origin, step)
                         if (again is not None and step == value and not looked and further is not None
