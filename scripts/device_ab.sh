@@ -14,7 +14,7 @@
 #               run killed at 115 s)
 #   --budget    each run's --budget-s (default 75; a run is killed 40 s past it): more for settings
 #               whose instances take longer to start (more CUDA graphs: the 18 batch buckets start in
-#               52-55 s, and at 95 two of three ladders ended right after 13,500 req/s passed: give 120)
+#               52-55 s, and at 95 the budget cut all three ladders of an A/B: give 120, with --deadline 420)
 #   NAME=FILE   a setting: its --tuned file; +VAR=VALUE sets an environment variable for its runs only,
 #               +--flag=VALUE passes a flag of the bench (e.g. +--load-procs=4; values without '+')
 # e.g. (carry .device/server, .device/stubs; ~440 s with the install):
