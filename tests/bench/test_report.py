@@ -255,17 +255,20 @@ def test_a_level_past_the_knee_that_missed_on_a_full_queue_says_so() -> None:
     """The H200's MiniLM runs of the tenth session: in 10 of 16 the first level past the knee missed on
     requests Triton refused for a full queue (1.5-6.9 % of them), which the latency table alone shows only
     as p99 inf; where under 1 % were refused, the p99 of the answered ones decided."""
-    docs = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "h200-buckets"
-    queue = report.markdown(BenchResult.from_json(json.loads((docs / "minilm-fine-1" / "bench.json").read_text())))
+    docs = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
+
+    def markdown_of(run: str) -> str:
+        return report.markdown(BenchResult.from_json(json.loads((docs / run / "bench.json").read_text())))
+
+    queue = markdown_of("h200-buckets/minilm-fine-1")
     assert ("- bundle at 36,596 req/s offered: 3,357 of 60,291 (5.6 %): 3,357 WireError: UNAVAILABLE: Exceeds "
             "maximum queue size\n") in queue
     assert "bundle: the first level past its rate at the SLO (36,596 req/s) missed on refusals: the server " \
            "refused 5.6 % of its requests for a full queue" in queue
-    latency = report.markdown(BenchResult.from_json(json.loads((docs / "minilm-fine-2" / "bench.json").read_text())))
+    latency = markdown_of("h200-buckets/minilm-fine-2")
     assert "- bundle at 29,880 req/s offered: 997 of 55,364 (1.8 %)" in latency
     assert "the first level past its rate" not in latency  # 28,404 missed on its p99 (59.0 ms), nothing refused
-    wire = docs.parent / "h200-sender" / "minilm-wire-2" / "bench.json"
-    few = report.markdown(BenchResult.from_json(json.loads(wire.read_text())))
+    few = markdown_of("h200-sender/minilm-wire-2")
     assert "- bundle at 29,880 req/s offered: 217 of 54,978 (0.4 %)" in few  # 0.4 % refused, p99 59.5 ms: latency decided
     assert "the first level past its rate" not in few
 

@@ -303,10 +303,11 @@ def _threads(threads: Mapping[str, Sequence[Sequence[Any]]]) -> str:
 
 
 def _fixed_loads(entry: ModelResult) -> list[str]:
+    served = {system: entry.system(system, ServedResult) for system in ("naive", "peer", "bundle")}
+    sweeps = {system: result.sweep for system, result in served.items() if result is not None}
     levels: dict[float, dict[str, StepResult]] = {}
-    for system in ("naive", "peer", "bundle"):
-        served = entry.system(system, ServedResult)
-        for s in served.sweep.steps if served is not None else []:
+    for system, sweep in sweeps.items():
+        for s in sweep.steps:
             levels.setdefault(round(float(s.offered_rps), 1), {})[system] = s
     if not levels:
         return []
@@ -326,9 +327,8 @@ def _fixed_loads(entry: ModelResult) -> list[str]:
                 f"({100 * level.error_ratio:.1f} %): " + "; ".join(
                     f"{n:,} {_REQUEST_ID.sub('', why)}" for why, n in (level.extra.get("errors") or {}).items())
                 for system, level in failed]
-    for system in ("naive", "peer", "bundle"):
-        served = entry.system(system, ServedResult)
-        refused = _refused_past_the_knee(served.sweep.steps, served.sweep.best_rps) if served is not None else None
+    for system, sweep in sweeps.items():
+        refused = _refused_past_the_knee(sweep.steps, sweep.best_rps)
         if refused is not None:
             out.append(f"\n{system}: the first level past its rate at the SLO ({refused.offered_rps:,.0f} req/s) missed "
                        f"on refusals: the server refused {100 * refused.error_ratio:.1f} % of its requests for a full "
