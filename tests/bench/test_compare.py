@@ -27,7 +27,8 @@ def test_the_plain_text_ab_sums_up_as_the_docs_say() -> None:
     assert all(r.tokenize_per_row is None and r.host_ms is None for r in python), "not counted apart before 2026-12-04"
     table = markdown([settings["bert-base-python"]])
     assert "| bert-base-python | 13,558 / 13,558 / 14,184 | **13,558** [13,558-14,184] | 0.101-0.109 | - |" in table
-    assert table.rstrip().endswith("| 1.10-1.11 | - | 26-29 |"), table  # computed/useful, host, start-up
+    # computed/useful, cores busy at the knee (no host capacity then), host workload, start-up
+    assert table.rstrip().endswith("| 1.10-1.11 | 9.1-9.4 | - | 26-29 |"), table
 
 
 def test_the_tenth_sessions_abs_sum_up_as_the_docs_say() -> None:
@@ -77,7 +78,8 @@ PY
 def _template(into: Path) -> Path:
     """A committed H200 report with the figures the summary reads set to round numbers."""
     report = json.loads((ROOT / "docs" / "benchmarks" / "h200-plain-text" / "bert-base-python-1" / "bench.json").read_text())
-    report["environment"]["host_speed"] = {"python_ms_before": [41.5, 40.0]}
+    report["environment"]["host_speed"] = {"python_ms_before": [41.5, 40.0], "parallel_before": {
+        "procs": [1, 4, 8, 12, 16], "ms": [41.0, 41.5, 44.0, 55.0, 64.0], "cores": [1.0, 3.95, 7.45, 8.95, 10.25]}}
     report["models"]["bert_base"]["systems"]["bundle"]["breakdown"].update(
         encoder_execute_ms={"read": 1.0, "tokenize": 2.0}, encoder_rows_per_execute=10.0, achieved_rps=1000.0,
         cpu_cores={"server:stub[m]": 0.25, "load0:python3": 0.5})
@@ -111,7 +113,7 @@ def test_the_device_script_interleaves_the_settings_and_sums_them_up(tmp_path: P
     assert "b-2: exit 0" in done.stdout and "ok 2007 req/s at the SLO" in done.stdout
     summary = (out / "summary.md").read_text()
     assert ("| b | 1,007 / 2,007 | **1,507** [1,007-2,007] | 0.100-0.100 | 0.200-0.200 | 0.250-0.250 | 0.500-0.500 "
-            "| 1.11-1.11 | 41.5-41.5 | 29-29 |") in summary
+            "| 1.11-1.11 | 0.8-0.8 (10.2-10.2) | 41.5-41.5 | 29-29 |") in summary
     assert json.loads((out / "runs" / "a-2" / "bench.json").read_text())["models"]["bert_base"]["systems"]["bundle"][
         "best_rps"] == 2000
     assert (out / "runs.tgz").stat().st_size > 0
@@ -127,3 +129,13 @@ def test_the_device_script_refuses_a_setting_item_it_cannot_place(tmp_path: Path
                           env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "'--load-procs' is neither VAR=VALUE nor --flag=VALUE" in done.stderr
     assert not (tmp_path / "calls.txt").exists()
+
+
+def test_minilms_knees_fell_at_about_ten_busy_cores_whatever_their_rate() -> None:
+    """measure/host.py's reason for the host's capacity reading: every MiniLM A/B run on the H200
+    (2026-12-03/04) reached its knee with 9.2-11.0 of the 16 CPUs busy, at 10,800-34,800 req/s."""
+    runs = [run for folder in ("h200-plain-text", "h200-word-cache", "h200-buckets", "h200-sender")
+            for s in summarize(ROOT / "docs" / "benchmarks" / folder) if s.name.startswith("minilm") for run in s.runs]
+    assert len(runs) == 22
+    assert 9.15 <= min(r.cores_busy or 0 for r in runs) and max(r.cores_busy or 99 for r in runs) <= 11.05
+    assert round(min(r.rps or 0 for r in runs), -2) == 10800 and round(max(r.rps or 0 for r in runs), -2) == 34800

@@ -3,6 +3,7 @@ the run, and the hypervisor's share of the CPU time over it."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -34,3 +35,22 @@ def test_the_report_prints_the_host_speed_and_older_reports_stay_as_they_were() 
             ) in report.markdown(result).splitlines()
     assert BenchResult.from_json(result.to_json()).environment["host_speed"] == record
     assert "host speed" not in report.markdown(BenchResult("tritonbundle bench gpu", {"device": "cuda"}, {"date": "d"}))
+
+
+def test_the_processes_run_at_once_so_more_of_them_than_cpus_do_no_more_than_the_cpus() -> None:
+    """Twice as many processes as CPUs, started on a barrier: each takes about twice as long as one alone,
+    so the work done is at most the CPUs' worth (one after another, it would read as 2 x the CPUs)."""
+    cpus = os.cpu_count() or 1
+    reading = host.capacity([1, 2 * cpus], repeat=2)
+    assert reading["procs"] == [1, 2 * cpus] and reading["cores"][0] == 1.0
+    assert 0.3 <= reading["cores"][1] <= 1.3 * cpus + 0.3, reading
+    assert reading["ms"][1] > reading["ms"][0]
+    record = {"python_ms_before": [40.0, 39.0], "python_ms_after": [41.0, 40.0], "steal_share": 0.0,
+              "parallel_before": reading}
+    assert host.capacity_cores(record) == reading["cores"][1] and host.capacity_cores({}) is None
+    assert f"in {2 * cpus} processes at once before the run it did {reading['cores'][1]} cores' worth" in host.describe(record)
+
+
+def test_the_process_counts_go_from_one_to_every_cpu() -> None:
+    assert host.process_counts(16) == [1, 4, 8, 12, 16]
+    assert host.process_counts(2) == [1, 2] and host.process_counts(1) == [1]

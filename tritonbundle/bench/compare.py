@@ -1,8 +1,9 @@
 """Interleaved A/B runs, summed up: the bench reports of one device call's rounds (``scripts/device_ab.sh``
 writes ``runs/<setting>-<round>/bench.json``), grouped by setting, as the median and range of each
 setting's knee with what explains it at the knee: reading and tokenizing per row, the Python stubs'
-CPU time per answered request, computed/useful tokens, and the host's speed (``measure/host.py``) and
-the server's start-up time beside each run.
+CPU time per answered request, the cores busy at the knee in all (against what the host did with all its
+CPUs busy, where the run measured it), computed/useful tokens, and the host's speed (``measure/host.py``)
+and the server's start-up time beside each run.
 
 On the H200 the knee moves 15-35 % from one run to the next (docs/benchmarks.md), so a setting is
 judged by the median of interleaved rounds; the per-row and per-request figures say whether a
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from tritonbundle.bench.records import BundleResult
 from tritonbundle.bench.result import BenchResult
+from tritonbundle.measure import host
 
 _RUN = re.compile(r"^(?P<setting>.+)-(?P<round>\d+)$")
 
@@ -42,6 +44,10 @@ class Run:
     load_ms_per_request: float | None = None
     #: The host workload's median time before the run, ms (None in reports before 2026-12-04).
     host_ms: float | None = None
+    #: Every measured process's CPU at the knee, in cores; the host's cores' worth of work with all its
+    #: CPUs busy, before the run (``measure.host.capacity``; None in reports before 2026-12-05).
+    cores_busy: float | None = None
+    host_capacity: float | None = None
     #: Tokens computed per useful token over the run, and the server's start-up, s.
     computed_per_useful: float | None = None
     startup_s: float | None = None
@@ -66,8 +72,9 @@ def read_run(path: Path) -> Run:
     result = BenchResult.from_json(json.loads((path / "bench.json").read_text()))
     match = _RUN.match(path.name)
     bundle = next((m.systems["bundle"] for m in result.models.values() if "bundle" in m.systems), None)
+    speed = result.environment.get("host_speed") or {}
     run = Run(int(match["round"]) if match else 0, bundle.best_rps if bundle is not None else None,
-              host_ms=(result.environment.get("host_speed") or {}).get("python_ms_before", [None])[0])
+              host_ms=speed.get("python_ms_before", [None])[0], host_capacity=host.capacity_cores(speed))
     if bundle is not None:
         run.computed_per_useful = bundle.computed_per_useful
     if isinstance(bundle, BundleResult):
@@ -79,6 +86,8 @@ def read_run(path: Path) -> Run:
     if rows:
         run.read_per_row = phases["read"] / rows if "read" in phases else None
         run.tokenize_per_row = phases["tokenize"] / rows if "tokenize" in phases else None
+    if b.cpu_cores:
+        run.cores_busy = sum(b.cpu_cores.values())
     if b.achieved_rps:
         run.stub_ms_per_request = 1000.0 * sum(v for k, v in b.cpu_cores.items() if "stub[" in k) / b.achieved_rps
         run.load_ms_per_request = 1000.0 * sum(v for k, v in b.cpu_cores.items() if k.startswith("load")) / b.achieved_rps
@@ -102,19 +111,24 @@ def _span(values: list[float | None], digits: int = 3) -> str:
     return f"{min(got):.{digits}f}-{max(got):.{digits}f}" if got else "-"
 
 
+def _cores(runs: list[Run]) -> str:
+    capacity = _span([r.host_capacity for r in runs], 1)
+    return _span([r.cores_busy for r in runs], 1) + (f" ({capacity})" if capacity != "-" else "")
+
+
 def markdown(settings: list[Setting]) -> str:
     """The table the docs carry: one row per setting."""
     lines = ["| setting | req/s at the SLO, by round | median [range] | read per row (ms) | tokenize per row (ms) "
              "| stubs' CPU per request (ms) | load generators' CPU per request (ms) | computed/useful "
-             "| host workload (ms) | start-up (s) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| cores busy at the knee (host's capacity) | host workload (ms) | start-up (s) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in settings:
         rates = s.rates
         lines.append(
             f"| {s.name} | {' / '.join(f'{r:,.0f}' for r in rates)} | **{s.median:,.0f}** [{min(rates):,.0f}-"
             f"{max(rates):,.0f}] | {_span([r.read_per_row for r in s.runs])} | {_span([r.tokenize_per_row for r in s.runs])} "
             f"| {_span([r.stub_ms_per_request for r in s.runs])} | {_span([r.load_ms_per_request for r in s.runs])} "
-            f"| {_span([r.computed_per_useful for r in s.runs], 2)} | {_span([r.host_ms for r in s.runs], 1)} "
+            f"| {_span([r.computed_per_useful for r in s.runs], 2)} | {_cores(s.runs)} | {_span([r.host_ms for r in s.runs], 1)} "
             f"| {_span([r.startup_s for r in s.runs], 0)} |")
     return "\n".join(lines) + "\n"
 

@@ -6,13 +6,23 @@ over the run (``steal`` in ``/proc/stat``, through psutil).
 Why: on the H200 (2026-12-04) a call read every configuration at half the rate the call before had
 read, on the same machine, with the load generators' CPU time per request up 40 % for code that had
 not changed; nothing in the reports said whether the host was slower (docs/benchmarks.md, "the
-plain-text tokenizer")."""
+plain-text tokenizer").
+
+The same workload in 1, a quarter, half, three quarters and all of the CPUs' processes at once
+(:func:`capacity`) says how many cores' worth of work the host does with every CPU busy. A VM's
+"16 cores" may be 8 physical cores' hyperthreads, or share them with other guests: then 10 busy CPUs
+can be the host's limit while 6 read idle. MiniLM's knees on the H200 (2026-12-04) fell at 9.2-11.0
+busy cores of 16 whatever their rate (10,800-34,800 req/s): this is the reading that tells a full host
+from a half-idle one."""
 
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 #: Times the workload runs for one reading (its median and fastest are kept).
@@ -39,6 +49,55 @@ def _work() -> int:
     return total
 
 
+def process_counts(cpus: int) -> list[int]:
+    """The process counts :func:`capacity` runs: 1, then a quarter, half, three quarters and all of ``cpus``."""
+    return sorted({1, *(max(1, cpus * q // 4) for q in (1, 2, 3, 4))})
+
+
+def capacity(procs: Sequence[int] | None = None, *, repeat: int = 3,
+             work: Callable[[], object] | None = None) -> dict[str, Any]:
+    """The workload run ``repeat`` times in each of ``n`` processes started together, for each ``n`` of
+    ``procs`` (default: :func:`process_counts` of this machine's CPUs). ``ms``: the median process's
+    median time; ``cores``: the work done, in cores' worth (``n`` x the time alone / the time among ``n``).
+
+    Processes, not threads (the GIL); spawned, not forked (the bench has threads by then); they wait on
+    a barrier, so that they run at once. ~3 s on 16 CPUs."""
+    counts = list(procs) if procs is not None else process_counts(os.cpu_count() or 1)
+    ctx = multiprocessing.get_context("spawn")
+    ms: list[float] = []
+    for n in counts:
+        barrier, results = ctx.Barrier(n), ctx.Queue()
+        workers = [ctx.Process(target=_timed, args=(barrier, results, repeat, work or _work), daemon=True)
+                   for _ in range(n)]
+        for w in workers:
+            w.start()
+        medians = [results.get(timeout=120) for _ in workers]
+        for w in workers:
+            w.join(timeout=10)
+        ms.append(round(statistics.median(medians), 2))
+    alone = ms[counts.index(1)] if 1 in counts else None
+    cores = [round(n * alone / t, 2) if alone and t > 0 else None for n, t in zip(counts, ms, strict=True)]
+    return {"procs": counts, "ms": ms, "cores": cores}
+
+
+def _timed(barrier: Any, results: Any, repeat: int, work: Callable[[], object]) -> None:
+    """One process of :func:`capacity`: waits for the others, then puts its median time (ms)."""
+    barrier.wait(timeout=60)
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        work()
+        times.append(1000.0 * (time.perf_counter() - t0))
+    results.put(statistics.median(times))
+
+
+def capacity_cores(record: dict[str, Any]) -> float | None:
+    """The cores' worth of work the host did with its most processes at once (a host-speed record's
+    ``parallel_before``), or None."""
+    cores = (record.get("parallel_before") or {}).get("cores") or [None]
+    return float(cores[-1]) if isinstance(cores[-1], (int, float)) else None
+
+
 def _cpu_times() -> dict[str, float] | None:
     try:
         import psutil
@@ -50,13 +109,16 @@ def _cpu_times() -> dict[str, float] | None:
 class HostWatch:
     """Started before a run, :meth:`finish` after it: the record the report prints."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, parallel: bool = True) -> None:
         self.before = python_ms()
+        self.parallel = capacity() if parallel else None
         self.times = _cpu_times()
 
     def finish(self) -> dict[str, Any]:
         after, times = python_ms(), _cpu_times()
         out: dict[str, Any] = {"python_ms_before": list(self.before), "python_ms_after": list(after), "steal_share": None}
+        if self.parallel is not None:
+            out["parallel_before"] = self.parallel
         if self.times is not None and times is not None and "steal" in times:
             # guest time is already counted in user (Linux: /proc/stat), so it is left out of the total
             delta = {k: times[k] - self.times.get(k, 0.0) for k in times if not k.startswith("guest")}
@@ -71,4 +133,12 @@ def describe(record: dict[str, Any]) -> str:
     steal = record.get("steal_share")
     return (f"a fixed Python workload took {before[0]} ms before the run and {after[0]} ms after it (median of "
             f"{REPEAT}; lower is faster, compare across runs); CPU time taken by the hypervisor (steal) during it: "
-            + (f"{100 * steal:.1f} %" if steal is not None else "not reported"))
+            + (f"{100 * steal:.1f} %" if steal is not None else "not reported")
+            + (f"; {_capacity_text(record['parallel_before'])}" if record.get("parallel_before") else ""))
+
+
+def _capacity_text(parallel: dict[str, Any]) -> str:
+    procs, ms, cores = parallel["procs"], parallel["ms"], parallel["cores"]
+    worth = ", ".join(f"{n}: {c}" for n, c in zip(procs, cores, strict=True))
+    return (f"in {procs[-1]} processes at once before the run it did {cores[-1]} cores' worth of work (each took "
+            f"{ms[-1]} ms against {ms[0]} alone; cores' worth by processes {worth})")
