@@ -132,8 +132,9 @@ def test_the_device_script_refuses_a_setting_item_it_cannot_place(tmp_path: Path
 
 
 def test_minilms_knees_fell_at_about_ten_busy_cores_whatever_their_rate() -> None:
-    """measure/host.py's reason for the host's capacity reading: every MiniLM A/B run on the H200
-    (the eighth and tenth sessions, 2026-12-04) reached its knee with 9.2-11.0 of the 16 CPUs busy, at 10,800-34,800 req/s."""
+    """measure/host.py's reason for the host's capacity reading: every MiniLM A/B run on the H200 (the
+    eighth and tenth sessions, 2026-12-04) reached its knee with 9.2-11.0 of the 16 CPUs busy, at
+    10,800-34,800 req/s."""
     runs = [run for folder in ("h200-plain-text", "h200-word-cache", "h200-buckets", "h200-sender")
             for s in summarize(ROOT / "docs" / "benchmarks" / folder) if s.name.startswith("minilm") for run in s.runs]
     assert len(runs) == 22
