@@ -170,7 +170,7 @@ def test_text_models_classify_and_rerank_like_onnx_runtime(server: Any, project:
         results = client.classify(texts)
         only = client.infer({"TEXT": np.array([[t.encode()] for t in texts], dtype=object)}, outputs=["score"])
         assert set(only) == {"score"} and only["score"].shape == (3, 1)  # no ensemble deadlock without logits
-    for text, result, feed in zip(texts, results, _encode(texts)):
+    for text, result, feed in zip(texts, results, _encode(texts), strict=True):
         logits = _onnx(project, "classifier/model.onnx", feed)["logits"][0]
         np.testing.assert_allclose(result.logits, logits, rtol=1e-4, atol=1e-5)
         probs = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()

@@ -80,6 +80,7 @@ def test_tune_beats_a_bad_start_and_reports_the_defaults(exported_minilm: Path, 
     assert code == 0 and resumed["resumed_from"] == str(out / "tune.json")
     # A point whose rate search the budget cut is a floor: it is not taken over, and is measured again.
     kept = [p for p in result["points"] if p["detail"].get("stopped") != "time budget"]
+    assert kept, "the first run measured no point to the end: nothing to take over"
     assert resumed["points"][: len(kept)] == kept
     measured_before = {json.dumps(p["config"], sort_keys=True) for p in kept}
     new = resumed["points"][len(kept) :]

@@ -45,7 +45,7 @@ def _whole(path: str, max_length: int = 128) -> Any:
 
 def _same_ids(tok: Any, whole: Any, rows: list[Any]) -> None:
     got, want = tok.encode_batch_fast(rows), whole.encode_batch(rows)
-    for row, a, b in zip(rows, got, want):
+    for row, a, b in zip(rows, got, want, strict=True):
         assert (a.ids, a.type_ids, a.attention_mask) == (b.ids, b.type_ids, b.attention_mask), row
 
 

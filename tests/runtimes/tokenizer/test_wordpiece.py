@@ -44,7 +44,7 @@ def test_cached_words_give_the_whole_tokenizers_ids_at_every_truncation(max_leng
     whole = _whole(path, max_length)
     texts = _texts(max_length, 300, 600)
     got = tok.encode_batch_fast(texts)
-    for text, a, b in zip(texts, got, whole.encode_batch(texts)):
+    for text, a, b in zip(texts, got, whole.encode_batch(texts), strict=True):
         assert isinstance(a, wordpiece.Ids), "every text here is plain: the cache serves it"
         assert (a.ids, a.type_ids, a.attention_mask, len(a)) == (b.ids, b.type_ids, b.attention_mask, len(b)), text
 
@@ -56,7 +56,7 @@ def test_a_full_cache_starts_again_and_pairs_and_other_texts_keep_their_paths(mo
     path = str(tokenizer_file("minilm"))
     tok, whole = load_tokenizer(path, 128), _whole(path, 128)
     rows: list[Any] = [*_texts(1, 40, 300), ("What is Triton?", "A SERVER."), "Café au lait", "tab\there"]
-    for row, a, b in zip(rows, tok.encode_batch_fast(rows), whole.encode_batch(rows)):
+    for row, a, b in zip(rows, tok.encode_batch_fast(rows), whole.encode_batch(rows), strict=True):
         assert (a.ids, a.type_ids) == (b.ids, b.type_ids), row
     assert 0 < len(tok.words.words) <= 50
     kinds = [type(e).__name__ for e in tok.encode_batch_fast(rows[-3:])]
