@@ -21,7 +21,8 @@
 #   bash scripts/device_ab.sh --install --rounds 3 \
 #       plain=docs/tuning/h200-handpicked/bert-base-fused8-t4-b64.json \
 #       rust=docs/tuning/h200-handpicked/bert-base-fused8-t4-b64.json+TRITONBUNDLE_TOKENIZER_NORMALIZER=rust
-#   (the load generators' sender: wire=FILE client=FILE+TRITONBUNDLE_LOAD_SENDER=client;
+#   (the load generators' sender: wire=FILE client=FILE+TRITONBUNDLE_LOAD_SENDER=client
+#    http=FILE+TRITONBUNDLE_LOAD_SENDER=http;
 #    their processes: procs4=FILE+--load-procs=4 procs11=FILE+--load-procs=11)
 # Every run: TRITONBUNDLE_GPU_SHARING=mps unless set, texts in, p99 <= 50 ms, --budget-s 75 (62-70 s a run).
 set -uo pipefail
@@ -37,7 +38,7 @@ while [ $# -gt 0 ]; do
     --model) model=$2; shift ;;
     --deadline) deadline=$2; shift ;;
     --budget) budget=$2; shift ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *=*) settings+=("$1") ;;
     *) echo "device_ab: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac

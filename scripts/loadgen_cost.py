@@ -1,7 +1,7 @@
 """What a load generator spends per request, by sender: the bench's own load generator (one worker
 process, Poisson arrivals) against the real tritonserver serving the example repository's ``minilm``,
-sending its gRPC requests as bytes built once (``wire``) or through the project's asyncio client
-(``client``), interleaved over ``--repeat`` rounds. Texts of ``--tokens`` tokens (default 16: on the 2-core
+sending its gRPC requests as bytes built once (``wire``), through the project's asyncio client
+(``client``), or as the HTTP client's requests built once (``http``), interleaved over ``--repeat`` rounds. Texts of ``--tokens`` tokens (default 16: on the 2-core
 development machine the CPU server keeps up with chat-length texts only at a few dozen requests per
 second; ``--tokens 0`` draws chat lengths). Prints, per run: the rate answered, p50/p99, and the
 CPU the load generator's process used per request (psutil), with the server's for context; then the
@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def run(served: ServedRepository, folder: Path, traffic: Path, how: str, rate: float, seconds: float, seed: int) -> float:
     os.environ[SENDER_ENV] = how
     with LoadPool(1, folder, how) as pool:
-        pool.setup(kind="grpc", url=served.grpc_url, model="minilm", traffic=str(traffic), seed=seed, timeout_s=10.0,
-                   pool=500)
+        pool.setup(kind="grpc", url=served.grpc_url, http_url=served.server.http_url, model="minilm",
+                   traffic=str(traffic), seed=seed, timeout_s=10.0, pool=500)
         assert served.server.process is not None
         meter = CpuMeter({"load": pool.pids[0], "server": served.server.process.pid})
         before = meter.read()

@@ -127,7 +127,7 @@ class ServedRepository:
         (``requests``: ``auto``, the model's own; ``tokens``, token rows to its encoder)."""
         assert self.server.process is not None, "start() first"
         pool.setup(kind="grpc", url=self.server.grpc_url, model=model, traffic=str(traffic), seed=seed,
-                   timeout_s=timeout_s, ready_timeout_s=ready_timeout_s, requests=requests)
+                   timeout_s=timeout_s, ready_timeout_s=ready_timeout_s, requests=requests, http_url=self.server.http_url)
         self._pool = pool
         self.model = model
         self._connected = {"model": model, "traffic": traffic, "seed": seed, "timeout_s": timeout_s,

@@ -23,6 +23,8 @@ def _requests(metrics_url: str) -> dict[str, float]:
     ("auto", "wire", {"minilm", "minilm_tokenizer", "minilm_encoder"}, set()),
     ("auto", "client", {"minilm", "minilm_tokenizer", "minilm_encoder"}, set()),
     ("tokens", "wire", {"minilm_encoder"}, {"minilm", "minilm_tokenizer"}),
+    ("auto", "http", {"minilm", "minilm_tokenizer", "minilm_encoder"}, set()),
+    ("tokens", "http", {"minilm_encoder"}, {"minilm", "minilm_tokenizer"}),
 ])
 def test_token_requests_go_straight_to_the_encoder(server: object, tmp_path: Path, requests: str, sender: str,
                                                    reached: set[str], skipped: set[str],
@@ -31,7 +33,7 @@ def test_token_requests_go_straight_to_the_encoder(server: object, tmp_path: Pat
     metrics_url = server.metrics_url  # type: ignore[attr-defined]
     with LoadPool(1, tmp_path, f"loadgen-{requests}") as pool:
         pool.setup(kind="grpc", url=server.grpc_url, model="minilm", traffic=str(TRAFFIC),  # type: ignore[attr-defined]
-                   seed=0, timeout_s=10.0, pool=50, requests=requests)
+                   seed=0, timeout_s=10.0, pool=50, requests=requests, http_url=server.http_url)  # type: ignore[attr-defined]
         before = _requests(metrics_url)
         step = pool.step(20.0, warmup_s=0.0, window_s=1.0, grace_s=5.0, seed=0)
         after = _requests(metrics_url)

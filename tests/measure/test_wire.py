@@ -5,6 +5,7 @@ limit like the client's, with the client's headers; a failed request names its s
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 
 from tritonbundle.clients.aio import AsyncGrpcClient
 from tritonbundle.clients.core import RetryPolicy
-from tritonbundle.measure.wire import WireError, WireRequest, WireSender, capture, sender
+from tritonbundle.measure.wire import HttpSender, WireError, WireRequest, WireSender, capture, sender
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -79,11 +80,90 @@ def test_a_failed_request_says_its_status_and_message(server: Any) -> None:
     asyncio.run(run())
 
 
-def test_the_sender_is_wire_unless_the_environment_says_client(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_sender_is_wire_unless_the_environment_says_client_or_http(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TRITONBUNDLE_LOAD_SENDER", raising=False)
     assert sender() == "wire"
     monkeypatch.setenv("TRITONBUNDLE_LOAD_SENDER", "client")
     assert sender() == "client"
+    monkeypatch.setenv("TRITONBUNDLE_LOAD_SENDER", "http")
+    assert sender() == "http"
     monkeypatch.setenv("TRITONBUNDLE_LOAD_SENDER", "bytes")
-    with pytest.raises(ValueError, match="TRITONBUNDLE_LOAD_SENDER='bytes': expected one of wire, client"):
+    with pytest.raises(ValueError, match="TRITONBUNDLE_LOAD_SENDER='bytes': expected one of wire, client, http"):
         sender()
+
+
+def _http_embeddings(answers: list[bytes]) -> np.ndarray[Any, Any]:
+    """Triton's HTTP answers with binary outputs: a JSON header, then each output's bytes."""
+    parts = []
+    for body in answers:
+        header, end = json.JSONDecoder().raw_decode(body.decode("latin-1"))
+        (output,) = [o for o in header["outputs"] if o["name"] == "embedding"]
+        size = output["parameters"]["binary_data_size"]
+        parts.append(np.frombuffer(body[end:end + size], dtype=np.float32).reshape(output["shape"]))
+    return np.concatenate(parts, axis=0)
+
+
+async def _client_and_http(server: Any, texts: list[str], headers: dict[str, str] | None = None
+                           ) -> tuple[np.ndarray[Any, Any], tuple[WireRequest, ...], np.ndarray[Any, Any]]:
+    async with AsyncGrpcClient(server.grpc_url, model="minilm", retry=RetryPolicy(max_attempts=1), headers=headers) as client:
+        expected = await client.embed(texts)
+        requests = await capture(client, lambda c: c.embed(texts), http_host=server.http_url)
+    http = HttpSender(server.http_url, timeout_s=30.0)
+    try:
+        got = _http_embeddings(await http.send(requests))
+        again = _http_embeddings(await http.send(requests))  # on the kept-alive connections
+    finally:
+        await http.close()
+    np.testing.assert_array_equal(got, again)
+    return expected, requests, got
+
+
+def test_the_http_requests_are_the_http_clients_and_are_split_like_it(server: Any) -> None:
+    """TRITONBUNDLE_LOAD_SENDER=http: the HTTP client's requests (tensors as binary data), split at the
+    model's batch limit, answered as the client's own call is."""
+    expected, requests, got = asyncio.run(_client_and_http(server, TEXTS))
+    assert len(requests) == 1 and requests[0].body.startswith(b"POST /v2/models/minilm/infer HTTP/1.1\r\n")
+    np.testing.assert_allclose(got, expected, atol=1e-4)
+    texts = [f"text number {i} " + "and rivers " * (i % 5) for i in range(40)]  # minilm: max_batch_size 32
+    expected, requests, got = asyncio.run(_client_and_http(server, texts, {"x-team": "team-a"}))
+    assert len(requests) == 2 and all(b"\r\nx-team: team-a\r\n" in r.body for r in requests)
+    assert got.shape == expected.shape == (40, expected.shape[1])
+    np.testing.assert_allclose(got, expected, atol=1e-4)
+
+
+def test_a_failed_http_request_says_its_status_and_the_connection_still_serves(server: Any) -> None:
+    async def run() -> None:
+        async with AsyncGrpcClient(server.grpc_url, model="minilm", retry=RetryPolicy(max_attempts=1)) as client:
+            good = await capture(client, lambda c: c.embed(["hi"]), http_host=server.http_url)
+        bad = WireRequest(good[0].body.replace(b"/v2/models/minilm/", b"/v2/models/no_such_model/", 1))
+        http = HttpSender(server.http_url, timeout_s=10.0)
+        try:
+            with pytest.raises(WireError, match=r"^HTTP 4\d\d: .*no_such_model"):
+                await http.send([bad])
+            assert len(await http.send(good)) == 1
+            assert len(http._open) == 1, "one connection served both: an error answer keeps it alive"
+        finally:
+            await http.close()
+
+    asyncio.run(run())
+
+
+def test_an_http_request_past_its_deadline_fails_and_its_connection_is_dropped() -> None:
+    """A server that reads and never answers (a socket on 127.0.0.1 this test opens): the request fails
+    as DEADLINE_EXCEEDED after timeout_s, and its connection is not used again."""
+    async def run() -> None:
+        server = await asyncio.start_server(lambda r, w: r.read(100_000), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        http = HttpSender(f"127.0.0.1:{port}", timeout_s=0.3)
+        request = WireRequest(b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+        try:
+            started = asyncio.get_running_loop().time()
+            with pytest.raises(WireError, match="^DEADLINE_EXCEEDED: no answer within 0.3 s"):
+                await http.send([request])
+            assert 0.25 <= asyncio.get_running_loop().time() - started < 5
+            assert not http._idle and not http._open
+        finally:
+            await http.close()
+            server.close()
+
+    asyncio.run(run())

@@ -54,7 +54,7 @@ def run_bundle(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> B
     padding = tokens_ratio(ref_step.extra.get("encoder", {})) if ref_step else {}
     return BundleResult(
         status="failed" if failed else "ok", error=failed, sweep=result, best_rps=result.best_rps, load_processes=procs, startup_s=round(startup_s, 1),
-        correctness=correctness, protocol="grpc (tritonbundle.clients.AsyncGrpcClient)", input=o.input,
+        correctness=correctness, protocol=_protocol(), input=o.input,
         precision=o.precision, encoder_instances=info, padding=padding,
         computed_per_useful=padding.get("computed_per_useful"), seq_padded_per_useful=padding.get("seq_padded_per_useful"),
         breakdown=breakdown(recipe, ref_step, o) if ref_step else None,
@@ -63,6 +63,14 @@ def run_bundle(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> B
         went_down=[Restart(s.offered_rps, s.extra["down"], s.extra.get("restart_s"))
                    for s in result.steps if s.extra.get("down")],
     )
+
+
+def _protocol() -> str:
+    """What the load generators speak: gRPC, or HTTP (``TRITONBUNDLE_LOAD_SENDER=http``, measure/wire.py)."""
+    from tritonbundle.measure.wire import sender
+
+    return "http (tritonbundle.clients.AsyncHttpClient's requests)" if sender() == "http" else \
+        "grpc (tritonbundle.clients.AsyncGrpcClient)"
 
 
 def first_answers(served: ServedRepository, name: str, texts: list[str], expected: Any,

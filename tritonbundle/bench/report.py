@@ -134,7 +134,9 @@ def markdown(result: BenchResult) -> str:
         + (f" ({env['physical_cores']} physical cores)" if env.get("physical_cores") else ""),
         *([f"- GPU sharing (the bundle's instances): {env['gpu_sharing']}"] if env.get("gpu_sharing") else []),
         *([f"- host speed: {host.describe(env['host_speed'])}"] if env.get("host_speed") else []),
-        *([f"- the bundle's load generators send gRPC requests: {env['load_sender']} (TRITONBUNDLE_LOAD_SENDER)"]
+        *([f"- the bundle's load generators send gRPC requests: {env['load_sender']} (TRITONBUNDLE_LOAD_SENDER)"
+           if env["load_sender"] != "http" else
+           "- the bundle's load generators send HTTP requests, built once (TRITONBUNDLE_LOAD_SENDER=http)"]
           if env.get("load_sender") else []),
         "- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
         f"- command: `{result.command}`",

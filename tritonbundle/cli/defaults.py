@@ -82,6 +82,7 @@ ENVIRONMENT = {
     "TRITONBUNDLE_LOAD_SENDER": "`client`: `bench` and `tune` load generators send each gRPC request through the "
                                 "project's asyncio client instead of as bytes built once per request of their "
                                 "pool (`wire`, the default: the same requests for less of the host's CPU, "
-                                "`measure/wire.py`); for A/B measurements",
+                                "`measure/wire.py`); `http`: the HTTP client's requests, built once, on kept-alive "
+                                "HTTP/1.1 connections to the server's HTTP port; for A/B measurements",
     "TRITONBUNDLE_LOADTEST": "set by `loadtest`: the settings the locustfile reads",
 }

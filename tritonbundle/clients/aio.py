@@ -225,15 +225,7 @@ class AsyncHttpClient(_AsyncBaseClient):
         self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str], timeout_s: float,
         headers: Mapping[str, str] | None = None,
     ) -> dict[str, np.ndarray[Any, Any]]:
-        import tritonclient.http.aio as aiohttpclient
-        from tritonclient.utils import np_to_triton_dtype
-
-        inputs = []
-        for name, array in arrays.items():
-            inp = aiohttpclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-            inp.set_data_from_numpy(array, binary_data=True)
-            inputs.append(inp)
-        requested = [aiohttpclient.InferRequestedOutput(name, binary_data=True) for name in outputs]
+        inputs, requested = http_tensors(arrays, outputs)
         if self._in_flight >= self.max_in_flight:
             raise ClientBusyError(
                 f"model {model!r} over http: {self._in_flight} calls already in flight (max_in_flight="
@@ -294,6 +286,21 @@ def grpc_tensors(arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[s
         inp.set_data_from_numpy(array)
         inputs.append(inp)
     return inputs, [aiogrpcclient.InferRequestedOutput(name) for name in outputs]
+
+
+def http_tensors(arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str]) -> tuple[list[Any], list[Any]]:
+    """tritonclient's HTTP ``InferInput``s holding ``arrays`` as binary data and ``InferRequestedOutput``s
+    (binary) for ``outputs``: what :class:`AsyncHttpClient` sends, and what the load generator's HTTP
+    requests on the wire are built from (:mod:`tritonbundle.measure.wire`)."""
+    import tritonclient.http.aio as aiohttpclient
+    from tritonclient.utils import np_to_triton_dtype
+
+    inputs = []
+    for name, array in arrays.items():
+        inp = aiohttpclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+        inp.set_data_from_numpy(array, binary_data=True)
+        inputs.append(inp)
+    return inputs, [aiohttpclient.InferRequestedOutput(name, binary_data=True) for name in outputs]
 
 
 async def aconnect(url: str, *, protocol: str = "http", **options: Any) -> _AsyncBaseClient:

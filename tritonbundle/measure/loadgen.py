@@ -7,6 +7,7 @@ the served model; HTTP: aiohttp against the naive server) and builds its request
 sample (gRPC: the model's own requests, :func:`tritonbundle.payloads.for_model`: texts through its
 task's method, or tensors of its declared shapes, or token rows to a text model's encoder, each built
 once into the bytes it sends, :mod:`tritonbundle.measure.wire`, unless ``TRITONBUNDLE_LOAD_SENDER=client``;
+``TRITONBUNDLE_LOAD_SENDER=http``: the same calls as the HTTP client's requests, to the server's HTTP port;
 HTTP: texts); ``step`` sends Poisson arrivals at a rate for a while and returns the latencies of the
 requests scheduled inside the measured window.
 
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from tritonbundle.measure.latency import StepResult, percentile, step_result
-from tritonbundle.measure.wire import WireSender, capture, sender
+from tritonbundle.measure.wire import SENDER_ENV, HttpSender, WireSender, capture, sender
 
 #: The load generators' event-loop watch: a timer this often, its lateness sampled (2 ms: ~500 wake-ups a
 #: second, a small cost beside thousands of requests).
@@ -63,8 +64,8 @@ class _Worker:
         #: (tokens, request): texts for HTTP; for gRPC the WireRequests of a call (wire), else its payloads.Call.
         self.pool: list[tuple[int, Any]] = []
         self.client: Any = None
-        #: gRPC requests as bytes (the ``wire`` sender), else None: sent through ``client``.
-        self.wire: WireSender | None = None
+        #: Requests as bytes (the ``wire`` and ``http`` senders), else None: sent through ``client``.
+        self.wire: WireSender | HttpSender | None = None
         self.session: Any = None
         self.url = ""
         self.path = "/embed"
@@ -88,11 +89,14 @@ class _Worker:
                                  max_batch=int(cmd.get("max_batch", 1)), kind=str(cmd.get("requests", "auto")))
             calls = [requests.next() for _ in range(int(cmd.get("pool", 2000)))]
             self.pool = [(c.tokens * c.rows, c) for c in calls]
-            if str(cmd.get("sender", "wire")) == "wire":
-                # One call through the client (its answer decoded and checked), then the pool as bytes.
+            how = str(cmd.get("sender", "wire"))
+            if how in ("wire", "http"):
+                # One call through the client (its answer decoded and checked), then the pool as bytes:
+                # gRPC's, or the HTTP client's to the server's HTTP endpoint.
                 await self.one(calls[0])
-                self.pool = [(tokens, await capture(self.client, c.send)) for tokens, c in self.pool]
-                self.wire = WireSender(self.url, timeout_s=self.timeout_s)
+                http = str(cmd["http_url"]) if how == "http" else None
+                self.pool = [(tokens, await capture(self.client, c.send, http_host=http)) for tokens, c in self.pool]
+                self.wire = HttpSender(http, timeout_s=self.timeout_s) if http else WireSender(self.url, timeout_s=self.timeout_s)
         elif self.kind == "http":
             self.pool = text_pool(cmd["traffic"], seed=int(cmd["seed"]), size=int(cmd.get("pool", 2000)))
             import aiohttp
@@ -311,13 +315,18 @@ class LoadPool:
         return answers
 
     def setup(self, *, kind: str, url: str, model: str, traffic: str, seed: int, timeout_s: float, pool: int = 2000,
-              ready_timeout_s: float = 120.0, path: str = "/embed", requests: str = "auto") -> None:
+              ready_timeout_s: float = 120.0, path: str = "/embed", requests: str = "auto",
+              http_url: str | None = None) -> None:
         """``requests`` (gRPC): ``auto``, the model's own requests, or ``tokens``, token rows to its encoder.
-        gRPC requests go as bytes or through the client as ``TRITONBUNDLE_LOAD_SENDER`` says (:func:`sender`)."""
+        gRPC requests go as bytes, through the client, or as HTTP requests to ``http_url`` (the same
+        server's HTTP endpoint) as ``TRITONBUNDLE_LOAD_SENDER`` says (:func:`sender`)."""
         how = sender()
+        if how == "http" and kind == "grpc" and not http_url:
+            raise ValueError(f"{SENDER_ENV}=http: the load generators need the server's HTTP address (http_url)")
         self._ask_all([
             {"op": "setup", "kind": kind, "url": url, "model": model, "traffic": traffic, "seed": seed * 1000 + i,
-             "timeout_s": timeout_s, "pool": pool, "path": path, "requests": requests, "sender": how}
+             "timeout_s": timeout_s, "pool": pool, "path": path, "requests": requests, "sender": how,
+             "http_url": http_url}
             for i in range(self.processes)
         ], ready_timeout_s)
 

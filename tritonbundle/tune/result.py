@@ -130,7 +130,7 @@ class TuneResult:
     gpu_sharing: str | None = None
     #: The earlier run's report this one went on from (``--resume``); its points come first.
     resumed_from: str | None = None
-    #: How the load generators sent gRPC requests (``TRITONBUNDLE_LOAD_SENDER``); None in reports written
+    #: How the load generators sent their requests (``TRITONBUNDLE_LOAD_SENDER``); None in reports written
     #: before it was recorded, which sent through the client.
     load_sender: str | None = None
 
