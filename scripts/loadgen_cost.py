@@ -9,6 +9,12 @@ median and range per sender. Needs ``model_repository/`` (``make demo`` or ``tri
 
     .venv/bin/python scripts/loadgen_cost.py --rate 150 --seconds 10 --repeat 3
     .venv/bin/python scripts/loadgen_cost.py --rate 40 --seconds 15 --repeat 3 --tokens 0
+
+``--identity`` serves a model that does next to nothing instead (16 floats back as they came, a Python
+backend model batched to 64), so that the rate can be high and the server's figure is mostly its
+frontend's (gRPC or HTTP) and scheduling per request:
+
+    .venv/bin/python scripts/loadgen_cost.py --identity --rate 1000 --seconds 10 --repeat 3
 """
 
 from __future__ import annotations
@@ -28,10 +34,30 @@ from tritonbundle.traffic import dump, synthetic
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(served: ServedRepository, folder: Path, traffic: Path, how: str, rate: float, seconds: float, seed: int) -> float:
+def identity_repository(folder: Path) -> Path:
+    """A repository of one model, ``identity``: FP32 [batch, 16] back as it came, batched to 64 (the
+    Python backend: the wheel's tritonserver has no other; one execute() per batch, numpy only)."""
+    version = folder / "repository" / "identity" / "1"
+    version.mkdir(parents=True)
+    (version / "model.py").write_text(
+        "import triton_python_backend_utils as pb_utils\n\n\n"
+        "class TritonPythonModel:\n"
+        "    def execute(self, requests):\n"
+        "        return [pb_utils.InferenceResponse([pb_utils.Tensor('y', pb_utils.get_input_tensor_by_name(r, 'x')"
+        ".as_numpy())]) for r in requests]\n")
+    (version.parent / "config.pbtxt").write_text(
+        'name: "identity"\nbackend: "python"\nmax_batch_size: 64\n'
+        'input [ { name: "x" data_type: TYPE_FP32 dims: [ 16 ] } ]\n'
+        'output [ { name: "y" data_type: TYPE_FP32 dims: [ 16 ] } ]\n'
+        'dynamic_batching { }\ninstance_group [ { count: 1 kind: KIND_CPU } ]\n')
+    return version.parent.parent
+
+
+def run(served: ServedRepository, folder: Path, traffic: Path, how: str, rate: float, seconds: float, seed: int,
+        model: str = "minilm") -> float:
     os.environ[SENDER_ENV] = how
     with LoadPool(1, folder, how) as pool:
-        pool.setup(kind="grpc", url=served.grpc_url, http_url=served.server.http_url, model="minilm",
+        pool.setup(kind="grpc", url=served.grpc_url, http_url=served.server.http_url, model=model,
                    traffic=str(traffic), seed=seed, timeout_s=10.0, pool=500)
         assert served.server.process is not None
         meter = CpuMeter({"load": pool.pids[0], "server": served.server.process.pid})
@@ -53,17 +79,20 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="seconds per run")
     parser.add_argument("--repeat", type=int, default=3, help="rounds, each sender once per round")
     parser.add_argument("--tokens", type=int, default=16, help="tokens per text; 0: chat lengths")
+    parser.add_argument("--identity", action="store_true", help="serve a do-nothing model instead of minilm")
     args = parser.parse_args()
     results: dict[str, list[float]] = {how: [] for how in SENDERS}
     with tempfile.TemporaryDirectory(prefix="loadgen-cost-") as tmp:
         folder = Path(tmp)
         sample = synthetic("fixed", fixed_tokens=args.tokens) if args.tokens else synthetic("chat")
         traffic = dump(sample, folder / "traffic.jsonl")
-        with ServedRepository(ROOT / "model_repository", folder) as served:
+        repository, model = (identity_repository(folder), "identity") if args.identity else \
+            (ROOT / "model_repository", "minilm")
+        with ServedRepository(repository, folder) as served:
             served.start(180)
             for r in range(args.repeat):
                 for how in SENDERS:
-                    results[how].append(run(served, folder, traffic, how, args.rate, args.seconds, seed=r))
+                    results[how].append(run(served, folder, traffic, how, args.rate, args.seconds, seed=r, model=model))
     for how, values in results.items():
         print(f"{how:6s}: load generator CPU per request, median {statistics.median(values):.3f} ms "
               f"[{min(values):.3f}-{max(values):.3f}] over {len(values)} runs")

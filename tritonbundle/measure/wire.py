@@ -20,9 +20,10 @@ again: what a caller of the client spends). ``TRITONBUNDLE_LOAD_SENDER=http`` se
 Triton's HTTP endpoint (KServe v2 ``POST /v2/models/<model>/infer``, binary tensors), each request built
 once by :class:`~tritonbundle.clients.aio.AsyncHttpClient`'s own code (its tensors, headers and
 server-side timeout; ``tritonclient.http``'s request body) and written on kept-alive HTTP/1.1
-connections, one request per connection at a time (:class:`HttpSender`). On the development machine
-grpcio's asyncio channel spent ~0.22 ms of the caller's CPU per call and such a connection ~0.08 at
-1,500 calls/s (docs/benchmarks.md, "HTTP on the wire"); on the H200 the load generators are a third of
+connections, one request per connection at a time (:class:`HttpSender`). On the development machine, at
+1,000 req/s against a model that does nothing (``scripts/loadgen_cost.py --identity``), the load
+generator spent 0.115 ms of CPU per request this way against 0.236 as gRPC bytes, and tritonserver 0.21
+against 0.26 (docs/benchmarks.md, "HTTP on the wire"); on the H200 the load generators are a third of
 the host's CPU at MiniLM's knee.
 """
 
