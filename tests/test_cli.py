@@ -84,8 +84,9 @@ def test_every_command_spells_a_concept_the_same_way_and_shows_its_defaults() ->
             if action.dest == "max_failure_ratio":
                 budgets[command] = action.default
             shown = action.option_strings and action.default not in (None, False, [], (), argparse.SUPPRESS)
-            if shown and action.help:
-                assert "(default: " in text, (command, action.dest)
+            if shown and action.help:  # this action's own help line, as --help prints it
+                assert "default" in p._get_formatter()._get_help_string(action) % {
+                    **vars(action), "prog": p.prog, "default": action.default}, (command, action.dest)
         if command == "loadtest":  # step/spike is the load's shape, not the traffic's
             assert "--load-shape" in text and "--traffic-shape" in text
     assert set(budgets.values()) == {0.01}, budgets  # one failure budget by default: loadtest, tune, bench gpu

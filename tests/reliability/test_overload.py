@@ -114,6 +114,7 @@ def test_retries_under_overload_stay_bounded_and_spread(default_server: Any) -> 
     assert len(sent) <= 200 * attempts_allowed
     # ...and retries were spread by jitter instead of arriving as a second synchronized burst.
     retries = np.array(sorted(t - started for t in sent))[200:]
-    if retries.size > 20:
-        busiest_10ms = max(np.sum((retries >= t) & (retries < t + 0.01)) for t in retries)
-        assert busiest_10ms < retries.size / 2, f"{busiest_10ms} of {retries.size} retries within 10 ms"
+    # (288 retries on the idle 2-core machine: the burst is far past the queue's bound)
+    assert retries.size > 20, f"only {retries.size} retries: too few to judge their spread"
+    busiest_10ms = max(np.sum((retries >= t) & (retries < t + 0.01)) for t in retries)
+    assert busiest_10ms < retries.size / 2, f"{busiest_10ms} of {retries.size} retries within 10 ms"
