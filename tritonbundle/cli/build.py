@@ -188,7 +188,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     shared.hidden(p, "--shape", dest="traffic_shape", choices=SHAPES)
     p.add_argument("--n", type=int, default=5000, help="number of requests")
     p.add_argument("--max-tokens", type=int, default=512)
-    p.add_argument("--tokens", type=int, default=128, help="length for --shape fixed")
+    p.add_argument("--tokens", type=int, default=128, help="length for --traffic-shape fixed")
     p.add_argument("--batch-max", type=int, default=1, help="batch sizes uniform over [1, N]")
     p.add_argument("--rate", type=float, help="add Poisson arrival times at this many requests/s")
     p.add_argument("--seed", type=int, default=0)
