@@ -54,3 +54,20 @@ def test_the_processes_run_at_once_so_more_of_them_than_cpus_do_no_more_than_the
 def test_the_process_counts_go_from_one_to_every_cpu() -> None:
     assert host.process_counts(16) == [1, 4, 8, 12, 16]
     assert host.process_counts(2) == [1, 2] and host.process_counts(1) == [1]
+
+
+def test_the_report_sets_the_cores_busy_at_the_knee_beside_the_hosts_capacity() -> None:
+    """A committed H200 MiniLM run (10.28 cores busy at its knee) with a capacity reading added."""
+    import json
+    from pathlib import Path
+
+    from tritonbundle.bench import report
+    from tritonbundle.bench.result import BenchResult
+
+    path = Path(__file__).resolve().parents[2] / "docs/benchmarks/h200-buckets/minilm-fine-3/bench.json"
+    data = json.loads(path.read_text())
+    (line,) = [x for x in report.markdown(BenchResult.from_json(data)).splitlines() if x.startswith("- CPU cores busy")]
+    assert "in all" not in line  # no capacity read then: the line as it was
+    data["environment"]["host_speed"]["parallel_before"] = {"procs": [1, 16], "ms": [40.0, 62.4], "cores": [1.0, 10.25]}
+    (line,) = [x for x in report.markdown(BenchResult.from_json(data)).splitlines() if x.startswith("- CPU cores busy")]
+    assert line.endswith("; 10.28 in all, against the 10.25 cores' worth the host did with every CPU busy before the run")

@@ -160,14 +160,14 @@ def markdown(result: BenchResult) -> str:
     md += ["", "## Ratios and targets", ""] + [f"- {line}" for line in ratio_lines(result)]
     for name, entry in result.models.items():
         md += ["", f"## {name}: {entry.description}", ""]
-        md += _model_lines(entry)
+        md += _model_lines(entry, host.capacity_cores(env.get("host_speed") or {}))
     md += ["", "Notes: latencies are measured by the client from each request's scheduled (Poisson) arrival time; "
            "failed or unanswered requests count as infinite latency. BERT-base weights are random (seed 0): "
            "its embeddings are meaningless, only its speed is measured.", ""]
     return "\n".join(md)
 
 
-def _model_lines(entry: ModelResult) -> list[str]:
+def _model_lines(entry: ModelResult, capacity: float | None = None) -> list[str]:
     """A model's section: its repository, latency per load, the ceiling, the answers checks, the peer's
     settings and the bundle's instances, restarts and breakdown."""
     md = []
@@ -204,7 +204,7 @@ def _model_lines(entry: ModelResult) -> list[str]:
                   + "; changed from its defaults: " + "; ".join(peer.changed or []))
     bundle = entry.system("bundle", BundleResult)
     if bundle is not None:
-        md += _bundle_lines(bundle)
+        md += _bundle_lines(bundle, capacity)
     return md
 
 
@@ -233,7 +233,9 @@ def _launch_cost_spread(instances: list[dict[str, Any]]) -> list[str]:
             f"timings (spread {100.0 * (max(times) - min(times)) / min(times):.0f} %)"]
 
 
-def _bundle_lines(bundle: BundleResult) -> list[str]:
+def _bundle_lines(bundle: BundleResult, capacity: float | None = None) -> list[str]:
+    """The bundle's readings at its knee; ``capacity``: the cores' worth of work the host did with all its
+    CPUs busy before the run (measure/host.py), set beside the cores busy there."""
     md = []
     for inst in bundle.encoder_instances or []:
         md.append(f"\nencoder instance {inst.get('instance')}: {inst.get('device')}, {inst.get('precision')}, "
@@ -283,7 +285,9 @@ def _bundle_lines(bundle: BundleResult) -> list[str]:
                   f"(sequence padding alone {_f(p.get('seq_padded_per_useful'), '.3f')})")
         cores = b.cpu_cores or {}
         if cores:
-            md.append("- CPU cores busy: " + ", ".join(f"{k} {val:.2f}" for k, val in sorted(cores.items(), key=lambda kv: -kv[1])))
+            md.append("- CPU cores busy: " + ", ".join(f"{k} {val:.2f}" for k, val in sorted(cores.items(), key=lambda kv: -kv[1]))
+                      + (f"; {sum(cores.values()):.2f} in all, against the {capacity} cores' worth the host did with "
+                         "every CPU busy before the run" if capacity is not None else ""))
         if b.cpu_threads:
             md.append("- busiest threads, share of one core (thread name): " + _threads(b.cpu_threads))
         md.append(f"- GPU utilisation {_f(b.gpu_util_mean, '.0f')} %" + _clocks(b.gpu_clocks))
