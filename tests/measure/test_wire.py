@@ -162,6 +162,13 @@ def test_an_http_request_past_its_deadline_fails_and_its_connection_is_dropped()
                 await http.send([request])
             assert 0.25 <= asyncio.get_running_loop().time() - started < 5
             assert not http._idle and not http._open
+            http.max_open = 1  # as if the process's file limit were reached: one more is refused, not sent
+            first = asyncio.ensure_future(http.send([request]))
+            await asyncio.sleep(0.05)
+            with pytest.raises(WireError, match="^RESOURCE_EXHAUSTED: 1 connections already out"):
+                await http.send([request])
+            with pytest.raises(WireError, match="^DEADLINE_EXCEEDED"):
+                await first
         finally:
             await http.close()
             server.close()

@@ -237,6 +237,18 @@ class _Connection(asyncio.Protocol):
             self.answer.set_exception(WireError(f"UNAVAILABLE: the server closed the connection ({exc})"))
 
 
+def _files_limit() -> int:
+    """The process's limit on open files, its soft limit raised to the hard one first (as load generators
+    do: a connection per request in flight)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        soft = hard
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
 class HttpSender:
     """Sends prepared HTTP requests (:func:`capture` with ``http_host``) on kept-alive connections to
     ``url`` (host:port), opening one more whenever every open one has a request out; ``send`` returns
@@ -249,6 +261,8 @@ class HttpSender:
         self.host, self.port, self.timeout_s = host, int(port), timeout_s
         self._idle: list[_Connection] = []
         self._open: set[_Connection] = set()
+        #: Connections this process may hold (each is a file; past the knee thousands can be out at once).
+        self.max_open = max(16, _files_limit() - 128)
 
     async def send(self, requests: Sequence[WireRequest]) -> list[bytes]:
         if len(requests) == 1:
@@ -259,6 +273,9 @@ class HttpSender:
         loop = asyncio.get_running_loop()
         if self._idle:
             conn = self._idle.pop()
+        elif len(self._open) >= self.max_open:
+            raise WireError(f"RESOURCE_EXHAUSTED: {len(self._open)} connections already out (this process's "
+                            "file limit): refused without sending")
         else:
             _transport, conn = await loop.create_connection(_Connection, self.host, self.port)
             self._open.add(conn)
