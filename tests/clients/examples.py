@@ -17,10 +17,12 @@ def readme_snippets() -> list[str]:
     return re.findall(r"```python\n(.*?)```", (CLIENTS / "README.md").read_text(), re.S)
 
 
-def run_snippet(code: str, server: Any) -> None:
-    """Run a snippet as written, with the test server's addresses for the default ports."""
+def run_snippet(code: str, server: Any) -> dict[str, Any]:
+    """Run a snippet as written, with the test server's addresses for the default ports; its names after."""
     code = code.replace("127.0.0.1:8000", server.http_url).replace("127.0.0.1:8001", server.grpc_url)
-    exec(compile(code, str(CLIENTS / "README.md"), "exec"), {"__name__": "readme"})  # noqa: S102 - our README
+    names: dict[str, Any] = {"__name__": "readme"}
+    exec(compile(code, str(CLIENTS / "README.md"), "exec"), names)  # noqa: S102 - our README
+    return names
 
 
 def run_example(name: str, *args: str) -> str:

@@ -252,4 +252,6 @@ def test_the_embedding_examples_run(server: Any, example: str) -> None:
 
 def test_the_readme_embedding_snippet_runs_as_written(server: Any) -> None:
     (code,) = [code for code in readme_snippets() if 'model="minilm"' in code]
-    run_snippet(code, server)
+    vectors = run_snippet(code, server)["vectors"]  # the last call's: one token row, as its comments say
+    assert vectors.dtype == np.float32 and vectors.shape == (1, 384)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-3)
