@@ -105,7 +105,8 @@ def _http_embeddings(answers: list[bytes]) -> np.ndarray[Any, Any]:
 
 async def _client_and_http(server: Any, texts: list[str], headers: dict[str, str] | None = None
                            ) -> tuple[np.ndarray[Any, Any], tuple[WireRequest, ...], np.ndarray[Any, Any]]:
-    async with AsyncGrpcClient(server.grpc_url, model="minilm", retry=RetryPolicy(max_attempts=1), headers=headers) as client:
+    async with AsyncGrpcClient(server.grpc_url, model="minilm", retry=RetryPolicy(max_attempts=1),
+                               headers=headers) as client:
         expected = await client.embed(texts)
         requests = await capture(client, lambda c: c.embed(texts), http_host=server.http_url)
     http = HttpSender(server.http_url, timeout_s=30.0)
@@ -140,8 +141,9 @@ def test_a_failed_http_request_says_its_status_and_the_connection_still_serves(s
         try:
             with pytest.raises(WireError, match=r"^HTTP 4\d\d: .*no_such_model"):
                 await http.send([bad])
+            (first,) = http._open
             assert len(await http.send(good)) == 1
-            assert len(http._open) == 1, "one connection served both: an error answer keeps it alive"
+            assert http._open == {first}, "one connection served both: an error answer keeps it alive"
         finally:
             await http.close()
 
@@ -172,5 +174,64 @@ def test_an_http_request_past_its_deadline_fails_and_its_connection_is_dropped()
         finally:
             await http.close()
             server.close()
+
+    asyncio.run(run())
+
+
+def _answering(close: bool, head: bytes = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok") -> Any:
+    """A server on 127.0.0.1 that answers each request with ``head`` (and then closes, if ``close``)."""
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.readuntil(b"\r\n\r\n"):
+            writer.write(head)
+            await writer.drain()
+            if close:
+                writer.close()
+                return
+
+    return serve
+
+
+def test_an_idle_connection_the_server_closed_is_not_used_again() -> None:
+    async def run() -> None:
+        server = await asyncio.start_server(_answering(close=True), "127.0.0.1", 0)
+        http = HttpSender(f"127.0.0.1:{server.sockets[0].getsockname()[1]}", timeout_s=5.0)
+        request = WireRequest(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        try:
+            assert await http.send([request]) == [b"ok"]
+            await asyncio.sleep(0.1)  # the server has closed it by now
+            started = asyncio.get_running_loop().time()
+            assert await http.send([request]) == [b"ok"]  # on a new connection, not after the 5-s deadline
+            assert asyncio.get_running_loop().time() - started < 2
+            assert len(http._open) <= 1
+        finally:
+            await http.close()
+            server.close()
+
+    asyncio.run(run())
+
+
+def test_the_connection_bound_counts_connections_being_opened_and_a_garbled_answer_fails() -> None:
+    async def run() -> None:
+        server = await asyncio.start_server(_answering(close=False), "127.0.0.1", 0)
+        http = HttpSender(f"127.0.0.1:{server.sockets[0].getsockname()[1]}", timeout_s=5.0)
+        http.max_open = 2
+        request = WireRequest(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        try:
+            got = await asyncio.gather(*(http.send([request]) for _ in range(10)), return_exceptions=True)
+            refused = [g for g in got if isinstance(g, WireError)]
+            assert len(refused) == 8 and all(str(g).startswith("RESOURCE_EXHAUSTED") for g in refused), got
+            assert got.count([b"ok"]) == 2 and len(http._open) == 2
+        finally:
+            await http.close()
+            server.close()
+        garbled = await asyncio.start_server(_answering(close=False, head=b"nonsense\r\n\r\n"), "127.0.0.1", 0)
+        http = HttpSender(f"127.0.0.1:{garbled.sockets[0].getsockname()[1]}", timeout_s=5.0)
+        try:
+            with pytest.raises(WireError, match="^UNAVAILABLE: an answer without a status or a Content-Length"):
+                await http.send([request])
+            assert not http._open
+        finally:
+            await http.close()
+            garbled.close()
 
     asyncio.run(run())

@@ -23,8 +23,8 @@ server-side timeout; ``tritonclient.http``'s request body) and written on kept-a
 connections, one request per connection at a time (:class:`HttpSender`). On the development machine, at
 1,000 req/s against a model that does nothing (``scripts/loadgen_cost.py --identity``), the load
 generator spent 0.115 ms of CPU per request this way against 0.236 as gRPC bytes, and tritonserver 0.21
-against 0.26 (docs/benchmarks.md, "HTTP on the wire"); on the H200 the load generators are a third of
-the host's CPU at MiniLM's knee.
+against 0.26 (docs/benchmarks.md, "HTTP on the wire"); on the H200 the load generators are about two
+fifths of the host's CPU per request at MiniLM's knee.
 """
 
 from __future__ import annotations
@@ -186,6 +186,10 @@ class WireSender:
         await self._channel.close()
 
 
+class HttpStatusError(WireError):
+    """A complete HTTP answer whose status is not 200 (its connection can serve the next request)."""
+
+
 class _Connection(asyncio.Protocol):
     """One kept-alive HTTP/1.1 connection: one request at a time; its answer's body resolves ``answer``."""
 
@@ -200,6 +204,11 @@ class _Connection(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
 
+    @property
+    def usable(self) -> bool:
+        """Open, and not told to close: it may carry the next request."""
+        return self.keep and self.transport is not None and not self.transport.is_closing()
+
     def data_received(self, data: bytes) -> None:
         self.buffer += data
         if self.length < 0:
@@ -208,12 +217,13 @@ class _Connection(asyncio.Protocol):
                 return
             lines = bytes(self.buffer[:end]).decode("latin-1").split("\r\n")
             fields = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
-            self.status = int(lines[0].split()[1])
-            if "content-length" not in fields:  # Triton answers with a length (evhtp); anything else is refused
-                self._fail(WireError(f"HTTP {self.status}: an answer without Content-Length ({lines[0]})"))
+            try:  # Triton answers with a length (evhtp); anything else is refused
+                self.status, length = int(lines[0].split()[1]), int(fields["content-length"])
+            except (IndexError, KeyError, ValueError):
+                self._fail(WireError(f"UNAVAILABLE: an answer without a status or a Content-Length ({lines[0][:80]})"))
                 return
             self.keep = fields.get("connection", "").lower() != "close"
-            self.start, self.length = end + 4, end + 4 + int(fields["content-length"])
+            self.start, self.length = end + 4, end + 4 + length
         if len(self.buffer) >= self.length:
             body = bytes(self.buffer[self.start:self.length])
             self.buffer, self.length = bytearray(), -1
@@ -222,7 +232,8 @@ class _Connection(asyncio.Protocol):
                 if self.status == 200:
                     answer.set_result(body)
                 else:  # Triton's error body: {"error": "<message>"}
-                    answer.set_exception(WireError(f"HTTP {self.status}: {body[:300].decode('utf-8', 'replace')}"))
+                    message = body[:300].decode("utf-8", "replace")
+                    answer.set_exception(HttpStatusError(f"HTTP {self.status}: {message}"))
 
     def _fail(self, error: Exception) -> None:
         if self.answer is not None and not self.answer.done():
@@ -263,6 +274,7 @@ class HttpSender:
         self._open: set[_Connection] = set()
         #: Connections this process may hold (each is a file; past the knee thousands can be out at once).
         self.max_open = max(16, _files_limit() - 128)
+        self._connecting = 0
 
     async def send(self, requests: Sequence[WireRequest]) -> list[bytes]:
         if len(requests) == 1:
@@ -271,14 +283,7 @@ class HttpSender:
 
     async def _one(self, request: WireRequest) -> bytes:
         loop = asyncio.get_running_loop()
-        if self._idle:
-            conn = self._idle.pop()
-        elif len(self._open) >= self.max_open:
-            raise WireError(f"RESOURCE_EXHAUSTED: {len(self._open)} connections already out (this process's "
-                            "file limit): refused without sending")
-        else:
-            _transport, conn = await loop.create_connection(_Connection, self.host, self.port)
-            self._open.add(conn)
+        conn = await self._connection(loop)
         answer = conn.answer = loop.create_future()
         assert conn.transport is not None
         conn.transport.write(request.body)
@@ -286,17 +291,44 @@ class HttpSender:
             f"DEADLINE_EXCEEDED: no answer within {self.timeout_s:g} s"))
         try:
             body: bytes = await answer
-        except BaseException:  # failed, timed out or cancelled: the connection may still get an answer
+        except HttpStatusError:  # answered in full: the connection goes on
+            self._release(conn)
+            raise
+        except BaseException:  # timed out, lost or cancelled: the connection may still get an answer
             conn._fail(WireError("CANCELLED"))
             self._open.discard(conn)
             raise
         finally:
             expire.cancel()
-        if conn.keep:
+        self._release(conn)
+        return body
+
+    async def _connection(self, loop: asyncio.AbstractEventLoop) -> _Connection:
+        """An idle connection that is still open, else a new one (up to :attr:`max_open`, counting those
+        being opened)."""
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.usable:
+                return conn
+            self._open.discard(conn)  # the server closed it while it was idle
+        if len(self._open) + self._connecting >= self.max_open:
+            raise WireError(f"RESOURCE_EXHAUSTED: {len(self._open) + self._connecting} connections already out "
+                            "(this process's file limit): refused without sending")
+        self._connecting += 1
+        try:
+            _transport, conn = await loop.create_connection(_Connection, self.host, self.port)
+        finally:
+            self._connecting -= 1
+        self._open.add(conn)
+        return conn
+
+    def _release(self, conn: _Connection) -> None:
+        if conn.usable:
             self._idle.append(conn)
         else:
             self._open.discard(conn)
-        return body
+            if conn.transport is not None:
+                conn.transport.close()
 
     async def close(self) -> None:
         for conn in self._open:
