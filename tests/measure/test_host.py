@@ -48,7 +48,8 @@ def test_the_processes_run_at_once_so_more_of_them_than_cpus_do_no_more_than_the
     record = {"python_ms_before": [40.0, 39.0], "python_ms_after": [41.0, 40.0], "steal_share": 0.0,
               "parallel_before": reading}
     assert host.capacity_cores(record) == reading["cores"][1] and host.capacity_cores({}) is None
-    assert f"in {2 * cpus} processes at once before the run it did {reading['cores'][1]} cores' worth" in host.describe(record)
+    assert (f"in {2 * cpus} processes at once before the run it did {reading['cores'][1]} cores' worth"
+            in host.describe(record))
 
 
 def test_the_process_counts_go_from_one_to_every_cpu() -> None:
@@ -70,4 +71,27 @@ def test_the_report_sets_the_cores_busy_at_the_knee_beside_the_hosts_capacity() 
     assert "in all" not in line  # no capacity read then: the line as it was
     data["environment"]["host_speed"]["parallel_before"] = {"procs": [1, 16], "ms": [40.0, 62.4], "cores": [1.0, 10.25]}
     (line,) = [x for x in report.markdown(BenchResult.from_json(data)).splitlines() if x.startswith("- CPU cores busy")]
-    assert line.endswith("; 10.28 in all, against the 10.25 cores' worth the host did with every CPU busy before the run")
+    assert line.endswith("; 10.28 in all, against the 10.25 cores' worth the host did with every CPU busy "
+                         "before the run")
+
+
+def _fails() -> None:
+    raise OSError("no such core")
+
+
+def test_a_capacity_process_that_fails_fails_the_reading_at_once_and_the_run_goes_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="a capacity process failed: OSError: no such core"):
+        host.capacity([1, 2], work=_fails)
+    assert time.monotonic() - started < 30, "not the 120-s wait for an answer that never comes"
+
+    def broken(*args: object, **kwargs: object) -> dict[str, object]:
+        raise RuntimeError("a capacity process died or timed out")
+
+    monkeypatch.setattr(host, "capacity", broken)
+    record = host.HostWatch().finish()
+    assert record["parallel_before"] == {"error": "RuntimeError: a capacity process died or timed out"}
+    assert host.capacity_cores(record) is None
+    assert host.describe(record).endswith("; the host's capacity could not be read (RuntimeError: a capacity "
+                                          "process died or timed out)")

@@ -69,26 +69,52 @@ def capacity(procs: Sequence[int] | None = None, *, repeat: int = 3,
         barrier, results = ctx.Barrier(n), ctx.Queue()
         workers = [ctx.Process(target=_timed, args=(barrier, results, repeat, work or _work), daemon=True)
                    for _ in range(n)]
-        for w in workers:
-            w.start()
-        medians = [results.get(timeout=120) for _ in workers]
-        for w in workers:
-            w.join(timeout=10)
+        try:
+            for w in workers:
+                w.start()
+            medians = [_result(results, workers) for _ in workers]
+        finally:
+            for w in workers:
+                w.join(timeout=5)
+                if w.is_alive():
+                    w.terminate()
+                    w.join(timeout=5)
         ms.append(round(statistics.median(medians), 2))
     alone = ms[counts.index(1)] if 1 in counts else None
     cores = [round(n * alone / t, 2) if alone and t > 0 else None for n, t in zip(counts, ms, strict=True)]
     return {"procs": counts, "ms": ms, "cores": cores}
 
 
+def _result(results: Any, workers: Sequence[Any], timeout_s: float = 120.0) -> float:
+    """The next process's median (ms); raises RuntimeError at once when one failed or died instead."""
+    import queue
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            got = results.get(timeout=0.2)
+        except queue.Empty:
+            if time.monotonic() > deadline or any(w.exitcode not in (None, 0) for w in workers):
+                raise RuntimeError("a capacity process died or timed out") from None
+            continue
+        if isinstance(got, str):
+            raise RuntimeError(f"a capacity process failed: {got}")
+        return float(got)
+
+
 def _timed(barrier: Any, results: Any, repeat: int, work: Callable[[], object]) -> None:
-    """One process of :func:`capacity`: waits for the others, then puts its median time (ms)."""
-    barrier.wait(timeout=60)
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        work()
-        times.append(1000.0 * (time.perf_counter() - t0))
-    results.put(statistics.median(times))
+    """One process of :func:`capacity`: waits for the others, then puts its median time (ms), or its
+    error as a string."""
+    try:
+        barrier.wait(timeout=60)
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            work()
+            times.append(1000.0 * (time.perf_counter() - t0))
+        results.put(statistics.median(times))
+    except Exception as e:  # noqa: BLE001 - reported to the parent, which fails the reading
+        results.put(f"{type(e).__name__}: {e}")
 
 
 def capacity_cores(record: dict[str, Any]) -> float | None:
@@ -111,7 +137,12 @@ class HostWatch:
 
     def __init__(self, *, parallel: bool = True) -> None:
         self.before = python_ms()
-        self.parallel = capacity() if parallel else None
+        self.parallel: dict[str, Any] | None = None
+        if parallel:
+            try:
+                self.parallel = capacity()
+            except Exception as e:  # noqa: BLE001 - a reading, not the run: the run goes on without it
+                self.parallel = {"error": f"{type(e).__name__}: {e}"}
         self.times = _cpu_times()
 
     def finish(self) -> dict[str, Any]:
@@ -138,6 +169,8 @@ def describe(record: dict[str, Any]) -> str:
 
 
 def _capacity_text(parallel: dict[str, Any]) -> str:
+    if "error" in parallel:
+        return f"the host's capacity could not be read ({parallel['error']})"
     procs, ms, cores = parallel["procs"], parallel["ms"], parallel["cores"]
     worth = ", ".join(f"{n}: {c}" for n, c in zip(procs, cores, strict=True))
     return (f"in {procs[-1]} processes at once before the run it did {cores[-1]} cores' worth of work (each took "
