@@ -1,11 +1,12 @@
 """What a load generator spends per request, by sender: the bench's own load generator (one worker
 process, Poisson arrivals) against the real tritonserver serving the example repository's ``minilm``,
 sending its gRPC requests as bytes built once (``wire``), through the project's asyncio client
-(``client``), or as the HTTP client's requests built once (``http``), interleaved over ``--repeat`` rounds. Texts of ``--tokens`` tokens (default 16: on the 2-core
-development machine the CPU server keeps up with chat-length texts only at a few dozen requests per
-second; ``--tokens 0`` draws chat lengths). Prints, per run: the rate answered, p50/p99, and the
-CPU the load generator's process used per request (psutil), with the server's for context; then the
-median and range per sender. Needs ``model_repository/`` (``make demo`` or ``tritonbundle repo``).
+(``client``), or as the HTTP client's requests built once (``http``), interleaved over ``--repeat``
+rounds. Texts of ``--tokens`` tokens (default 16: on the 2-core development machine the CPU server
+keeps up with chat-length texts only at a few dozen requests per second; ``--tokens 0`` draws chat
+lengths). Prints, per run: the rate answered, p50/p99, and the CPU the load generator's process used
+per request (psutil), with the server's for context; then the median and range per sender. Needs
+``model_repository/`` (``make demo`` or ``tritonbundle repo``).
 
     .venv/bin/python scripts/loadgen_cost.py --rate 150 --seconds 10 --repeat 3
     .venv/bin/python scripts/loadgen_cost.py --rate 40 --seconds 15 --repeat 3 --tokens 0

@@ -128,7 +128,8 @@ def markdown(settings: list[Setting]) -> str:
             f"| {s.name} | {' / '.join(f'{r:,.0f}' for r in rates)} | **{s.median:,.0f}** [{min(rates):,.0f}-"
             f"{max(rates):,.0f}] | {_span([r.read_per_row for r in s.runs])} | {_span([r.tokenize_per_row for r in s.runs])} "
             f"| {_span([r.stub_ms_per_request for r in s.runs])} | {_span([r.load_ms_per_request for r in s.runs])} "
-            f"| {_span([r.computed_per_useful for r in s.runs], 2)} | {_cores(s.runs)} | {_span([r.host_ms for r in s.runs], 1)} "
+            f"| {_span([r.computed_per_useful for r in s.runs], 2)} | {_cores(s.runs)} "
+            f"| {_span([r.host_ms for r in s.runs], 1)} "
             f"| {_span([r.startup_s for r in s.runs], 0)} |")
     return "\n".join(lines) + "\n"
 
