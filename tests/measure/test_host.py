@@ -72,7 +72,11 @@ def test_the_report_sets_the_cores_busy_at_the_knee_beside_the_hosts_capacity() 
     data["environment"]["host_speed"]["parallel_before"] = {"procs": [1, 16], "ms": [40.0, 62.4], "cores": [1.0, 10.25]}
     (line,) = [x for x in report.markdown(BenchResult.from_json(data)).splitlines() if x.startswith("- CPU cores busy")]
     assert line.endswith("; 10.28 in all, against the 10.25 cores' worth the host did with every CPU busy "
-                         "before the run")
+                         "before the run: the host's CPU was full at the knee (the limit may be the host's, not "
+                         "the server's)")
+    data["environment"]["host_speed"]["parallel_before"]["cores"] = [1.0, 15.9]  # room left: no such reading
+    (line,) = [x for x in report.markdown(BenchResult.from_json(data)).splitlines() if x.startswith("- CPU cores busy")]
+    assert line.endswith("; 10.28 in all, against the 15.9 cores' worth the host did with every CPU busy before the run")
 
 
 def _fails() -> None:

@@ -286,14 +286,24 @@ def _bundle_lines(bundle: BundleResult, capacity: float | None = None) -> list[s
         cores = b.cpu_cores or {}
         if cores:
             md.append("- CPU cores busy: " + ", ".join(f"{k} {val:.2f}" for k, val in sorted(cores.items(), key=lambda kv: -kv[1]))
-                      + (f"; {sum(cores.values()):.2f} in all, against the {capacity} cores' worth the host did with "
-                         "every CPU busy before the run" if capacity is not None else ""))
+                      + (_against_capacity(sum(cores.values()), capacity) if capacity is not None else ""))
         if b.cpu_threads:
             md.append("- busiest threads, share of one core (thread name): " + _threads(b.cpu_threads))
         md.append(f"- GPU utilisation {_f(b.gpu_util_mean, '.0f')} %" + _clocks(b.gpu_clocks))
         for h in b.hints or []:
             md.append(f"- reading: {h}")
     return md
+
+
+#: Cores busy at the knee, as a share of the host's capacity, from which the host counts as full.
+HOST_FULL = 0.9
+
+
+def _against_capacity(busy: float, capacity: float) -> str:
+    text = f"; {busy:.2f} in all, against the {capacity} cores' worth the host did with every CPU busy before the run"
+    if busy >= HOST_FULL * capacity:
+        text += ": the host's CPU was full at the knee (the limit may be the host's, not the server's)"
+    return text
 
 
 def _threads(threads: Mapping[str, Sequence[Sequence[Any]]]) -> str:
