@@ -135,21 +135,18 @@ def _cpu_times() -> dict[str, float] | None:
 class HostWatch:
     """Started before a run, :meth:`finish` after it: the record the report prints."""
 
-    def __init__(self, *, parallel: bool = True) -> None:
+    def __init__(self) -> None:
         self.before = python_ms()
-        self.parallel: dict[str, Any] | None = None
-        if parallel:
-            try:
-                self.parallel = capacity()
-            except Exception as e:  # noqa: BLE001 - a reading, not the run: the run goes on without it
-                self.parallel = {"error": f"{type(e).__name__}: {e}"}
+        try:
+            self.parallel = capacity()
+        except Exception as e:  # noqa: BLE001 - a reading, not the run: the run goes on without it
+            self.parallel = {"error": f"{type(e).__name__}: {e}"}
         self.times = _cpu_times()
 
     def finish(self) -> dict[str, Any]:
         after, times = python_ms(), _cpu_times()
-        out: dict[str, Any] = {"python_ms_before": list(self.before), "python_ms_after": list(after), "steal_share": None}
-        if self.parallel is not None:
-            out["parallel_before"] = self.parallel
+        out: dict[str, Any] = {"python_ms_before": list(self.before), "python_ms_after": list(after),
+                               "steal_share": None, "parallel_before": self.parallel}
         if self.times is not None and times is not None and "steal" in times:
             # guest time is already counted in user (Linux: /proc/stat), so it is left out of the total
             delta = {k: times[k] - self.times.get(k, 0.0) for k in times if not k.startswith("guest")}

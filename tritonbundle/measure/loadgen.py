@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from tritonbundle.measure.latency import StepResult, percentile, step_result
-from tritonbundle.measure.wire import SENDER_ENV, HttpSender, WireSender, capture, sender
+from tritonbundle.measure.wire import SENDER_ENV, HttpSender, Sender, WireSender, capture, sender
 
 #: The load generators' event-loop watch: a timer this often, its lateness sampled (2 ms: ~500 wake-ups a
 #: second, a small cost beside thousands of requests).
@@ -65,7 +65,7 @@ class _Worker:
         self.pool: list[tuple[int, Any]] = []
         self.client: Any = None
         #: Requests as bytes (the ``wire`` and ``http`` senders), else None: sent through ``client``.
-        self.wire: WireSender | HttpSender | None = None
+        self.wire: Sender | None = None
         self.session: Any = None
         self.url = ""
         self.path = "/embed"

@@ -153,9 +153,24 @@ async def capture(client: AsyncGrpcClient, send: Callable[[Any], Awaitable[Any]]
     raise RuntimeError("the call finished without building a request")
 
 
-class WireSender:
-    """Sends prepared requests on one gRPC channel; ``send`` returns when every part is answered."""
+class Sender:
+    """Sends a call's prepared requests (its parts); ``send`` returns when every part is answered, with
+    each answer undecoded."""
 
+    async def send(self, requests: Sequence[WireRequest]) -> list[bytes]:
+        if len(requests) == 1:
+            return [await self._one(requests[0])]
+        return list(await asyncio.gather(*(self._one(r) for r in requests)))
+
+    async def _one(self, request: WireRequest) -> bytes:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+
+class WireSender(Sender):
+    """Sends prepared requests on one gRPC channel; an answer is the serialized ``ModelInferResponse``."""
 
     def __init__(self, url: str, *, timeout_s: float) -> None:
         import grpc
@@ -168,12 +183,6 @@ class WireSender:
             ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE)])
         # No serializers: the request goes as the bytes given, the answer comes back as bytes.
         self._infer = self._channel.unary_unary(MODEL_INFER)
-
-    async def send(self, requests: Sequence[WireRequest]) -> list[bytes]:
-        """The serialized ``ModelInferResponse`` of each part, undecoded."""
-        if len(requests) == 1:
-            return [await self._one(requests[0])]
-        return list(await asyncio.gather(*(self._one(r) for r in requests)))
 
     async def _one(self, request: WireRequest) -> bytes:
         try:
@@ -260,7 +269,7 @@ def _files_limit() -> int:
     return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
-class HttpSender:
+class HttpSender(Sender):
     """Sends prepared HTTP requests (:func:`capture` with ``http_host``) on kept-alive connections to
     ``url`` (host:port), opening one more whenever every open one has a request out; ``send`` returns
     when every part is answered, with each answer's body (Triton's JSON header, then the binary
@@ -275,11 +284,6 @@ class HttpSender:
         #: Connections this process may hold (each is a file; past the knee thousands can be out at once).
         self.max_open = max(16, _files_limit() - 128)
         self._connecting = 0
-
-    async def send(self, requests: Sequence[WireRequest]) -> list[bytes]:
-        if len(requests) == 1:
-            return [await self._one(requests[0])]
-        return list(await asyncio.gather(*(self._one(r) for r in requests)))
 
     async def _one(self, request: WireRequest) -> bytes:
         loop = asyncio.get_running_loop()
