@@ -10,6 +10,9 @@ once). ``--words zipf``: words of the tokenizer's vocabulary drawn by a Zipf law
 them glued to another word (rare compounds WordPiece splits), 10 % capitalised, 10 % with punctuation.
 
     .venv/bin/python scripts/tokenize_speed.py --threads 1,2,4 --batch 60 --repeat 5 --words zipf
+
+``--spans call`` tokenizes each batch as one span, as the encoder that tokenizes its own texts does
+(``tokenize_in_encoder``); the default, a span per text, is the tokenizer model's one-text requests.
 """
 
 from __future__ import annotations
@@ -70,6 +73,9 @@ def main() -> None:
     p.add_argument("--threads", default="1,2")
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--words", choices=("bench", "zipf"), default="bench")
+    p.add_argument("--spans", choices=("request", "call"), default="request",
+                   help="request: a request per text (the tokenizer model); call: the batch's texts in one span "
+                        "(the folded encoder, tokenize_in_encoder)")
     args = p.parse_args()
     path = args.tokenizer or str(tokenizer_file("minilm"))
     texts = texts_of(args.words, args.texts, path)
@@ -83,12 +89,13 @@ def main() -> None:
                 t0 = time.perf_counter()
                 for i in range(0, len(texts), args.batch):
                     chunk = texts[i : i + args.batch]
-                    tokenize(tok, chunk, [(k, 1) for k in range(len(chunk))], (), 0)
+                    spans = [(0, len(chunk))] if args.spans == "call" else [(k, 1) for k in range(len(chunk))]
+                    tokenize(tok, chunk, spans, (), 0)
                 runs[name].append((time.perf_counter() - t0) / len(texts) * 1000)
         for name, got in runs.items():
             print(f"threads {threads}, {name:10s}: {statistics.median(got):.4f} ms per text "
                   f"[{min(got):.4f}-{max(got):.4f}], first run {got[0]:.4f} ({args.repeat} runs of {len(texts)} "
-                  f"{args.words} texts, batches of {args.batch})")
+                  f"{args.words} texts, batches of {args.batch}, a span per {args.spans})")
 
 
 if __name__ == "__main__":

@@ -52,13 +52,13 @@ def test_cached_words_give_the_whole_tokenizers_ids_at_every_truncation(max_leng
 def test_a_full_cache_starts_again_and_pairs_and_other_texts_keep_their_paths(monkeypatch: pytest.MonkeyPatch) -> None:
     from tritonbundle.runtimes.text import load_tokenizer
 
-    monkeypatch.setattr(wordpiece, "CACHE_WORDS", 50)
+    monkeypatch.setattr(wordpiece, "CACHE_CHUNKS", 50)
     path = str(tokenizer_file("minilm"))
     tok, whole = load_tokenizer(path, 128), _whole(path, 128)
     rows: list[Any] = [*_texts(1, 40, 300), ("What is Triton?", "A SERVER."), "Café au lait", "tab\there"]
     for row, a, b in zip(rows, tok.encode_batch_fast(rows), whole.encode_batch(rows), strict=True):
         assert (a.ids, a.type_ids) == (b.ids, b.type_ids), row
-    assert 0 < len(tok.words.words) <= 50
+    assert 0 < len(tok.words.chunks) <= 50
     kinds = [type(e).__name__ for e in tok.encode_batch_fast(rows[-3:])]
     assert kinds == ["Encoding", "Encoding", "Encoding"], "a pair, accents, a tab: the Rust tokenizer"
 
