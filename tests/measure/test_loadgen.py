@@ -38,7 +38,10 @@ def test_token_requests_go_straight_to_the_encoder(server: object, tmp_path: Pat
         step = pool.step(20.0, warmup_s=0.0, window_s=1.0, grace_s=5.0, seed=0)
         after = _requests(metrics_url)
     assert step.sent > 0 and step.failed == 0, step
-    assert step.extra["client_loop_lag_p99_ms"] >= 0 and step.extra["client_lag_p99_ms"] >= 0
+    # The loop watcher ran over the window (a timer always wakes a little late: 0 means no reading) and
+    # nothing held the loop for a second at 20 req/s.
+    assert 0 < step.extra["client_loop_lag_p99_ms"] < 1000, step.extra
+    assert 0 <= step.extra["client_lag_p99_ms"] < 1000, step.extra
     grew = {model for model in after if after[model] > before.get(model, 0.0)}
     assert reached <= grew, f"expected requests at {sorted(reached)}, saw them at {sorted(grew)}"
     assert not (skipped & grew), f"{sorted(skipped & grew)} saw requests the {requests} clients should not send there"
