@@ -122,6 +122,8 @@ class PlainTextTokenizer:
         self._encode_whole, self._encode_bare = _encoder(whole), _encoder(bare)
         self.lowercase = lowercase
         self.raw_tokens = tuple(raw_tokens)
+        #: Any of them in a text, in one scan (five ``in`` scans took 5x as long on chat texts).
+        self._raw = re.compile("|".join(map(re.escape, self.raw_tokens))) if self.raw_tokens else None
         #: Single plain texts from the word cache (:mod:`.wordpiece`; None: the Rust WordPiece for them too).
         self.words = words
 
@@ -132,7 +134,8 @@ class PlainTextTokenizer:
 
     def _plain(self, row: Row) -> bool:
         texts = row if isinstance(row, tuple) else (row,)
-        return all(t.isascii() and t.isprintable() and not any(r in t for r in self.raw_tokens) for t in texts)
+        raw = self._raw
+        return all(t.isascii() and t.isprintable() and (raw is None or raw.search(t) is None) for t in texts)
 
     def _lower(self, row: Row) -> Row:
         if not self.lowercase:

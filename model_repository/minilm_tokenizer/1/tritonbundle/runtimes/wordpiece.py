@@ -1,5 +1,5 @@
-"""BERT's WordPiece for single texts of plain ASCII from a cache of each word's ids: the tokenizer's
-ids, at a fifth of its time per text.
+"""BERT's WordPiece for single texts of plain ASCII from a cache of each chunk's ids: the tokenizer's
+ids, at a sixth of its time per text.
 
 :class:`.text.PlainTextTokenizer` hands this the texts that are printable ASCII, hold no added token,
 and are lowercased already when the tokenizer lowercases. On such a text BERT's pre-tokenizer
@@ -7,19 +7,24 @@ and are lowercased already when the tokenizer lowercases. On such a text BERT's 
 whitespace (of printable ASCII, only ' ') and on every ASCII punctuation character, which stands alone:
 the words between are runs of letters and digits (:data:`WORD`). WordPiece gives a word the same ids
 wherever it stands (``tokenizers/src/models/wordpiece/mod.rs``: greedy longest match, ``##``
-continuations, ``[UNK]`` past 100 characters), so each word is asked of the tokenizer's own model once
-and its ids are kept (up to :data:`CACHE_WORDS` words, then the cache starts again). The post-processor
-puts ``[CLS]`` before and ``[SEP]`` after a single text; truncation as :func:`.text.load_tokenizer`
-sets it (longest first, on the right, no stride) keeps its first ``max_length - 2`` ids.
+continuations, ``[UNK]`` past 100 characters), so a chunk between spaces ("you?": its words "you", "?")
+has the same ids wherever it stands too. A text is split on its spaces (``str.split``, in C), each
+chunk's ids are looked up, and a chunk not seen yet is split into words and asked of the tokenizer's own
+model once, then kept (up to :data:`CACHE_CHUNKS` chunks, then the cache starts again). The
+post-processor puts ``[CLS]`` before and ``[SEP]`` after a single text; truncation as
+:func:`.text.load_tokenizer` sets it (longest first, on the right, no stride) keeps its first
+``max_length - 2`` ids.
 
-Development machine, one thread, through ``tokenize()`` (``scripts/tokenize_speed.py``): the bench's
-chat texts 0.037 ms per text against 0.090 with the Rust WordPiece (and 0.137 for the whole tokenizer);
-Zipf-drawn vocabulary words with 30 % rare compounds 0.029 warm and 0.070 with every word new, against
-0.094 (docs/benchmarks.md). Pairs and every other text stay with the Rust tokenizer.
+Development machine, one thread, through ``tokenize()`` (``scripts/tokenize_speed.py``, 2026-12-05):
+the bench's chat texts 0.017 ms per text (0.025 with a regular expression and a lookup per word, the
+cache's first form), against 0.067 with the Rust WordPiece and 0.103 for the whole tokenizer; Zipf-drawn
+vocabulary words with 30 % rare compounds 0.016 warm (0.022) and 0.058 with every chunk new (0.050)
+(docs/benchmarks.md, "The word cache by chunks"). Pairs and every other text stay with the Rust tokenizer.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -28,8 +33,8 @@ from typing import Any
 #: each punctuation character (``char::is_ascii_punctuation``: ``!`` to ``/``, ``:`` to ``@``, ``[`` to
 #: `````, ``{`` to ``~``) alone; spaces separate.
 WORD = re.compile(r"[A-Za-z0-9]+|[!-/:-@\[-`{-~]")
-#: Words kept per tokenizer (~10-20 MB of ids); past it the cache is emptied and fills again.
-CACHE_WORDS = 100_000
+#: Chunks kept per tokenizer (~10-20 MB of ids); past it the cache is emptied and fills again.
+CACHE_CHUNKS = 100_000
 
 
 class Ids:
@@ -53,14 +58,15 @@ class Ids:
 
 
 class CachedWordPiece:
-    """Encodes one plain text (:class:`Ids`) from the word cache, asking ``model`` (the tokenizer's
-    ``tokenizers.models.WordPiece``) for the words it has not seen."""
+    """Encodes one plain text (:class:`Ids`) from the chunk cache, asking ``model`` (the tokenizer's
+    ``tokenizers.models.WordPiece``) for the words of a chunk it has not seen."""
 
     def __init__(self, model: Any, cls_ids: list[int], sep_ids: list[int], max_length: int) -> None:
         self.model, self.cls_ids, self.sep_ids = model, list(cls_ids), list(sep_ids)
         #: How many ids of the text itself fit: max_length less the special tokens.
         self.keep = max_length - len(cls_ids) - len(sep_ids)
-        self.words: dict[str, list[int]] = {}
+        #: Each chunk's ids (its words' ids in order): what is looked up per chunk of a text.
+        self.chunks: dict[str, list[int]] = {}
 
     @classmethod
     def for_tokenizer(cls, tokenizer: Any, config: Mapping[str, Any], max_length: int) -> CachedWordPiece | None:
@@ -79,19 +85,26 @@ class CachedWordPiece:
         return cls(tokenizer.model, ends[0], ends[1], max_length)
 
     def encode(self, text: str) -> Ids:
-        words, ids = self.words, list(self.cls_ids)
-        for word in WORD.findall(text):
-            got = words.get(word)
-            if got is None:
-                if len(words) >= CACHE_WORDS:
-                    words.clear()
-                got = words[word] = [t.id for t in self.model.tokenize(word)]
-            ids.extend(got)
-            if len(ids) > self.keep + len(self.cls_ids):
-                break
+        # Each whitespace-separated chunk (the text is printable ASCII: only ' ' separates) gives one or
+        # more ids and the same ones wherever it stands, so the first `keep` chunks hold every id kept.
+        chunks = text.split(None, self.keep)[: self.keep]
+        try:
+            pieces = list(map(self.chunks.__getitem__, chunks))
+        except KeyError:
+            pieces = [self._learn(chunk) for chunk in chunks]
+        ids = [*self.cls_ids, *itertools.chain.from_iterable(pieces)]
         del ids[self.keep + len(self.cls_ids):]
         ids.extend(self.sep_ids)
         return Ids(ids)
+
+    def _learn(self, chunk: str) -> list[int]:
+        """The ids of ``chunk``, from the cache or from the tokenizer's model, word by word (then kept)."""
+        got = self.chunks.get(chunk)
+        if got is None:
+            if len(self.chunks) >= CACHE_CHUNKS:
+                self.chunks.clear()
+            got = self.chunks[chunk] = [t.id for word in WORD.findall(chunk) for t in self.model.tokenize(word)]
+        return got
 
 
 def _special_ends(post: Mapping[str, Any]) -> tuple[list[int], list[int]] | None:
