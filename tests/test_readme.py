@@ -30,9 +30,21 @@ def test_ci_runs_the_readme_test_command() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_make_demo_runs_the_main_job_as_written() -> None:
+    committed = _repository_files()
     result = subprocess.run(["make", "demo"], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    # The demo writes model_repository/ again: had it changed a committed file, that file was stale (and
+    # tests/test_repository.py, run after this, would compare the build with its own output).
+    changed = sorted(rel for rel, text in _repository_files().items() if committed.get(rel, text) != text)
+    assert not changed, f"make demo rewrote {changed}: run `tritonbundle repo` and commit model_repository/"
     output = result.stdout + result.stderr
     assert "HTTP and gRPC agree" in output
     assert re.search(r"A man is playing a guitar\.\s+->\s+Someone strums an acoustic guitar on stage\.\s+0\.\d+", output)
     assert "stopped cleanly" in output
+
+
+def _repository_files() -> dict[str, str]:
+    """model_repository/'s configs and Python modules (what the build stage writes there), by path."""
+    folder = ROOT / "model_repository"
+    return {str(p.relative_to(folder)): p.read_text() for pattern in ("*/config.pbtxt", "*/1/**/*.py")
+            for p in folder.glob(pattern) if "__pycache__" not in p.parts}
