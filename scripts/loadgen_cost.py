@@ -35,22 +35,24 @@ from tritonbundle.traffic import dump, synthetic
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def identity_repository(folder: Path) -> Path:
-    """A repository of one model, ``identity``: FP32 [batch, 16] back as it came, batched to 64 (the
-    Python backend: the wheel's tritonserver has no other; one execute() per batch, numpy only)."""
+def identity_repository(folder: Path, sleep_s: float = 0.0, max_batch: int = 64, instances: int = 1) -> Path:
+    """A repository of one model, ``identity``: FP32 [batch, 16] back as it came, batched to ``max_batch``
+    (the Python backend: the wheel's tritonserver has no other; one execute() per batch, numpy only),
+    each batch held ``sleep_s`` first (requests pile up in flight, as at a GPU's knee)."""
     version = folder / "repository" / "identity" / "1"
     version.mkdir(parents=True)
     (version / "model.py").write_text(
-        "import triton_python_backend_utils as pb_utils\n\n\n"
+        "import time\n\nimport triton_python_backend_utils as pb_utils\n\n\n"
         "class TritonPythonModel:\n"
         "    def execute(self, requests):\n"
-        "        return [pb_utils.InferenceResponse([pb_utils.Tensor('y', pb_utils.get_input_tensor_by_name(r, 'x')"
+        + (f"        time.sleep({sleep_s!r})\n" if sleep_s > 0 else "")
+        + "        return [pb_utils.InferenceResponse([pb_utils.Tensor('y', pb_utils.get_input_tensor_by_name(r, 'x')"
         ".as_numpy())]) for r in requests]\n")
     (version.parent / "config.pbtxt").write_text(
-        'name: "identity"\nbackend: "python"\nmax_batch_size: 64\n'
+        f'name: "identity"\nbackend: "python"\nmax_batch_size: {max_batch}\n'
         'input [ { name: "x" data_type: TYPE_FP32 dims: [ 16 ] } ]\n'
         'output [ { name: "y" data_type: TYPE_FP32 dims: [ 16 ] } ]\n'
-        'dynamic_batching { }\ninstance_group [ { count: 1 kind: KIND_CPU } ]\n')
+        f'dynamic_batching {{ }}\ninstance_group [ {{ count: {instances} kind: KIND_CPU }} ]\n')
     return version.parent.parent
 
 
