@@ -59,6 +59,7 @@ def test_a_full_cache_starts_again_and_pairs_and_other_texts_keep_their_paths(mo
     for row, a, b in zip(rows, tok.encode_batch_fast(rows), whole.encode_batch(rows), strict=True):
         assert (a.ids, a.type_ids) == (b.ids, b.type_ids), row
     assert 0 < len(tok.words.chunks) <= 50
+    assert all(len(chunk) <= wordpiece.CACHE_CHUNK_CHARS for chunk in tok.words.chunks), "long chunks are not kept"
     kinds = [type(e).__name__ for e in tok.encode_batch_fast(rows[-3:])]
     assert kinds == ["Encoding", "Encoding", "Encoding"], "a pair, accents, a tab: the Rust tokenizer"
 

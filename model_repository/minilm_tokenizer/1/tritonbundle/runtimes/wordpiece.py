@@ -10,10 +10,10 @@ wherever it stands (``tokenizers/src/models/wordpiece/mod.rs``: greedy longest m
 continuations, ``[UNK]`` past 100 characters), so a chunk between spaces ("you?": its words "you", "?")
 has the same ids wherever it stands too. A text is split on its spaces (``str.split``, in C), each
 chunk's ids are looked up, and a chunk not seen yet is split into words and asked of the tokenizer's own
-model once, then kept (up to :data:`CACHE_CHUNKS` chunks, then the cache starts again). The
-post-processor puts ``[CLS]`` before and ``[SEP]`` after a single text; truncation as
-:func:`.text.load_tokenizer` sets it (longest first, on the right, no stride) keeps its first
-``max_length - 2`` ids.
+model once, then kept (up to :data:`CACHE_CHUNKS` chunks of at most :data:`CACHE_CHUNK_CHARS` characters,
+then the cache starts again). The post-processor puts ``[CLS]`` before and ``[SEP]`` after a single
+text; truncation as :func:`.text.load_tokenizer` sets it (longest first, on the right, no stride) keeps
+its first ``max_length - 2`` ids.
 
 Development machine, one thread, through ``tokenize()`` (``scripts/tokenize_speed.py``, 2026-12-05):
 the bench's chat texts 0.017 ms per text (0.025 with a regular expression and a lookup per word, the
@@ -35,6 +35,9 @@ from typing import Any
 WORD = re.compile(r"[A-Za-z0-9]+|[!-/:-@\[-`{-~]")
 #: Chunks kept per tokenizer (~10-20 MB of ids); past it the cache is emptied and fills again.
 CACHE_CHUNKS = 100_000
+#: A longer chunk (a URL, a blob, a word past WordPiece's 100 characters) is tokenized each time, never
+#: kept: the cache's bound counts chunks, so long ones must not enter it (a text may carry ~50 kB of them).
+CACHE_CHUNK_CHARS = 64
 
 
 class Ids:
@@ -101,9 +104,11 @@ class CachedWordPiece:
         """The ids of ``chunk``, from the cache or from the tokenizer's model, word by word (then kept)."""
         got = self.chunks.get(chunk)
         if got is None:
-            if len(self.chunks) >= CACHE_CHUNKS:
-                self.chunks.clear()
-            got = self.chunks[chunk] = [t.id for word in WORD.findall(chunk) for t in self.model.tokenize(word)]
+            got = [t.id for word in WORD.findall(chunk) for t in self.model.tokenize(word)]
+            if len(chunk) <= CACHE_CHUNK_CHARS:
+                if len(self.chunks) >= CACHE_CHUNKS:
+                    self.chunks.clear()
+                self.chunks[chunk] = got
         return got
 
 
