@@ -27,8 +27,9 @@ def test_the_plain_text_ab_sums_up_as_the_docs_say() -> None:
     assert all(r.tokenize_per_row is None and r.host_ms is None for r in python), "not counted apart before 2026-12-04"
     table = markdown([settings["bert-base-python"]])
     assert "| bert-base-python | 13,558 / 13,558 / 14,184 | **13,558** [13,558-14,184] | 0.101-0.109 | - |" in table
-    # computed/useful, cores busy at the knee (no host capacity then), host workload, start-up
-    assert table.rstrip().endswith("| 1.10-1.11 | 9.1-9.4 | - | 26-29 |"), table
+    # computed/useful, cores busy at the knee (no host capacity then), busiest thread (not recorded then),
+    # host workload, start-up
+    assert table.rstrip().endswith("| 1.10-1.11 | 9.1-9.4 | - | - | 26-29 |"), table
 
 
 def test_the_tenth_sessions_abs_sum_up_as_the_docs_say() -> None:
@@ -52,6 +53,9 @@ def test_the_eleventh_sessions_runs_read_as_the_docs_say() -> None:
     assert [round(r) for r in ab["tuned"].rates] == [12781, 13519, 11489] and round(ab["tuned"].median) == 12781
     assert ab["handpicked"].rates == [13558.0, 13558.0, 13558.0]
     assert round(ab["tuned"].median / ab["handpicked"].median, 2) == 0.94
+    # The busiest thread at the knee: no serial limit there (the tuned runs' tokenizer stubs at half a core)
+    table = markdown([ab["handpicked"], ab["tuned"]])
+    assert "| 0.31-0.34 (tritonserver) |" in table and "| 0.45-0.55 (stub[bert_base_tokenizer]) |" in table
 
     def rate(run: str, system: str) -> float:
         report = json.loads((docs / "h200-peer-same-call" / run / "bench.json").read_text())
@@ -82,7 +86,9 @@ def _template(into: Path) -> Path:
         "procs": [1, 4, 8, 12, 16], "ms": [41.0, 41.5, 44.0, 55.0, 64.0], "cores": [1.0, 3.95, 7.45, 8.95, 10.25]}}
     report["models"]["bert_base"]["systems"]["bundle"]["breakdown"].update(
         encoder_execute_ms={"read": 1.0, "tokenize": 2.0}, encoder_rows_per_execute=10.0, achieved_rps=1000.0,
-        cpu_cores={"server:stub[m]": 0.25, "load0:python3": 0.5})
+        cpu_cores={"server:stub[m]": 0.25, "load0:python3": 0.5},
+        cpu_threads={"server:tritonserver": [["tritonserver", 0.62], ["tritonserver", 0.6]],
+                     "load0:python3": [["python3", 0.45]]})
     path = into / "template.json"
     path.write_text(json.dumps(report))
     return path
@@ -113,7 +119,7 @@ def test_the_device_script_interleaves_the_settings_and_sums_them_up(tmp_path: P
     assert "b-2: exit 0" in done.stdout and "ok 2007 req/s at the SLO" in done.stdout
     summary = (out / "summary.md").read_text()
     assert ("| b | 1,007 / 2,007 | **1,507** [1,007-2,007] | 0.100-0.100 | 0.200-0.200 | 0.250-0.250 | 0.500-0.500 "
-            "| 1.11-1.11 | 0.8-0.8 (10.2-10.2) | 41.5-41.5 | 29-29 |") in summary
+            "| 1.11-1.11 | 0.8-0.8 (10.2-10.2) | 0.62-0.62 (tritonserver) | 41.5-41.5 | 29-29 |") in summary
     assert json.loads((out / "runs" / "a-2" / "bench.json").read_text())["models"]["bert_base"]["systems"]["bundle"][
         "best_rps"] == 2000
     assert (out / "runs.tgz").stat().st_size > 0

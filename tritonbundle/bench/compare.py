@@ -2,8 +2,9 @@
 writes ``runs/<setting>-<round>/bench.json``), grouped by setting, as the median and range of each
 setting's knee with what explains it at the knee: reading and tokenizing per row, the Python stubs'
 CPU time per answered request, the cores busy at the knee in all (against what the host did with all its
-CPUs busy, where the run measured it), computed/useful tokens, and the host's speed (``measure/host.py``)
-and the server's start-up time beside each run.
+CPUs busy, where the run measured it), the busiest single thread there (a thread near a whole core is a
+serial limit the total hides), computed/useful tokens, and the host's speed (``measure/host.py``) and the
+server's start-up time beside each run.
 
 On the H200 the knee moves 15-35 % from one run to the next (docs/benchmarks.md), so a setting is
 judged by the median of interleaved rounds; the per-row and per-request figures say whether a
@@ -48,6 +49,10 @@ class Run:
     #: CPUs busy, before the run (``measure.host.capacity``; None in reports before 2026-12-05).
     cores_busy: float | None = None
     host_capacity: float | None = None
+    #: The busiest thread at the knee: its share of one core and its process's role (reports from
+    #: 2026-12-04 on record each level's busiest threads).
+    busiest_thread: float | None = None
+    busiest_role: str = ""
     #: Tokens computed per useful token over the run, and the server's start-up, s.
     computed_per_useful: float | None = None
     startup_s: float | None = None
@@ -88,6 +93,9 @@ def read_run(path: Path) -> Run:
         run.tokenize_per_row = phases["tokenize"] / rows if "tokenize" in phases else None
     if b.cpu_cores:
         run.cores_busy = sum(b.cpu_cores.values())
+    threads = [(cores, role) for role, top in (b.cpu_threads or {}).items() for _, cores in top]
+    if threads:
+        run.busiest_thread, run.busiest_role = max(threads)
     if b.achieved_rps:
         run.stub_ms_per_request = 1000.0 * sum(v for k, v in b.cpu_cores.items() if "stub[" in k) / b.achieved_rps
         run.load_ms_per_request = 1000.0 * sum(v for k, v in b.cpu_cores.items() if k.startswith("load")) / b.achieved_rps
@@ -116,19 +124,29 @@ def _cores(runs: list[Run]) -> str:
     return _span([r.cores_busy for r in runs], 1) + (f" ({capacity})" if capacity != "-" else "")
 
 
+def _busiest(runs: list[Run]) -> str:
+    """The busiest thread's share of a core over the runs, and whose it was in the run where it was highest."""
+    got = [r for r in runs if r.busiest_thread is not None]
+    if not got:
+        return "-"
+    top = max(got, key=lambda r: r.busiest_thread or 0.0)
+    return f"{_span([r.busiest_thread for r in got], 2)} ({top.busiest_role.split(':', 1)[-1]})"
+
+
 def markdown(settings: list[Setting]) -> str:
     """The table the docs carry: one row per setting."""
     lines = ["| setting | req/s at the SLO, by round | median [range] | read per row (ms) | tokenize per row (ms) "
              "| stubs' CPU per request (ms) | load generators' CPU per request (ms) | computed/useful "
-             "| cores busy at the knee (host's capacity) | host workload (ms) | start-up (s) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| cores busy at the knee (host's capacity) | busiest thread at the knee (core) | host workload (ms) "
+             "| start-up (s) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in settings:
         rates = s.rates
         lines.append(
             f"| {s.name} | {' / '.join(f'{r:,.0f}' for r in rates)} | **{s.median:,.0f}** [{min(rates):,.0f}-"
             f"{max(rates):,.0f}] | {_span([r.read_per_row for r in s.runs])} | {_span([r.tokenize_per_row for r in s.runs])} "
             f"| {_span([r.stub_ms_per_request for r in s.runs])} | {_span([r.load_ms_per_request for r in s.runs])} "
-            f"| {_span([r.computed_per_useful for r in s.runs], 2)} | {_cores(s.runs)} "
+            f"| {_span([r.computed_per_useful for r in s.runs], 2)} | {_cores(s.runs)} | {_busiest(s.runs)} "
             f"| {_span([r.host_ms for r in s.runs], 1)} "
             f"| {_span([r.startup_s for r in s.runs], 0)} |")
     return "\n".join(lines) + "\n"
