@@ -56,6 +56,14 @@ def identity_repository(folder: Path, sleep_s: float = 0.0, max_batch: int = 64,
     return version.parent.parent
 
 
+def cpu_per_request(before: dict[str, float], after: dict[str, float], sent: int) -> dict[str, float]:
+    """CPU time per request sent (ms) of the ``load`` and ``server`` processes between two readings of a
+    :class:`CpuMeter` over those two groups."""
+    used = {group: sum(v - before.get(k, 0.0) for k, v in after.items() if k.startswith(group + ":"))
+            for group in ("load", "server")}
+    return {group: 1000.0 * cpu / max(1, sent) for group, cpu in used.items()}
+
+
 def run(served: ServedRepository, folder: Path, traffic: Path, how: str, rate: float, seconds: float, seed: int,
         model: str = "minilm") -> float:
     os.environ[SENDER_ENV] = how
@@ -67,9 +75,7 @@ def run(served: ServedRepository, folder: Path, traffic: Path, how: str, rate: f
         before = meter.read()
         step = pool.step(rate, warmup_s=0.0, window_s=seconds, grace_s=5.0, seed=seed)
         after = meter.read()
-    used = {group: sum(v - before.get(k, 0.0) for k, v in after.items() if k.startswith(group + ":"))
-            for group in ("load", "server")}
-    per_request = {group: 1000.0 * cpu / max(1, step.sent) for group, cpu in used.items()}
+    per_request = cpu_per_request(before, after, step.sent)
     print(f"{how:6s}: {step.sent / seconds:6.1f} req/s sent, {step.failed} failed, p50 {step.p50_ms:5.1f} ms, "
           f"p99 {step.p99_ms:6.1f} ms; CPU per request: load generator {per_request['load']:.3f} ms, "
           f"tritonserver and stubs {per_request['server']:.3f} ms", flush=True)

@@ -17,7 +17,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from loadgen_cost import identity_repository
+from loadgen_cost import cpu_per_request, identity_repository
 
 from tritonbundle.measure.loadgen import LoadPool
 from tritonbundle.measure.probes import CpuMeter
@@ -40,9 +40,7 @@ def measure(repository: Path, folder: Path, traffic: Path, flags: list[str], rat
             before = meter.read()
             step = pool.step(rate, warmup_s=0.0, window_s=seconds, grace_s=5.0, seed=seed)
             after = meter.read()
-    used = {group: sum(v - before.get(k, 0.0) for k, v in after.items() if k.startswith(group + ":"))
-            for group in ("load", "server")}
-    per = {group: 1000.0 * cpu / max(1, step.sent) for group, cpu in used.items()}
+    per = cpu_per_request(before, after, step.sent)
     print(f"{' '.join(flags) or 'default':50s}: {step.sent / seconds:6.0f} req/s, {step.failed} failed, p50 "
           f"{step.p50_ms:5.1f} ms, p99 {step.p99_ms:5.1f} ms; CPU per request: server {per['server']:.3f} ms, "
           f"load generator {per['load']:.3f} ms", flush=True)
