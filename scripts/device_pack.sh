@@ -10,5 +10,9 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 "$PY" scripts/device_pack.py pack --out .device "$@"
 du -sh .device/server .device/grpc .device/model 2>/dev/null || true
-echo "working tree that travels (tracked + untracked, not ignored):"
-{ git ls-files; git ls-files --others --exclude-standard; } | xargs -d '\n' du -cb 2>/dev/null | tail -1
+# A device call takes 64 MiB: the working tree that travels (tracked + untracked, not ignored) plus
+# what it carries. The committed reports are most of the tree and no run reads them there.
+tree=$({ git ls-files; git ls-files --others --exclude-standard; } | xargs -d '\n' du -cb 2>/dev/null | tail -1 | cut -f1)
+reports=$(find docs/benchmarks -mindepth 2 -type f -print0 | du -cb --files0-from=- | tail -1 | cut -f1)
+echo "working tree that travels: $((tree / 1048576)) MiB, of which $((reports / 1048576)) MiB are reports in"
+echo "docs/benchmarks/*/; left to carry: $(((67108864 - tree) / 1048576)) MiB of 64 (docs/benchmarks.md, 'On the lent GPU machine')"
