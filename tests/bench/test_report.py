@@ -232,6 +232,7 @@ def test_the_report_says_how_each_instance_timed_its_launch_costs_and_how_far_th
         instance("e_4", 90.0),  # a report from before the timing was recorded
         instance("e_5", 21.3, shape_timing="alone", timing_wait_s=0.0, timing_turn_held=False,
                  timing_turn_error="/tmp/tritonbundle-gpu-G.lock: Permission denied"),
+        instance("e_6", 21.2, shape_timing="alone", timing_wait_s=2.5, timing_turn_held=True, timings_shared=True),
     ])
     report.write_all(result, tmp_path / "out", tmp_path)
     md = (tmp_path / "out" / "bench.md").read_text()
@@ -242,6 +243,8 @@ def test_the_report_says_how_each_instance_timed_its_launch_costs_and_how_far_th
     assert "e_4: cuda:0, fp16, CUDA graphs True (2 captured in 6.0 s)\n" in md
     assert "e_5: cuda:0, fp16, CUDA graphs True (2 captured in 6.0 s); launch costs timed without the GPU's turn " \
            "(/tmp/tritonbundle-gpu-G.lock: Permission denied)" in md
+    assert "e_6: cuda:0, fp16, CUDA graphs True (2 captured in 6.0 s); launch costs another instance timed alone, " \
+           "read after 2.5 s waiting\n" in md
     assert "launch costs:" not in md  # not every instance said how it timed (an old report): as it was
     bundle = result.models["minilm"].systems["bundle"]
     assert isinstance(bundle, BundleResult) and bundle.encoder_instances

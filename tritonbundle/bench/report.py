@@ -216,6 +216,8 @@ def _timing_words(inst: dict[str, Any]) -> str:
         return "; launch costs timed concurrently (mean of replays)"
     if inst.get("timing_turn_error"):
         return f"; launch costs timed without the GPU's turn ({inst['timing_turn_error']})"
+    if inst.get("timings_shared"):
+        return f"; launch costs another instance timed alone, read after {_f(inst.get('timing_wait_s'), '.1f')} s waiting"
     held = "" if inst.get("timing_turn_held") else ", the turn timed out"
     return f"; launch costs timed alone after {_f(inst.get('timing_wait_s'), '.1f')} s waiting{held}"
 

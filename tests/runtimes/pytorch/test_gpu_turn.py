@@ -4,8 +4,10 @@ launch timing read from CUDA events (a double of torch's events and graphs: no C
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing
 import os
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +16,15 @@ from typing import Any
 import pytest
 
 from tritonbundle.runtimes.pytorch.engine import Engine
-from tritonbundle.runtimes.pytorch.gpu_turn import Turn, gpu_turn, lock_path
+from tritonbundle.runtimes.pytorch.gpu_turn import (
+    COSTS_KEPT_S,
+    Turn,
+    costs_path,
+    gpu_turn,
+    lock_path,
+    share_costs,
+    shared_costs,
+)
 
 
 def _hold(folder: str, ready: Any, seconds: float) -> None:
@@ -132,9 +142,11 @@ def test_launch_costs_are_the_fastest_replay_after_the_warm_up(fastest: bool, ex
 
 
 def test_the_engine_times_its_launch_costs_in_the_gpus_turn_unless_told_concurrent(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
 ) -> None:
     from tritonbundle.runtimes.pytorch import engine as engine_mod
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where a timed table is left
 
     turns: list[str] = []
 
@@ -152,8 +164,89 @@ def test_the_engine_times_its_launch_costs_in_the_gpus_turn_unless_told_concurre
         engine.shape_timing, engine.buckets, engine.targets = mode, (1,), (16,)
         engine._gpu_name = lambda: "GPU-abc"  # type: ignore[method-assign]
         engine.graphs = {(1, 16): _Graph(clock, [50.0, 7.0, 2.0, 3.0])}  # type: ignore[dict-item]
-        engine.timing_turn = Turn()
+        engine.timing_turn, engine.timings_shared, engine.costs_error = Turn(), False, ""
+        engine.weights_dir, engine.precision, engine.packing = tmp_path, "fp16", False
+        (tmp_path / "config.json").write_text("{}")
+        (tmp_path / "model.safetensors").write_bytes(b"w")
         engine._time_launch_costs()
-        assert turns == taken
+        assert turns == taken and not engine.timings_shared
         assert engine.timings == {(1, 16): pytest.approx(expected_ms / 1000.0)}
         assert engine.timing_turn.held is (mode == "alone")
+
+
+def test_a_shared_table_is_read_back_under_its_key_only_and_a_broken_file_is_none(tmp_path: Path) -> None:
+    assert shared_costs("GPU-1", "k", folder=tmp_path) is None  # no file yet
+    assert share_costs("GPU-1", "k", {"1x32": 0.001, "64x512": 0.021}, folder=tmp_path) == ""
+    assert shared_costs("GPU-1", "k", folder=tmp_path) == {"1x32": 0.001, "64x512": 0.021}
+    assert shared_costs("GPU-1", "other key", folder=tmp_path) is None
+    assert shared_costs("GPU-2", "k", folder=tmp_path) is None  # another GPU's file
+    assert share_costs("GPU-1", "k2", {"1x32": 0.002}, folder=tmp_path) == ""  # both kept
+    assert shared_costs("GPU-1", "k", folder=tmp_path) is not None
+    path = costs_path("GPU-1", folder=tmp_path)
+    assert path.parent == tmp_path and str(os.getuid()) in path.name
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # written whole, renamed
+    tables = json.loads(path.read_text())
+    tables["k"]["written"] -= COSTS_KEPT_S + 1  # an old table is dropped at the next write
+    path.write_text(json.dumps(tables))
+    share_costs("GPU-1", "k3", {"1x32": 0.003}, folder=tmp_path)
+    assert shared_costs("GPU-1", "k", folder=tmp_path) is None and shared_costs("GPU-1", "k2", folder=tmp_path)
+    path.write_text("{not json")
+    assert shared_costs("GPU-1", "k2", folder=tmp_path) is None
+    path.unlink()
+    path.symlink_to(tmp_path / "elsewhere.json")
+    (tmp_path / "elsewhere.json").write_text(json.dumps({"k": {"costs_s": {"1x32": 9.0}, "written": 0}}))
+    assert shared_costs("GPU-1", "k", folder=tmp_path) is None  # never read through a link
+    assert share_costs("GPU-1", "k", {"1x32": 0.001}, folder=tmp_path / "missing") != ""  # says why, no raise
+
+
+def _timed_engine(clock: _Clock, times_ms: list[float], weights: Path, precision: str = "fp16") -> Engine:
+    engine = Engine.__new__(Engine)
+    engine.torch = _Torch(clock)
+    engine.shape_timing, engine.buckets, engine.targets = "alone", (1,), (16,)
+    engine.weights_dir, engine.precision, engine.packing = weights, precision, False
+    engine._gpu_name = lambda: "GPU-abc"  # type: ignore[method-assign]
+    engine.graphs = {(1, 16): _Graph(clock, times_ms)}  # type: ignore[dict-item]
+    engine.timing_turn, engine.timings_shared, engine.costs_error = Turn(), False, ""
+    return engine
+
+
+def test_instances_of_one_server_time_once_and_the_others_read_the_table_in_their_turn(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    """The first instance times its replays (2 ms) and leaves the table; the next, the same weights and
+    shapes, reads it and replays nothing; another precision, or a turn that timed out, times its own."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    (weights / "model.safetensors").write_bytes(b"w")
+    (weights / "config.json").write_text("{}")
+    first = _timed_engine(_Clock(), [50.0, 7.0, 2.0, 3.0], weights)
+    first._time_launch_costs()
+    assert first.timing_turn.held and not first.timings_shared and first.costs_error == ""
+    assert first.timings == {(1, 16): pytest.approx(0.002)}
+
+    second = _timed_engine(_Clock(), [50.0, 9.0, 9.0, 9.0], weights)
+    second._time_launch_costs()
+    assert second.timings_shared and second.timings == first.timings
+    assert second.graphs[(1, 16)].times == [50.0, 9.0, 9.0, 9.0]  # type: ignore[attr-defined]  # no replay
+
+    other = _timed_engine(_Clock(), [50.0, 9.0, 9.0, 9.0], weights, precision="bf16")
+    other._time_launch_costs()
+    assert not other.timings_shared and other.timings == {(1, 16): pytest.approx(0.009)}
+
+    (weights / "model.safetensors").write_bytes(b"other weights")  # the same path, another file
+    changed = _timed_engine(_Clock(), [50.0, 4.0, 4.0, 4.0], weights)
+    changed._time_launch_costs()
+    assert not changed.timings_shared and changed.timings == {(1, 16): pytest.approx(0.004)}
+
+    from tritonbundle.runtimes.pytorch import engine as engine_mod
+
+    @contextlib.contextmanager
+    def timed_out(gpu: str) -> Iterator[Turn]:
+        yield Turn(waited_s=120.0, held=False)
+
+    monkeypatch.setattr(engine_mod, "gpu_turn", timed_out)
+    late = _timed_engine(_Clock(), [50.0, 5.0, 5.0, 5.0], weights)
+    late._time_launch_costs()
+    assert not late.timings_shared and late.timings == {(1, 16): pytest.approx(0.005)}
+    assert shared_costs("GPU-abc", late._costs_key()) == {"1x16": pytest.approx(0.004)}  # not left by it

@@ -23,6 +23,8 @@ process holds its GPU's turn (:mod:`~tritonbundle.runtimes.pytorch.gpu_turn`): o
 only ever lengthen a replay, and the encoder instances of one server, each a process, start together.
 ``shape_timing="concurrent"`` (environment ``TRITONBUNDLE_SHAPE_TIMING=concurrent`` for the served
 model) keeps the old way, the mean of the replays timed whenever the instance is ready, for A/B runs.
+Timed alone, a table is left for the other instances of the same server, weights and shapes, which use it
+instead of timing again (``gpu_turn``, "Shared costs"; ``describe()["timings_shared"]``).
 
 Lanes (``lanes``, the manifest's ``batches_in_flight``): with more than one, each lane has its own CUDA
 stream and its own captured graphs (their static inputs and outputs, in a memory pool of its own), so
@@ -39,6 +41,8 @@ running forever (GPU 100 % busy, both lanes waiting on their results: the stacks
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -49,7 +53,7 @@ import numpy.typing as npt
 
 from tritonbundle import recipes
 from tritonbundle.contract import target_index
-from tritonbundle.runtimes.pytorch.gpu_turn import Turn, gpu_turn
+from tritonbundle.runtimes.pytorch.gpu_turn import Turn, gpu_turn, share_costs, shared_costs
 from tritonbundle.runtimes.pytorch.launch import (
     EAGER_COST,
     LaunchPlanner,
@@ -118,7 +122,8 @@ class Engine:
         self.dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[self.precision]
         if on_gpu:
             torch.cuda.set_device(self.device)
-        config, state = recipes.load_folder(Path(weights_dir))
+        self.weights_dir = Path(weights_dir)
+        config, state = recipes.load_folder(self.weights_dir)
         self.module: Any = recipes.encoder(config, state, dtype=self.dtype, device=self.device)
         self.hidden = int(config["hidden_size"])
         #: Rows of the embedding table: token ids outside [0, vocab_size) are refused before they reach it.
@@ -137,6 +142,9 @@ class Engine:
         self.timings: dict[Shape, float] = {}
         #: How the launch costs were timed: the GPU turn's wait, and whether it was held.
         self.timing_turn = Turn()
+        #: The launch costs came from another instance's turn; ``costs_error``: why none could be shared.
+        self.timings_shared = False
+        self.costs_error = ""
         self.capture_s = 0.0
         self.graph_error = ""
         self.eager_cost = EAGER_COST["cuda" if on_gpu else "cpu"]
@@ -233,9 +241,34 @@ class Engine:
         """``timings``: every captured shape timed, alone on the GPU unless ``shape_timing`` is "concurrent"
         (module docstring, "Launch costs")."""
         alone = self.shape_timing == "alone"
-        with gpu_turn(self._gpu_name()) if alone else contextlib.nullcontext(Turn()) as turn:
+        gpu = self._gpu_name()
+        with gpu_turn(gpu) if alone else contextlib.nullcontext(Turn()) as turn:
             self.timing_turn = turn
+            key = self._costs_key() if turn.held and os.getppid() != 1 else ""  # 1: orphaned, no server
+            shared = shared_costs(gpu, key) if key else None
+            shapes = self.shapes()
+            if shared is not None and all(_name(shape) in shared for shape in shapes):
+                self.timings = {shape: shared[_name(shape)] for shape in shapes}
+                self.timings_shared = True
+                return
             self.timings = self.time_shapes(reps=TIMING_REPS, fastest=alone)
+            if key:
+                self.costs_error = share_costs(gpu, key, {_name(shape): t for shape, t in self.timings.items()})
+
+    def _costs_key(self) -> str:
+        """What makes two instances' launch costs the same: one server process (tritonserver forks each
+        Python-backend stub and runs it with ``bash -c "exec <stub> ..."``, so the stub's parent is the
+        server: python_backend ``src/stub_launcher.cc``, ``StubLauncher::Launch``), the same weights (the
+        files' real paths, sizes and times), precision, packing, shapes. "" (nothing shared) if the weights
+        cannot be read: sharing saves time, and its failure must not cost the graphs."""
+        try:
+            files = [(str(path.resolve()), path.stat().st_size, path.stat().st_mtime_ns)
+                     for path in (self.weights_dir / recipes.CONFIG_FILE, self.weights_dir / recipes.WEIGHTS_FILE)]
+        except OSError:
+            return ""
+        return json.dumps({"server": os.getppid(), "torch": str(getattr(self.torch, "__version__", "")),
+                           "weights": files, "precision": self.precision,
+                           "packing": self.packing, "shapes": sorted(_name(shape) for shape in self.shapes())})
 
     def _gpu_name(self) -> str:
         """This GPU's UUID (the same in every process, whatever CUDA_VISIBLE_DEVICES makes its index)."""
@@ -358,9 +391,15 @@ class Engine:
             "prepare_s": round(self.capture_s, 3), "graph_error": self.graph_error,
             "shape_timing": self.shape_timing, "timing_wait_s": round(self.timing_turn.waited_s, 3),
             "timing_turn_held": self.timing_turn.held, "timing_turn_error": self.timing_turn.error,
+            "timings_shared": self.timings_shared, "costs_error": self.costs_error,
             # Each captured graph's time per launch: the tuner sizes its batch buckets from them.
-            "timings_ms": {f"{b}x{s}": round(t * 1000, 4) for (b, s), t in sorted(self.timings.items())},
+            "timings_ms": {_name(shape): round(t * 1000, 4) for shape, t in sorted(self.timings.items())},
         }
+
+
+def _name(shape: Shape) -> str:
+    """A shape as the reports and the shared tables name it: "<batch>x<length>"."""
+    return f"{shape[0]}x{shape[1]}"
 
 
 def stack_rows(rows: Sequence[npt.NDArray[np.int64]], masks: Sequence[npt.NDArray[np.int64]] | None = None,
