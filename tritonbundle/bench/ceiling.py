@@ -36,7 +36,7 @@ def time_eager(engine: Any, batches: tuple[int, ...], targets: list[int], deadli
 
 
 def run_ceiling(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> CeilingResult:
-    from tritonbundle.runtimes.pytorch.engine import Engine
+    from tritonbundle.runtimes.pytorch.engine import Engine, shape_name
 
     o = ctx.options
     targets = list(built.plan.padding_targets)
@@ -82,7 +82,7 @@ def run_ceiling(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> 
     return CeilingResult(
         status="ok", best_rps=best.requests_per_s if best else None, best=best, per_batch=per_batch,
         mean_tokens=mean_tokens, shares={str(k): v for k, v in shares.items()},
-        timings_ms={f"{b}x{s}": round(t * 1000.0, 4) for (b, s), t in sorted(timings.items())},
+        timings_ms={shape_name(shape): round(t * 1000.0, 4) for shape, t in sorted(timings.items())},
         computed_per_useful=sum(share * s for s, share in shares.items()) / mean_tokens,
         engine=describe, mode=mode, seconds=round(time.monotonic() - t0, 1), gpu=gpu, fixed_shape=fixed_shape,
     )

@@ -249,4 +249,4 @@ def test_instances_of_one_server_time_once_and_the_others_read_the_table_in_thei
     late = _timed_engine(_Clock(), [50.0, 5.0, 5.0, 5.0], weights)
     late._time_launch_costs()
     assert not late.timings_shared and late.timings == {(1, 16): pytest.approx(0.005)}
-    assert shared_costs("GPU-abc", late._costs_key()) == {"1x16": pytest.approx(0.004)}  # not left by it
+    assert shared_costs("GPU-abc", late._costs_key(late.shapes())) == {"1x16": pytest.approx(0.004)}  # not left by it

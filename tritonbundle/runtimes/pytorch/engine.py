@@ -244,18 +244,18 @@ class Engine:
         gpu = self._gpu_name()
         with gpu_turn(gpu) if alone else contextlib.nullcontext(Turn()) as turn:
             self.timing_turn = turn
-            key = self._costs_key() if turn.held and os.getppid() != 1 else ""  # 1: orphaned, no server
-            shared = shared_costs(gpu, key) if key else None
             shapes = self.shapes()
-            if shared is not None and all(_name(shape) in shared for shape in shapes):
-                self.timings = {shape: shared[_name(shape)] for shape in shapes}
+            key = self._costs_key(shapes) if turn.held and os.getppid() != 1 else ""  # 1: orphaned, no server
+            shared = shared_costs(gpu, key) if key else None
+            if shared is not None and all(shape_name(shape) in shared for shape in shapes):
+                self.timings = {shape: shared[shape_name(shape)] for shape in shapes}
                 self.timings_shared = True
                 return
             self.timings = self.time_shapes(reps=TIMING_REPS, fastest=alone)
             if key:
-                self.costs_error = share_costs(gpu, key, {_name(shape): t for shape, t in self.timings.items()})
+                self.costs_error = share_costs(gpu, key, {shape_name(shape): t for shape, t in self.timings.items()})
 
-    def _costs_key(self) -> str:
+    def _costs_key(self, shapes: Sequence[Shape]) -> str:
         """What makes two instances' launch costs the same: one server process (tritonserver forks each
         Python-backend stub and runs it with ``bash -c "exec <stub> ..."``, so the stub's parent is the
         server: python_backend ``src/stub_launcher.cc``, ``StubLauncher::Launch``), the same weights (the
@@ -268,7 +268,7 @@ class Engine:
             return ""
         return json.dumps({"server": os.getppid(), "torch": str(getattr(self.torch, "__version__", "")),
                            "weights": files, "precision": self.precision,
-                           "packing": self.packing, "shapes": sorted(_name(shape) for shape in self.shapes())})
+                           "packing": self.packing, "shapes": sorted(shape_name(shape) for shape in shapes)})
 
     def _gpu_name(self) -> str:
         """This GPU's UUID (the same in every process, whatever CUDA_VISIBLE_DEVICES makes its index)."""
@@ -393,11 +393,11 @@ class Engine:
             "timing_turn_held": self.timing_turn.held, "timing_turn_error": self.timing_turn.error,
             "timings_shared": self.timings_shared, "costs_error": self.costs_error,
             # Each captured graph's time per launch: the tuner sizes its batch buckets from them.
-            "timings_ms": {_name(shape): round(t * 1000, 4) for shape, t in sorted(self.timings.items())},
+            "timings_ms": {shape_name(shape): round(t * 1000, 4) for shape, t in sorted(self.timings.items())},
         }
 
 
-def _name(shape: Shape) -> str:
+def shape_name(shape: Shape) -> str:
     """A shape as the reports and the shared tables name it: "<batch>x<length>"."""
     return f"{shape[0]}x{shape[1]}"
 
