@@ -17,6 +17,7 @@ from tritonbundle.bench.records import (
     Breakdown,
     BundleResult,
     Failure,
+    InstanceCycle,
     NaiveResult,
     Restart,
     SystemResult,
@@ -51,7 +52,9 @@ def _result() -> BenchResult:
             correctness=check, protocol="grpc", precision="fp16", encoder_instances=[], padding={},
             computed_per_useful=1.2, seq_padded_per_useful=None,
             breakdown=Breakdown(at_offered_rps=800, achieved_rps=800, client_mean_ms=5.0, client_p99_ms=9.0,
-                                client_lag_mean_ms=None, ensemble_request_ms=None, hints=["a reading"]),
+                                client_lag_mean_ms=None, ensemble_request_ms=None, hints=["a reading"],
+                                encoder_cycle=InstanceCycle(instances=8, requests_per_call=61.13, batch_cap=64,
+                                                            cycle_ms=14.61, busy_ms=12.06)),
             went_down=[Restart(offered_rps=25600.0, why="Signal (11) received.", restart_s=27.3)]),
         "ceiling": SystemResult.failed(Failure("RuntimeError: boom")),
     }
@@ -105,6 +108,8 @@ def test_report_files_and_summary(tmp_path: Path, capsys: pytest.CaptureFixture[
     md = (tmp_path / "out" / "bench.md").read_text()
     assert "| minilm | bundle | 800.0 |" in md and "failed: RuntimeError: boom" in md and "reading: a reading" in md
     assert "tritonserver went down at 25,600 req/s offered (Signal (11) received.); restarted in 27.3 s" in md
+    assert ("- encoder instances: 8, each taking a call every 14.61 ms (Triton's time for a call out of the queue: "
+            "12.06 ms); 61.1 requests per call, the cap 64: at most 35,044 req/s at this cycle") in md
     import tarfile
 
     with tarfile.open(tmp_path / "out" / "logs.tar.gz") as tar:
@@ -216,6 +221,44 @@ def test_the_tokenizer_calls_and_the_time_around_them_are_read() -> None:
     assert without.tokenizer_execute_ms is None and "tokenizer_execute_ms" not in without.to_json()
 
 
+def test_instances_whose_calls_are_full_and_busy_are_read_as_the_limit() -> None:
+    """MiniLM's knee on the H200 (h200-buckets/minilm-fine-1): 1,229 calls of 61.1 requests in 2.245 s from
+    8 folded instances, 12.06 ms of Triton's time per call out of the queue: each instance took a call every
+    14.6 ms and was busy 83 % of it, its calls 96 % of the cap of 64. BERT-base's knee (bert-base-fine-1):
+    calls as full, instances busy 55 %: the GPU's, not the instances', limit."""
+    from tritonbundle.bench.breakdown import breakdown
+    from tritonbundle.recipes import BENCH_MODELS
+
+    recipe, options = BENCH_MODELS["minilm"], bench_options.BenchOptions(out=Path("."))
+    name = recipe.model_name  # folded: no tokenizer model, the text model encodes
+
+    def level(executions: int, per_call: float, request_ms: float, queue_ms: float, wall_s: float,
+              stubs: int | None) -> st.StepResult:
+        view = {"executions": executions, "avg_batch_size": per_call, "request_ms_per_request": request_ms,
+                "queue_ms_per_request": queue_ms, "compute_ms_per_request": request_ms - queue_ms}
+        extra = {"triton": {name: view}, "step_wall_s": wall_s,
+                 "cpu_processes": {f"server:stub[{name}]": stubs} if stubs else {}}
+        return st.step_result(34787, 1.6, [14.0] * 100, 0, extra=extra)
+
+    minilm = breakdown(recipe, level(1229, 61.13, 14.64, 2.58, 2.245, 8), options, {name: 64})
+    c = minilm.encoder_cycle
+    assert c is not None and c.instances == 8 and c.batch_cap == 64
+    assert c.cycle_ms == pytest.approx(14.61, abs=0.01) and c.busy_ms == pytest.approx(12.06)
+    assert c.fill == pytest.approx(0.955, abs=0.001) and c.busy_share == pytest.approx(0.825, abs=0.001)
+    assert c.bound_rps == pytest.approx(35036, abs=2)
+    assert any("calls are full (61.1 requests of its batch cap of 64) and each of its 8 instances is busy 83% of its "
+               "14.6-ms cycle" in h and "at most ~35,036 req/s" in h for h in minilm.hints), minilm.hints
+    assert Breakdown.from_json(minilm.to_json()) == minilm
+    bert = breakdown(recipe, level(373, 63.66, 20.65, 2.05, 1.578, 8), options, {name: 64})
+    assert bert.encoder_cycle is not None and bert.encoder_cycle.busy_share == pytest.approx(0.55, abs=0.005)
+    assert not [h for h in bert.hints if "calls are full" in h]
+    uncapped = breakdown(recipe, level(1229, 61.13, 14.64, 2.58, 2.245, 8), options)
+    assert uncapped.encoder_cycle is not None and uncapped.encoder_cycle.fill is None
+    assert not [h for h in uncapped.hints if "calls are full" in h]
+    no_stubs = breakdown(recipe, level(1229, 61.13, 14.64, 2.58, 2.245, None), options, {name: 64})
+    assert no_stubs.encoder_cycle is None and "encoder_cycle" not in no_stubs.to_json()
+
+
 def test_the_report_says_how_each_instance_timed_its_launch_costs_and_how_far_they_disagree(tmp_path: Path) -> None:
     def instance(name: str, ms: float, **timing: object) -> dict[str, object]:
         return {"instance": name, "device": "cuda:0", "precision": "fp16", "cuda_graphs": True, "graphs": 2,
@@ -291,3 +334,25 @@ def test_a_settings_file_sets_the_queue_bound_the_model_is_served_with(tmp_path:
         raw = workspace.manifest_for(BENCH_MODELS["minilm"], o, tmp_path / "t.jsonl", tmp_path / "tok.json")
         spec = manifest.from_dict(raw, path=tmp_path / "m.yaml").models[0]
         assert queue_size(spec, spec.instances) == expected
+
+
+@pytest.mark.parametrize(("name", "instances", "cap"), [("minilm-fused12-t4-buckets18.json", 12, 64),
+                                                        ("minilm-fused8-t4-buckets22-b128.json", 8, 128)])
+def test_the_settings_for_minilms_instances_ab_serve_more_or_fuller_calls(tmp_path: Path, name: str, instances: int,
+                                                                           cap: int) -> None:
+    """docs/benchmarks.md ("MiniLM's knee is its eight instances' calls"): the next device calls set more
+    instances, or a larger batch cap, against the hand-picked 8 x 64, all else the same."""
+    from tritonbundle import manifest
+    from tritonbundle.recipes import BENCH_MODELS
+    from tritonbundle.tune.run import winner_overrides
+
+    handpicked = Path(__file__).resolve().parents[2] / "docs" / "tuning" / "h200-handpicked"
+    specs = {}
+    for file in ("minilm-fused8-t4-buckets18.json", name):
+        o = bench_options.BenchOptions(out=tmp_path, device="cuda", tuned=winner_overrides(handpicked / file))
+        raw = workspace.manifest_for(BENCH_MODELS["minilm"], o, tmp_path / "t.jsonl", tmp_path / "tok.json")
+        specs[file] = manifest.from_dict(raw, path=tmp_path / "m.yaml").models[0]
+    base, other = specs["minilm-fused8-t4-buckets18.json"], specs[name]
+    assert (base.instances, base.max_batch_size) == (8, 64) and (other.instances, other.max_batch_size) == (instances, cap)
+    assert other.batch_buckets[: len(base.batch_buckets)] == base.batch_buckets
+    assert (other.max_queue_delay_us, other.tokenize_in_encoder) == (base.max_queue_delay_us, base.tokenize_in_encoder)

@@ -9,15 +9,17 @@ from typing import Any
 from tritonbundle import contract
 from tritonbundle.bench.accounting import tokens_ratio
 from tritonbundle.bench.options import BenchOptions
-from tritonbundle.bench.records import Breakdown
+from tritonbundle.bench.records import Breakdown, InstanceCycle
 from tritonbundle.measure.latency import StepResult
 from tritonbundle.measure.probes import CLOCK_KEYS
 from tritonbundle.recipes import Recipe
 from tritonbundle.runtimes.stats import HISTOGRAMS, quantile_ms
 
 
-def breakdown(recipe: Recipe, s: StepResult, options: BenchOptions) -> Breakdown:
-    """The bundle's breakdown at one load level (the best passing one, else the highest tried)."""
+def breakdown(recipe: Recipe, s: StepResult, options: BenchOptions, batch_caps: dict[str, int] | None = None,
+              ) -> Breakdown:
+    """The bundle's breakdown at one load level (the best passing one, else the highest tried);
+    ``batch_caps``: each served model's ``max_batch_size``."""
     views = s.extra.get("triton", {})
     enc = s.extra.get("encoder", {})
     name = recipe.model_name
@@ -64,11 +66,39 @@ def breakdown(recipe: Recipe, s: StepResult, options: BenchOptions) -> Breakdown
         client_lag_p99_ms=s.extra.get("client_lag_p99_ms"), client_loop_lag_p99_ms=s.extra.get("client_loop_lag_p99_ms"),
         client_grpc_ms=s.mean_ms - ensemble_ms if ensemble_ms is not None and math.isfinite(s.mean_ms) else None,
         tokenizer=roles.get("tokenizer"), encoder=roles.get("encoder"), **per_execute, padding=tokens_ratio(enc),
+        encoder_cycle=instance_cycle(roles.get("encoder"), (s.extra.get("cpu_processes") or {}).get(f"server:stub[{encoder}]"),
+                                     (batch_caps or {}).get(encoder), wall_s=s.extra.get("step_wall_s")),
         cpu_cores=s.extra.get("cpu_cores", {}), cpu_processes=s.extra.get("cpu_processes", {}),
         cpu_threads=s.extra.get("cpu_threads"),
         gpu_util_mean=s.extra.get("gpu_util_mean"), gpu_clocks=_clocks(s.extra),
     )
     return dataclasses.replace(out, hints=hints(out, options))
+
+
+def instance_cycle(view: dict[str, Any] | None, instances: int | None, batch_cap: int | None, *,
+                   wall_s: float | None = None, achieved_rps: float | None = None) -> InstanceCycle | None:
+    """How often each of a model's ``instances`` took a call at one level, from Triton's view of the model
+    (its calls, average batch, request and queue times): its calls over the level's ``wall_s`` (the span
+    Triton's counters cover), or without it the ``achieved_rps`` over its average batch. None when a
+    figure is missing (a model served by a C++ backend has no stub processes to count)."""
+    view = view or {}
+    per_call = float(view.get("avg_batch_size") or 0.0)
+    if wall_s and view.get("executions"):
+        calls_per_s = float(view["executions"]) / wall_s
+    elif achieved_rps and math.isfinite(achieved_rps) and per_call > 0:
+        calls_per_s = achieved_rps / per_call
+    else:
+        return None
+    if not instances or calls_per_s <= 0:
+        return None
+    request, queue = view.get("request_ms_per_request"), view.get("queue_ms_per_request")
+    return InstanceCycle(instances=int(instances), requests_per_call=per_call, batch_cap=batch_cap,
+                         cycle_ms=1000.0 * instances / calls_per_s,
+                         busy_ms=float(request) - float(queue) if request is not None and queue is not None else None)
+
+
+#: From these shares of the batch cap and of the cycle, the instances count as the limit.
+FULL_CALLS, BUSY_INSTANCES = 0.85, 0.75
 
 
 def hints(b: Breakdown, options: BenchOptions) -> list[str]:
@@ -123,6 +153,13 @@ def hints(b: Breakdown, options: BenchOptions) -> list[str]:
                    f"{b.tokenizer_execute_ms['execute']:.2f}): the Python backend "
                    "stub's work around the call costs more than the call; token rows from the client (--input tokens) "
                    "skip it")
+    c = b.encoder_cycle
+    if c and c.fill is not None and c.fill >= FULL_CALLS and (c.busy_share or 0.0) >= BUSY_INSTANCES:
+        out.append(f"the encoder's calls are full ({c.requests_per_call:.1f} requests of its batch cap of "
+                   f"{c.batch_cap}) and each of its {c.instances} instances is busy {c.busy_share:.0%} of its "
+                   f"{c.cycle_ms:.1f}-ms cycle (one call at a time: the Python backend's thread in tritonserver "
+                   f"waits for the stub's answer): at most ~{c.bound_rps:,.0f} req/s at this cycle; more "
+                   "instances (while the cores and the GPU have room), a larger batch cap or a shorter call move it")
     enc = b.encoder or {}
     if enc and enc.get("queue_ms_per_request", 0) > options.slo_ms / 2:
         out.append(f"requests wait {enc['queue_ms_per_request']:.1f} ms in the encoder's queue, more than half the SLO")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from pathlib import Path
 from typing import Any
 
 from tritonbundle.bench.accounting import tokens_ratio
@@ -57,12 +58,19 @@ def run_bundle(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> B
         correctness=correctness, protocol=_protocol(), input=o.input,
         precision=o.precision, encoder_instances=info, padding=padding,
         computed_per_useful=padding.get("computed_per_useful"), seq_padded_per_useful=padding.get("seq_padded_per_useful"),
-        breakdown=breakdown(recipe, ref_step, o) if ref_step else None,
+        breakdown=breakdown(recipe, ref_step, o, batch_caps(built.repository)) if ref_step else None,
         mps_servers=served.mps_servers,
         # Levels during which tritonserver went down (it was restarted; they count as failed).
         went_down=[Restart(s.offered_rps, s.extra["down"], s.extra.get("restart_s"))
                    for s in result.steps if s.extra.get("down")],
     )
+
+
+def batch_caps(repository: Path) -> dict[str, int]:
+    """Each model's ``max_batch_size`` in the served repository's ``config.pbtxt`` files."""
+    from tritonbundle.modelconfig import read_config
+
+    return {path.parent.name: int(read_config(path).max_batch_size) for path in sorted(repository.glob("*/config.pbtxt"))}
 
 
 def _protocol() -> str:

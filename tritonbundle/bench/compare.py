@@ -23,7 +23,9 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tritonbundle.bench.records import BundleResult
+from tritonbundle import contract
+from tritonbundle.bench.breakdown import instance_cycle
+from tritonbundle.bench.records import BundleResult, InstanceCycle
 from tritonbundle.bench.result import BenchResult
 from tritonbundle.measure import host
 
@@ -53,6 +55,9 @@ class Run:
     #: 2026-12-04 on record each level's busiest threads).
     busiest_thread: float | None = None
     busiest_role: str = ""
+    #: The encoder's instances at the knee: how full their calls were and how busy (reports before
+    #: 2026-12-05: read again from Triton's view, the stubs counted and the instances' batch buckets).
+    cycle: InstanceCycle | None = None
     #: Tokens computed per useful token over the run, and the server's start-up, s.
     computed_per_useful: float | None = None
     startup_s: float | None = None
@@ -76,7 +81,8 @@ def read_run(path: Path) -> Run:
     """The run in ``path`` (a folder with ``bench.json``, named ``<setting>-<round>``); its model's bundle."""
     result = BenchResult.from_json(json.loads((path / "bench.json").read_text()))
     match = _RUN.match(path.name)
-    bundle = next((m.systems["bundle"] for m in result.models.values() if "bundle" in m.systems), None)
+    name, bundle = next(((n, m.systems["bundle"]) for n, m in result.models.items() if "bundle" in m.systems),
+                        ("", None))
     speed = result.environment.get("host_speed") or {}
     run = Run(int(match["round"]) if match else 0, bundle.best_rps if bundle is not None else None,
               host_ms=speed.get("python_ms_before", [None])[0], host_capacity=host.capacity_cores(speed))
@@ -84,15 +90,16 @@ def read_run(path: Path) -> Run:
         run.computed_per_useful = bundle.computed_per_useful
     if isinstance(bundle, BundleResult):
         run.startup_s = bundle.startup_s
-    b = bundle.breakdown if isinstance(bundle, BundleResult) else None
-    if b is None:
+    if not isinstance(bundle, BundleResult) or bundle.breakdown is None:
         return run
+    b = bundle.breakdown
     phases, rows = b.encoder_execute_ms or {}, b.encoder_rows_per_execute
     if rows:
         run.read_per_row = phases["read"] / rows if "read" in phases else None
         run.tokenize_per_row = phases["tokenize"] / rows if "tokenize" in phases else None
     if b.cpu_cores:
         run.cores_busy = sum(b.cpu_cores.values())
+    run.cycle = b.encoder_cycle or _cycle_again(name, bundle)
     threads = [(cores, role) for role, top in (b.cpu_threads or {}).items() for _, cores in top]
     if threads:
         run.busiest_thread, run.busiest_role = max(threads)
@@ -100,6 +107,32 @@ def read_run(path: Path) -> Run:
         run.stub_ms_per_request = 1000.0 * sum(v for k, v in b.cpu_cores.items() if "stub[" in k) / b.achieved_rps
         run.load_ms_per_request = 1000.0 * sum(v for k, v in b.cpu_cores.items() if k.startswith("load")) / b.achieved_rps
     return run
+
+
+def _cycle_again(name: str, bundle: BundleResult) -> InstanceCycle | None:
+    """The encoder's cycle at the knee of a report that did not record it: the encoder is ``name`` itself
+    when no tokenizer model served (it tokenizes), and its cap its instances' largest batch bucket."""
+    b = bundle.breakdown
+    if b is None:
+        return None
+    encoder = name if b.tokenizer is None else contract.encoder_name(name)
+    buckets = [max(i["batch_buckets"]) for i in bundle.encoder_instances or []
+               if i.get("model") == encoder and i.get("batch_buckets")]
+    best = bundle.sweep.best if bundle.sweep is not None else None
+    return instance_cycle(b.encoder, (b.cpu_processes or {}).get(f"server:stub[{encoder}]"),
+                          max(buckets) if buckets else None,
+                          wall_s=best.extra.get("step_wall_s") if best is not None else None, achieved_rps=b.achieved_rps)
+
+
+def _calls(runs: list[Run]) -> str:
+    """Requests per call against the cap, each instance's cycle and its busy share of it, over the runs."""
+    got = [r.cycle for r in runs if r.cycle is not None]
+    if not got:
+        return "-"
+    caps = {c.batch_cap for c in got}
+    cap = f" of {caps.pop()}" if len(caps) == 1 and None not in caps else ""
+    busy = _span([100 * c.busy_share if c.busy_share is not None else None for c in got], 0)
+    return f"{_span([c.requests_per_call for c in got], 1)}{cap}, every {_span([c.cycle_ms for c in got], 1)} ms, busy {busy} %"
 
 
 def summarize(folder: Path) -> list[Setting]:
@@ -137,9 +170,10 @@ def markdown(settings: list[Setting]) -> str:
     """The table the docs carry: one row per setting."""
     lines = ["| setting | req/s at the SLO, by round | median [range] | read per row (ms) | tokenize per row (ms) "
              "| stubs' CPU per request (ms) | load generators' CPU per request (ms) | computed/useful "
-             "| cores busy at the knee (host's capacity) | busiest thread at the knee (core) | host workload (ms) "
+             "| cores busy at the knee (host's capacity) | busiest thread at the knee (core) "
+             "| the encoder's calls at the knee: requests (of the cap), each instance's cycle, busy | host workload (ms) "
              "| start-up (s) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in settings:
         rates = s.rates
         lines.append(
@@ -147,6 +181,7 @@ def markdown(settings: list[Setting]) -> str:
             f"{max(rates):,.0f}] | {_span([r.read_per_row for r in s.runs])} | {_span([r.tokenize_per_row for r in s.runs])} "
             f"| {_span([r.stub_ms_per_request for r in s.runs])} | {_span([r.load_ms_per_request for r in s.runs])} "
             f"| {_span([r.computed_per_useful for r in s.runs], 2)} | {_cores(s.runs)} | {_busiest(s.runs)} "
+            f"| {_calls(s.runs)} "
             f"| {_span([r.host_ms for r in s.runs], 1)} "
             f"| {_span([r.startup_s for r in s.runs], 0)} |")
     return "\n".join(lines) + "\n"

@@ -209,6 +209,50 @@ class Restart:
 
 
 @dataclass(frozen=True)
+class InstanceCycle:
+    """How often each instance of a model took a batch at one level, against its batch cap
+    (:func:`.breakdown.instance_cycle`).
+
+    The Python backend serves a call on the instance's own thread in tritonserver from start to end
+    (python_backend r24.10 ``src/python_be.cc``, ``ProcessRequests``: the requests written to shared
+    memory, the stub's answer awaited, each response sent), and Triton hands the instance its next batch
+    only once that returns: each instance is a serial pipeline. With its calls full and its pipeline
+    busy, a model answers at most ``instances x batch_cap`` requests per ``cycle_ms``, whatever the CPUs
+    or the GPU have left."""
+
+    instances: int
+    #: Requests per call (Triton's average batch) and the model's ``max_batch_size`` (None: not known).
+    requests_per_call: float
+    batch_cap: int | None
+    #: One instance's period from a call to its next: instances / the calls Triton counted per second.
+    cycle_ms: float
+    #: Triton's time for a call once it left the queue (request time less queue time; each request counts
+    #: its call's), ms: the rest of the cycle is the hand-over between calls, or idling for want of requests.
+    busy_ms: float | None = None
+
+    @property
+    def fill(self) -> float | None:
+        """The calls' share of the batch cap."""
+        return self.requests_per_call / self.batch_cap if self.batch_cap else None
+
+    @property
+    def busy_share(self) -> float | None:
+        return self.busy_ms / self.cycle_ms if self.busy_ms is not None and self.cycle_ms > 0 else None
+
+    @property
+    def bound_rps(self) -> float | None:
+        """The most the instances answer at this cycle with every call full."""
+        return 1000.0 * self.instances * self.batch_cap / self.cycle_ms if self.batch_cap and self.cycle_ms > 0 else None
+
+    def to_json(self) -> Json:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> InstanceCycle:
+        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
+
+
+@dataclass(frozen=True)
 class Breakdown:
     """Where the bundle's time goes at one level (:func:`.breakdown.breakdown`). A key the run could
     not observe (no tokenizer model, no encoder statistics) is absent."""
@@ -242,6 +286,9 @@ class Breakdown:
     #: Triton's tokenizer compute per request minus the model's execute() per request (each request
     #: counting its call's time, as Triton does): the Python backend stub's work around the call, ms.
     tokenizer_outside_ms: float | None = None
+    #: The encoder's instances: how often each took a call, how full the calls were (None in reports
+    #: from before 2026-12-05, where :func:`.breakdown.instance_cycle` can still read it).
+    encoder_cycle: InstanceCycle | None = None
     padding: dict[str, float | None] = field(default_factory=dict)
     #: CPU cores busy, and processes counted, by process role ("server:stub[...]", "load0"...).
     cpu_cores: dict[str, float] = field(default_factory=dict)
@@ -259,16 +306,20 @@ class Breakdown:
     OPTIONAL = ("client_grpc_ms", "client_lag_p99_ms", "client_loop_lag_p99_ms", "tokenizer", "encoder",
                 "encoder_execute_ms", "encoder_rows_per_execute", "encoder_launches_per_execute",
                 "encoder_execute_ms_per_request", "encoder_call_ms", "tokenizer_execute_ms",
-                "tokenizer_texts_per_execute", "tokenizer_call_ms", "tokenizer_outside_ms", "cpu_processes",
+                "tokenizer_texts_per_execute", "tokenizer_call_ms", "tokenizer_outside_ms", "encoder_cycle", "cpu_processes",
                 "cpu_threads", "gpu_clocks")
 
     def to_json(self) -> Json:
-        return drop_none({f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, *self.OPTIONAL)
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["encoder_cycle"] = self.encoder_cycle.to_json() if self.encoder_cycle else None
+        return drop_none(data, *self.OPTIONAL)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Breakdown:
         names = {f.name for f in dataclasses.fields(cls)}
         fields = {k: v for k, v in data.items() if k in names}
+        if fields.get("encoder_cycle"):
+            fields["encoder_cycle"] = InstanceCycle.from_json(fields["encoder_cycle"])
         if fields.get("cpu_threads"):  # JSON's lists back to the (name, cores) pairs a level records
             fields["cpu_threads"] = {role: [(str(n), float(c)) for n, c in top]
                                      for role, top in fields["cpu_threads"].items()}
