@@ -336,12 +336,14 @@ def test_a_settings_file_sets_the_queue_bound_the_model_is_served_with(tmp_path:
         assert queue_size(spec, spec.instances) == expected
 
 
-@pytest.mark.parametrize(("name", "instances", "cap"), [("minilm-fused12-t4-buckets18.json", 12, 64),
-                                                        ("minilm-fused8-t4-buckets22-b128.json", 8, 128)])
-def test_the_settings_for_minilms_instances_ab_serve_more_or_fuller_calls(tmp_path: Path, name: str, instances: int,
-                                                                           cap: int) -> None:
+@pytest.mark.parametrize(("name", "instances", "cap", "lanes"), [("minilm-fused12-t4-buckets18.json", 12, 64, 1),
+                                                                 ("minilm-fused8-t4-buckets22-b128.json", 8, 128, 1),
+                                                                 ("minilm-fused8-lanes2-t4-buckets18.json", 8, 64, 2)])
+def test_the_settings_for_minilms_instances_ab_serve_more_fuller_or_overlapped_calls(
+        tmp_path: Path, name: str, instances: int, cap: int, lanes: int) -> None:
     """docs/benchmarks.md ("MiniLM's knee is its eight instances' calls"): the next device calls set more
-    instances, or a larger batch cap, against the hand-picked 8 x 64, all else the same."""
+    instances, a larger batch cap, or two batches in flight per instance, against the hand-picked 8 x 64,
+    all else the same."""
     from tritonbundle import manifest
     from tritonbundle.recipes import BENCH_MODELS
     from tritonbundle.tune.run import winner_overrides
@@ -354,5 +356,6 @@ def test_the_settings_for_minilms_instances_ab_serve_more_or_fuller_calls(tmp_pa
         specs[file] = manifest.from_dict(raw, path=tmp_path / "m.yaml").models[0]
     base, other = specs["minilm-fused8-t4-buckets18.json"], specs[name]
     assert (base.instances, base.max_batch_size) == (8, 64) and (other.instances, other.max_batch_size) == (instances, cap)
+    assert (base.batches_in_flight, other.batches_in_flight) == (1, lanes)
     assert other.batch_buckets[: len(base.batch_buckets)] == base.batch_buckets
     assert (other.max_queue_delay_us, other.tokenize_in_encoder) == (base.max_queue_delay_us, base.tokenize_in_encoder)
