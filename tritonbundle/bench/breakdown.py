@@ -16,6 +16,12 @@ from tritonbundle.recipes import Recipe
 from tritonbundle.runtimes.stats import HISTOGRAMS, quantile_ms
 
 
+def encoder_model(name: str, *, tokenizer_served: bool) -> str:
+    """The model that encodes for the served model ``name``: ``<name>_encoder`` behind a tokenizer model,
+    else ``name`` itself (tokenize_in_encoder: one model tokenizes and encodes)."""
+    return contract.encoder_name(name) if tokenizer_served else name
+
+
 def breakdown(recipe: Recipe, s: StepResult, options: BenchOptions, batch_caps: dict[str, int] | None = None,
               ) -> Breakdown:
     """The bundle's breakdown at one load level (the best passing one, else the highest tried);
@@ -25,9 +31,7 @@ def breakdown(recipe: Recipe, s: StepResult, options: BenchOptions, batch_caps: 
     name = recipe.model_name
     ens = views.get(name, {})
     ensemble_ms = ens.get("request_ms_per_request")
-    # tokenize_in_encoder: no tokenizer model; <name> itself tokenizes and encodes (its view is the encoder's).
-    fused = contract.tokenizer_name(name) not in views and name in views
-    encoder = name if fused else contract.encoder_name(name)
+    encoder = encoder_model(name, tokenizer_served=contract.tokenizer_name(name) in views or name not in views)
     roles: dict[str, dict[str, Any]] = {}
     for role, model in (("tokenizer", contract.tokenizer_name(name)), ("encoder", encoder)):
         v = views.get(model)

@@ -23,8 +23,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tritonbundle import contract
-from tritonbundle.bench.breakdown import instance_cycle
+from tritonbundle.bench.breakdown import encoder_model, instance_cycle
 from tritonbundle.bench.records import BundleResult, InstanceCycle
 from tritonbundle.bench.result import BenchResult
 from tritonbundle.measure import host
@@ -115,7 +114,7 @@ def _cycle_again(name: str, bundle: BundleResult) -> InstanceCycle | None:
     b = bundle.breakdown
     if b is None:
         return None
-    encoder = name if b.tokenizer is None else contract.encoder_name(name)
+    encoder = encoder_model(name, tokenizer_served=b.tokenizer is not None)
     buckets = [max(i["batch_buckets"]) for i in bundle.encoder_instances or []
                if i.get("model") == encoder and i.get("batch_buckets")]
     best = bundle.sweep.best if bundle.sweep is not None else None
