@@ -171,3 +171,26 @@ def test_minilms_knees_fell_where_its_instances_calls_were_full_and_busy() -> No
     earlier = [r.cycle for folder, prefix in (("h200-plain-text", "minilm"), ("h200-sender", "minilm-client"))
                for s in summarize(docs / folder) if s.name.startswith(prefix) for r in s.runs]
     assert len(earlier) == 8 and all(c is not None and (c.fill or 1) <= 0.76 for c in earlier)
+
+
+def _levels(run: Path) -> dict[int, dict]:
+    report = json.loads((run / "bench.json").read_text())
+    steps = report["models"]["minilm"]["systems"]["bundle"]["sweep"]["steps"]
+    return {round(s["offered_rps"]): s for s in steps}
+
+
+def test_twelve_minilm_instances_answered_more_and_knee_d_lower_as_the_docs_say() -> None:
+    """docs/benchmarks.md ("H100: twelve MiniLM instances answer more, but not within the SLO"): 8 against
+    12 instances on an H100. The twelve kept up with 27,000 req/s offered where the eight saturated near
+    25,000, yet their p99 at 8,000 was higher in every run and their knee's median lower."""
+    folder = ROOT / "docs" / "benchmarks" / "h100-instances"
+    settings = {s.name: s for s in summarize(folder)}
+    assert settings["i8"].rates == [23177.0, 24098.0] and settings["i8"].median == 23637.5
+    assert settings["i12"].rates == [20986.0, 18880.0, 24098.0] and settings["i12"].median == 20986.0
+    cycles = {name: [r.cycle for r in s.runs] for name, s in settings.items()}
+    assert all(c is not None and c.instances == 8 and 19.5 <= c.cycle_ms <= 19.8 for c in cycles["i8"])
+    assert all(c is not None and c.instances == 12 and 27.5 <= c.cycle_ms <= 32.1 for c in cycles["i12"])
+    runs = {path.name: _levels(path) for path in sorted(folder.glob("i*-*"))}
+    eight, twelve = [v for k, v in runs.items() if k.startswith("i8-")], [v for k, v in runs.items() if k.startswith("i12-")]
+    assert max(r[27000]["achieved_rps"] for r in eight) < 25000 <= 27000 * 0.99 < min(r[27000]["achieved_rps"] for r in twelve)
+    assert max(r[8000]["p99_ms"] for r in eight) < min(r[8000]["p99_ms"] for r in twelve)
