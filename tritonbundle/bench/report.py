@@ -266,8 +266,10 @@ def _bundle_lines(bundle: BundleResult, capacity: float | None = None) -> list[s
                 md.append(f"- {role}: queue {_f(x.get('queue_ms_per_request'), '.2f')} ms, compute "
                           f"{_f(x.get('compute_ms_per_request'), '.2f')} ms per request, average batch {_f(x.get('avg_batch_size'), '.1f')}")
         if c := b.encoder_cycle:
+            stub = (b.encoder_execute_ms or {}).get("execute")  # the rest of Triton's time: the Python backend's hand-over
             md.append(f"- encoder instances: {c.instances}, each taking a call every {c.cycle_ms:.2f} ms (Triton's time for "
-                      f"a call out of the queue: {_f(c.busy_ms, '.2f')} ms); {c.requests_per_call:.1f} requests per call, "
+                      f"a call out of the queue: {_f(c.busy_ms, '.2f')} ms" + (f", the stub's execute() {stub:.2f} of it" if stub else "")
+                      + f"); {c.requests_per_call:.1f} requests per call, "
                       f"the cap {c.batch_cap or '-'}" + (f": at most {c.bound_rps:,.0f} req/s at this cycle" if c.bound_rps else ""))
         t = b.tokenizer_execute_ms
         if t:
