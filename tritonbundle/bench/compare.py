@@ -57,6 +57,9 @@ class Run:
     #: The encoder's instances at the knee: how full their calls were and how busy (reports before
     #: 2026-12-05: read again from Triton's view, the stubs counted and the instances' batch buckets).
     cycle: InstanceCycle | None = None
+    #: Triton's time for a call out of the queue less the stub's execute(), per request of the call, ms:
+    #: the Python backend's hand-over in tritonserver (requests into shared memory, responses sent).
+    handover_ms_per_request: float | None = None
     #: Tokens computed per useful token over the run, and the server's start-up, s.
     computed_per_useful: float | None = None
     startup_s: float | None = None
@@ -99,6 +102,8 @@ def read_run(path: Path) -> Run:
     if b.cpu_cores:
         run.cores_busy = sum(b.cpu_cores.values())
     run.cycle = b.encoder_cycle or _cycle_again(name, bundle)
+    if run.cycle is not None and run.cycle.busy_ms is not None and "execute" in phases and run.cycle.requests_per_call:
+        run.handover_ms_per_request = (run.cycle.busy_ms - phases["execute"]) / run.cycle.requests_per_call
     threads = [(cores, role) for role, top in (b.cpu_threads or {}).items() for _, cores in top]
     if threads:
         run.busiest_thread, run.busiest_role = max(threads)
@@ -170,9 +175,9 @@ def markdown(settings: list[Setting]) -> str:
     lines = ["| setting | req/s at the SLO, by round | median [range] | read per row (ms) | tokenize per row (ms) "
              "| stubs' CPU per request (ms) | load generators' CPU per request (ms) | computed/useful "
              "| cores busy at the knee (host's capacity) | busiest thread at the knee (core) "
-             "| the encoder's calls at the knee: requests (of the cap), each instance's cycle, busy | host workload (ms) "
-             "| start-up (s) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| the encoder's calls at the knee: requests (of the cap), each instance's cycle, busy "
+             "| hand-over per request (ms) | host workload (ms) | start-up (s) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in settings:
         rates = s.rates
         lines.append(
@@ -180,7 +185,7 @@ def markdown(settings: list[Setting]) -> str:
             f"{max(rates):,.0f}] | {_span([r.read_per_row for r in s.runs])} | {_span([r.tokenize_per_row for r in s.runs])} "
             f"| {_span([r.stub_ms_per_request for r in s.runs])} | {_span([r.load_ms_per_request for r in s.runs])} "
             f"| {_span([r.computed_per_useful for r in s.runs], 2)} | {_cores(s.runs)} | {_busiest(s.runs)} "
-            f"| {_calls(s.runs)} "
+            f"| {_calls(s.runs)} | {_span([r.handover_ms_per_request for r in s.runs])} "
             f"| {_span([r.host_ms for r in s.runs], 1)} "
             f"| {_span([r.startup_s for r in s.runs], 0)} |")
     return "\n".join(lines) + "\n"
