@@ -58,7 +58,8 @@ class Run:
     #: 2026-12-05: read again from Triton's view, the stubs counted and the instances' batch buckets).
     cycle: InstanceCycle | None = None
     #: Triton's time for a call out of the queue less the stub's execute(), per request of the call, ms:
-    #: the Python backend's hand-over in tritonserver (requests into shared memory, responses sent).
+    #: the Python backend's hand-over (requests staged in shared memory and loaded by the stub, outputs
+    #: saved there, each response created, copied out and sent: python_backend r24.10 src/python_be.cc).
     handover_ms_per_request: float | None = None
     #: Tokens computed per useful token over the run, and the server's start-up, s.
     computed_per_useful: float | None = None
