@@ -208,3 +208,26 @@ def test_the_python_backends_hand_over_costs_a_tenth_of_a_ms_per_request_as_the_
     h100 = handover("h100-instances", "i")
     assert len(h200) == 11 and 0.057 <= min(h200) and max(h200) <= 0.085
     assert len(h100) == 5 and 0.102 <= min(h100) and max(h100) <= 0.143
+
+
+def test_the_hand_over_splits_into_triton_s_staging_the_stub_s_side_and_the_responses(tmp_path: Path) -> None:
+    """A report that records Triton's compute_input and compute_output at the knee (from 2026-12-05 on):
+    the hand-over per request splits into the three, and they add up to it; reports before print no split."""
+    data = json.loads((ROOT / "docs/benchmarks/h100-instances/i8-1/bench.json").read_text())
+    cycle = data["models"]["minilm"]["systems"]["bundle"]["breakdown"]["encoder_cycle"]
+    cycle.update(staging_ms=1.5, responding_ms=2.5)
+    (tmp_path / "split-1").mkdir()
+    (tmp_path / "split-1" / "bench.json").write_text(json.dumps(data))
+    shutil.copytree(ROOT / "docs/benchmarks/h100-instances/i8-1", tmp_path / "before-1")
+
+    runs = {s.name: s.runs[0] for s in summarize(tmp_path)}
+    split, before = runs["split"], runs["before"]
+    assert split.handover_ms_per_request == before.handover_ms_per_request
+    assert before.handover_parts is None and split.handover_parts is not None
+    staging, stub_side, responses = split.handover_parts
+    per_call = cycle["requests_per_call"]
+    assert staging == pytest.approx(1.5 / per_call) and responses == pytest.approx(2.5 / per_call)
+    assert staging + stub_side + responses == pytest.approx(split.handover_ms_per_request)
+    rows = {line.split(" | ")[0].strip("| "): line for line in markdown(summarize(tmp_path)).splitlines()[2:]}
+    assert f"(staging {staging:.3f}-{staging:.3f}, the stub's side" in rows["split"]
+    assert "staging" not in rows["before"]

@@ -54,7 +54,8 @@ def _result() -> BenchResult:
             breakdown=Breakdown(at_offered_rps=800, achieved_rps=800, client_mean_ms=5.0, client_p99_ms=9.0,
                                 client_lag_mean_ms=None, ensemble_request_ms=None, hints=["a reading"],
                                 encoder_cycle=InstanceCycle(instances=8, requests_per_call=61.13, batch_cap=64,
-                                                            cycle_ms=14.61, busy_ms=12.06),
+                                                            cycle_ms=14.61, busy_ms=12.06, staging_ms=1.21,
+                                                            responding_ms=1.75),
                                 encoder_execute_ms={"read": 0.63, "execute": 8.5}),
             went_down=[Restart(offered_rps=25600.0, why="Signal (11) received.", restart_s=27.3)]),
         "ceiling": SystemResult.failed(Failure("RuntimeError: boom")),
@@ -110,7 +111,7 @@ def test_report_files_and_summary(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert "| minilm | bundle | 800.0 |" in md and "failed: RuntimeError: boom" in md and "reading: a reading" in md
     assert "tritonserver went down at 25,600 req/s offered (Signal (11) received.); restarted in 27.3 s" in md
     assert ("- encoder instances: 8, each taking a call every 14.61 ms (Triton's time for a call out of the queue: "
-            "12.06 ms, the stub's execute() 8.50 of it); 61.1 requests per call, the cap 64: at most 35,044 req/s at this cycle") in md
+            "12.06 ms, the stub's execute() 8.50 of it, staging 1.21 and responses 1.75); 61.1 requests per call, the cap 64: at most 35,044 req/s at this cycle") in md
     import tarfile
 
     with tarfile.open(tmp_path / "out" / "logs.tar.gz") as tar:

@@ -138,6 +138,10 @@ def test_bounded_run_records_both_protocols_and_writes_the_report(server: Any, t
     encoder = next(v for v in summary["server"] if v["model"] == "minilm_encoder")
     assert encoder["requests"] == summary["total"]["requests"]
     assert encoder["avg_batch_size"] >= 1.0 and encoder["compute_ms_per_request"] > 0
+    # The Python backend's hand-over around the stub's round trip, as Triton counts it: the tokenizer's
+    # requests staged in shared memory (compute_input) and its responses sent (compute_output).
+    tokenizer = next(v for v in summary["server"] if v["model"] == "minilm_tokenizer")
+    assert tokenizer["compute_input_ms_per_request"] > 0 and tokenizer["compute_output_ms_per_request"] > 0
 
     # The charts' data: 1 s rows from the first request to the last answer, every request in one row.
     window, rows = summary["window"], summary["timeline"]

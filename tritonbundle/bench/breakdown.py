@@ -37,7 +37,8 @@ def breakdown(recipe: Recipe, s: StepResult, options: BenchOptions, batch_caps: 
         v = views.get(model)
         if v:
             roles[role] = {k: v[k] for k in ("queue_ms_per_request", "compute_ms_per_request", "request_ms_per_request",
-                                             "avg_batch_size", "executions")}
+                                             "compute_input_ms_per_request", "compute_output_ms_per_request",
+                                             "avg_batch_size", "executions") if k in v}  # the compute parts: since 2026-12-05
     executes = enc.get("executes", 0) or 0
     requests = enc.get("requests", 0) or 0
     per_execute: dict[str, Any] = {}
@@ -98,7 +99,9 @@ def instance_cycle(view: dict[str, Any] | None, instances: int | None, batch_cap
     request, queue = view.get("request_ms_per_request"), view.get("queue_ms_per_request")
     return InstanceCycle(instances=int(instances), requests_per_call=per_call, batch_cap=batch_cap,
                          cycle_ms=1000.0 * instances / calls_per_s,
-                         busy_ms=float(request) - float(queue) if request is not None and queue is not None else None)
+                         busy_ms=float(request) - float(queue) if request is not None and queue is not None else None,
+                         staging_ms=view.get("compute_input_ms_per_request"),
+                         responding_ms=view.get("compute_output_ms_per_request"))
 
 
 #: From these shares of the batch cap and of the cycle, the instances count as the limit.

@@ -61,6 +61,10 @@ class Run:
     #: the Python backend's hand-over (requests staged in shared memory and loaded by the stub, outputs
     #: saved there, each response created, copied out and sent: python_backend r24.10 src/python_be.cc).
     handover_ms_per_request: float | None = None
+    #: Its three parts, per request of the call, ms (reports from 2026-12-05 on): Triton staging the
+    #: requests (compute_input), the stub's side of its round trip outside execute() (the rest), Triton
+    #: creating and sending the responses (compute_output).
+    handover_parts: tuple[float, float, float] | None = None
     #: Tokens computed per useful token over the run, and the server's start-up, s.
     computed_per_useful: float | None = None
     startup_s: float | None = None
@@ -102,9 +106,14 @@ def read_run(path: Path) -> Run:
         run.tokenize_per_row = phases["tokenize"] / rows if "tokenize" in phases else None
     if b.cpu_cores:
         run.cores_busy = sum(b.cpu_cores.values())
-    run.cycle = b.encoder_cycle or _cycle_again(name, bundle)
-    if run.cycle is not None and run.cycle.busy_ms is not None and "execute" in phases and run.cycle.requests_per_call:
-        run.handover_ms_per_request = (run.cycle.busy_ms - phases["execute"]) / run.cycle.requests_per_call
+    run.cycle = c = b.encoder_cycle or _cycle_again(name, bundle)
+    if c is not None and c.busy_ms is not None and "execute" in phases and c.requests_per_call:
+        handover = c.busy_ms - phases["execute"]
+        run.handover_ms_per_request = handover / c.requests_per_call
+        if c.staging_ms is not None and c.responding_ms is not None:
+            stub_side = handover - c.staging_ms - c.responding_ms
+            run.handover_parts = (c.staging_ms / c.requests_per_call, stub_side / c.requests_per_call,
+                                  c.responding_ms / c.requests_per_call)
     threads = [(cores, role) for role, top in (b.cpu_threads or {}).items() for _, cores in top]
     if threads:
         run.busiest_thread, run.busiest_role = max(threads)
@@ -152,6 +161,14 @@ def summarize(folder: Path) -> list[Setting]:
     return list(settings.values())
 
 
+def _handover(runs: list[Run]) -> str:
+    """The hand-over per request over the runs, and where the runs recorded them its three parts."""
+    parts = [r.handover_parts for r in runs if r.handover_parts is not None]
+    split = " (staging {}, the stub's side {}, responses {})".format(
+        *(_span([p[i] for p in parts]) for i in range(3))) if parts else ""
+    return _span([r.handover_ms_per_request for r in runs]) + split
+
+
 def _span(values: list[float | None], digits: int = 3) -> str:
     got = [v for v in values if v is not None]
     return f"{min(got):.{digits}f}-{max(got):.{digits}f}" if got else "-"
@@ -186,7 +203,7 @@ def markdown(settings: list[Setting]) -> str:
             f"{max(rates):,.0f}] | {_span([r.read_per_row for r in s.runs])} | {_span([r.tokenize_per_row for r in s.runs])} "
             f"| {_span([r.stub_ms_per_request for r in s.runs])} | {_span([r.load_ms_per_request for r in s.runs])} "
             f"| {_span([r.computed_per_useful for r in s.runs], 2)} | {_cores(s.runs)} | {_busiest(s.runs)} "
-            f"| {_calls(s.runs)} | {_span([r.handover_ms_per_request for r in s.runs])} "
+            f"| {_calls(s.runs)} | {_handover(s.runs)} "
             f"| {_span([r.host_ms for r in s.runs], 1)} "
             f"| {_span([r.startup_s for r in s.runs], 0)} |")
     return "\n".join(lines) + "\n"

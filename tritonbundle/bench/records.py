@@ -229,6 +229,11 @@ class InstanceCycle:
     #: Triton's time for a call once it left the queue (request time less queue time; each request counts
     #: its call's), ms: the rest of the cycle is the hand-over between calls, or idling for want of requests.
     busy_ms: float | None = None
+    #: Its parts before and after the backend's compute (Triton's compute_input and compute_output): for
+    #: the Python backend the requests staged in shared memory, and each response created, copied out and
+    #: sent (:mod:`tritonbundle.measure.triton_metrics`). None in reports before 2026-12-05.
+    staging_ms: float | None = None
+    responding_ms: float | None = None
 
     @property
     def fill(self) -> float | None:

@@ -3,7 +3,14 @@
 Counters are scraped during the run; differences between scrapes give, per model: requests,
 executions, the average batch size (``nv_inference_count / nv_inference_exec_count``), and the time a
 request spends queued versus computing (``nv_inference_queue_duration_us`` vs
-``nv_inference_compute_infer_duration_us``, per request).
+``nv_inference_compute_infer_duration_us``, per request), with the two parts of a call around the
+backend's compute: ``compute_input`` (from the backend's start of the call to its compute start) and
+``compute_output`` (from its compute end to the call's end). Each request counts its whole call's
+(core r24.10 ``src/infer_stats.cc`` ``UpdateSuccess``). For the Python backend that is the server's half
+of its hand-over: compute_input stages the requests in shared memory, compute_infer is the round trip
+to the stub (its ``execute()`` inside), compute_output creates, copies out and sends each response
+(python_backend r24.10 ``src/python_be.cc`` ``ProcessRequests`` 1320-1353 sets compute start and end
+around the stub's round trip; ``TRITONBACKEND_ModelInstanceExecute`` 2297-2310 the call's start and end).
 """
 
 from __future__ import annotations
@@ -65,6 +72,8 @@ class ServerView:
     queue_ms_per_request: float
     compute_ms_per_request: float
     request_ms_per_request: float
+    compute_input_ms_per_request: float = 0.0
+    compute_output_ms_per_request: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -94,6 +103,8 @@ def view(first: Sample, last: Sample) -> list[ServerView]:
             queue_ms_per_request=delta("nv_inference_queue_duration_us") / requests / 1000,
             compute_ms_per_request=delta("nv_inference_compute_infer_duration_us") / requests / 1000,
             request_ms_per_request=delta("nv_inference_request_duration_us") / requests / 1000,
+            compute_input_ms_per_request=delta("nv_inference_compute_input_duration_us") / requests / 1000,
+            compute_output_ms_per_request=delta("nv_inference_compute_output_duration_us") / requests / 1000,
         ))
     return out
 
