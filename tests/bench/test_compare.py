@@ -231,3 +231,22 @@ def test_the_hand_over_splits_into_triton_s_staging_the_stub_s_side_and_the_resp
     rows = {line.split(" | ")[0].strip("| "): line for line in markdown(summarize(tmp_path)).splitlines()[2:]}
     assert f"(staging {staging:.3f}-{staging:.3f}, the stub's side" in rows["split"]
     assert "staging" not in rows["before"]
+
+
+def test_two_batches_in_flight_and_a_cap_of_128_lost_on_the_h100_as_the_docs_say() -> None:
+    """docs/benchmarks.md ("H100: two batches in flight and a batch cap of 128 lose"): medians 25,631 /
+    18,108 / 18,108, lower in every round; the hand-over splits at base's knees into staging 0.012-0.015,
+    the stub's side 0.030-0.041 and responses 0.036-0.044 ms a request; with lanes there is none."""
+    settings = {s.name: s for s in summarize(ROOT / "docs" / "benchmarks" / "h100-lanes-b128")}
+    base, lanes2, b128 = settings["base"], settings["lanes2"], settings["b128"]
+    assert [round(s.median) for s in (base, lanes2, b128)] == [25631, 18108, 18108]
+    assert all(max(other.rates[i] for other in (lanes2, b128)) < base.rates[i] for i in range(3))
+    parts = [r.handover_parts for r in base.runs]
+    assert all(p is not None for p in parts)
+    staging, stub_side, responses = ([p[i] for p in parts if p is not None] for i in range(3))
+    assert 0.012 <= min(staging) and max(staging) <= 0.0155
+    assert 0.0295 <= min(stub_side) and max(stub_side) <= 0.0415
+    assert 0.036 <= min(responses) and max(responses) <= 0.0445
+    assert all(r.handover_ms_per_request is None and r.handover_parts is None for r in lanes2.runs)
+    assert [round(c.batch_cap or 0) for c in (r.cycle for r in b128.runs) if c] == [128] * 3
+    assert max(r.cycle.requests_per_call for r in b128.runs if r.cycle) < 50.1

@@ -268,7 +268,7 @@ def _bundle_lines(bundle: BundleResult, capacity: float | None = None) -> list[s
         if c := b.encoder_cycle:
             stub = (b.encoder_execute_ms or {}).get("execute")  # the rest of Triton's time: the Python backend's hand-over
             md.append(f"- encoder instances: {c.instances}, each taking a call every {c.cycle_ms:.2f} ms (Triton's time for "
-                      f"a call out of the queue: {_f(c.busy_ms, '.2f')} ms" + (f", the stub's execute() {stub:.2f} of it" if stub else "")
+                      f"a call out of the queue: {_f(c.busy_ms, '.2f')} ms" + (f", the stub's execute() {stub:.2f}" + (" of it" if stub <= (c.busy_ms or 0) else ", past it: batches in flight") if stub else "")
                       + (f", staging {c.staging_ms:.2f} and responses {c.responding_ms:.2f}"
                          if c.staging_ms is not None and c.responding_ms is not None else "")
                       + f"); {c.requests_per_call:.1f} requests per call, "
