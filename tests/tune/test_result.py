@@ -109,3 +109,20 @@ def test_resume_takes_the_points_of_a_run_like_this_one_and_refuses_another(tmp_
     path.write_text("{not json")
     with pytest.raises(ConfigError, match="not a tune report"):
         resumed_points(path, run)
+
+
+def test_the_h100_search_from_the_bad_start_took_the_fold_as_the_docs_say() -> None:
+    """docs/tuning.md ("From the bad start on an H100"): ten points; the fold moved at +7.5 % on 0.55 x the
+    server CPU, with the GPU 99.6 % busy; four tokenizer threads read 1.4 % less, a tie."""
+    result = TuneResult.from_json(json.loads((TUNING / "h100-bert-base-bad-start" / "tune.json").read_text()))
+    points = {p.label: p for p in result.points}
+    assert len(result.points) == 10
+    start, unfolded = points["start"], points["round 1: instances=8"]
+    fold, threads4 = points["round 1: tokenize_in_encoder=True"], points["round 1: tokenizer_threads=4"]
+    assert (round(start.score), round(unfolded.score), round(fold.score)) == (4048, 12654, 13609)
+    assert fold.config["instances"] == 8 and fold.config["tokenize_in_encoder"] is True
+    assert result.winner is not None and result.winner.config == fold.config
+    assert fold.score / unfolded.score == pytest.approx(1.075, abs=0.001)
+    assert fold.detail["server_cores"] / unfolded.detail["server_cores"] == pytest.approx(0.55, abs=0.01)
+    assert fold.detail["gpu_util_mean"] == pytest.approx(99.6, abs=0.05)
+    assert threads4.score / fold.score == pytest.approx(0.986, abs=0.001)
