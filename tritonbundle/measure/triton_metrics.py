@@ -10,7 +10,9 @@ backend's compute: ``compute_input`` (from the backend's start of the call to it
 of its hand-over: compute_input stages the requests in shared memory, compute_infer is the round trip
 to the stub (its ``execute()`` inside), compute_output creates, copies out and sends each response
 (python_backend r24.10 ``src/python_be.cc`` ``ProcessRequests`` 1320-1353 sets compute start and end
-around the stub's round trip; ``TRITONBACKEND_ModelInstanceExecute`` 2297-2310 the call's start and end).
+around the stub's round trip; ``TRITONBACKEND_ModelInstanceExecute`` 2297-2310 the call's start and end),
+the frontend's response callback included (server r24.10: gRPC's fills and finishes the reply there,
+HTTP's defers it to its own thread; ``scripts/handover_split.py`` measures both).
 """
 
 from __future__ import annotations
