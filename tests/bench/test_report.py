@@ -361,3 +361,18 @@ def test_the_settings_for_minilms_instances_ab_serve_more_fuller_or_overlapped_c
     assert (base.batches_in_flight, other.batches_in_flight) == (1, lanes)
     assert other.batch_buckets[: len(base.batch_buckets)] == base.batch_buckets
     assert (other.max_queue_delay_us, other.tokenize_in_encoder) == (base.max_queue_delay_us, base.tokenize_in_encoder)
+
+
+def test_with_batches_in_flight_the_instances_line_says_the_stubs_execute_outlives_the_call() -> None:
+    """Two batches in flight: a lane answers after Triton's call has ended, so the stub's execute() is
+    longer than the call (the H100's lanes2 runs: 21.2 ms against 5.6) and is not part of it."""
+    result = _result()
+    bundle = result.models["minilm"].systems["bundle"]
+    assert isinstance(bundle, BundleResult) and bundle.breakdown is not None
+    lanes = dataclasses.replace(bundle, breakdown=dataclasses.replace(
+        bundle.breakdown, encoder_cycle=InstanceCycle(instances=8, requests_per_call=48.3, batch_cap=64, cycle_ms=22.83,
+                                                      busy_ms=5.61, staging_ms=0.80, responding_ms=0.02),
+        encoder_execute_ms={"read": 0.77, "execute": 21.17}))
+    result.models["minilm"].systems["bundle"] = lanes
+    assert ("(Triton's time for a call out of the queue: 5.61 ms, the stub's execute() 21.17, past it: batches in "
+            "flight, staging 0.80 and responses 0.02)") in report.markdown(result)
