@@ -21,7 +21,6 @@ import json
 import re
 import statistics
 from dataclasses import dataclass, field
-from math import inf
 from pathlib import Path
 
 from tritonbundle.bench.breakdown import encoder_model, instance_cycle
@@ -108,9 +107,8 @@ def read_run(path: Path) -> Run:
     if b.cpu_cores:
         run.cores_busy = sum(b.cpu_cores.values())
     run.cycle = c = b.encoder_cycle or _cycle_again(name, bundle)
-    # With batches in flight the stub's execute() outlives Triton's call (a lane responds after it): no hand-over.
-    if c is not None and c.busy_ms is not None and c.requests_per_call and 0 < phases.get("execute", inf) <= c.busy_ms:
-        handover = c.busy_ms - phases["execute"]
+    handover = c.handover_ms(phases.get("execute")) if c is not None else None
+    if c is not None and handover is not None and c.requests_per_call:
         run.handover_ms_per_request = handover / c.requests_per_call
         if c.staging_ms is not None and c.responding_ms is not None:
             stub_side = handover - c.staging_ms - c.responding_ms

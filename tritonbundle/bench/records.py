@@ -235,6 +235,14 @@ class InstanceCycle:
     staging_ms: float | None = None
     responding_ms: float | None = None
 
+    def handover_ms(self, execute_ms: float | None) -> float | None:
+        """Triton's time for a call less the stub's ``execute_ms``: the Python backend's hand-over. None
+        where either is missing, or where execute() outlives the call (batches in flight: a lane answers
+        after Triton's call has ended, so execute() is not a part of it)."""
+        if self.busy_ms is None or not execute_ms or execute_ms > self.busy_ms:
+            return None
+        return self.busy_ms - execute_ms
+
     @property
     def fill(self) -> float | None:
         """The calls' share of the batch cap."""

@@ -267,11 +267,12 @@ def _bundle_lines(bundle: BundleResult, capacity: float | None = None) -> list[s
                           f"{_f(x.get('compute_ms_per_request'), '.2f')} ms per request, average batch {_f(x.get('avg_batch_size'), '.1f')}")
         if c := b.encoder_cycle:
             stub = (b.encoder_execute_ms or {}).get("execute")  # the rest of Triton's time: the Python backend's hand-over
+            inside = "" if not stub else f", the stub's execute() {stub:.2f}" + (
+                " of it" if c.handover_ms(stub) is not None else ", past it: batches in flight")
+            if c.staging_ms is not None and c.responding_ms is not None:
+                inside += f", staging {c.staging_ms:.2f} and responses {c.responding_ms:.2f}"
             md.append(f"- encoder instances: {c.instances}, each taking a call every {c.cycle_ms:.2f} ms (Triton's time for "
-                      f"a call out of the queue: {_f(c.busy_ms, '.2f')} ms" + (f", the stub's execute() {stub:.2f}" + (" of it" if stub <= (c.busy_ms or 0) else ", past it: batches in flight") if stub else "")
-                      + (f", staging {c.staging_ms:.2f} and responses {c.responding_ms:.2f}"
-                         if c.staging_ms is not None and c.responding_ms is not None else "")
-                      + f"); {c.requests_per_call:.1f} requests per call, "
+                      f"a call out of the queue: {_f(c.busy_ms, '.2f')} ms{inside}); {c.requests_per_call:.1f} requests per call, "
                       f"the cap {c.batch_cap or '-'}" + (f": at most {c.bound_rps:,.0f} req/s at this cycle" if c.bound_rps else ""))
         t = b.tokenizer_execute_ms
         if t:

@@ -74,8 +74,8 @@ class ServerView:
     queue_ms_per_request: float
     compute_ms_per_request: float
     request_ms_per_request: float
-    compute_input_ms_per_request: float = 0.0
-    compute_output_ms_per_request: float = 0.0
+    compute_input_ms_per_request: float
+    compute_output_ms_per_request: float
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
