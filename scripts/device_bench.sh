@@ -6,7 +6,7 @@
 #
 # usage: bash scripts/device_bench.sh [all|install|run|tune] [tritonbundle bench gpu / tune options...]
 #   all      install whatever is carried, then run (the default)
-#   install  only install (what the call carries: .device/server, .device/stubs, .device/grpc, .device/model)
+#   install  only install (what the call carries: .device/server, .device/stubs, .device/grpc, .device/http, .device/model)
 #   run      only run (a later call; uses .device/opt from before)
 #   tune     `tritonbundle tune` instead of the bench (a later call; e.g. --bench-model bert-base)
 # Output goes to $OUT (the device tool's folder) or reports/bench: bench.json, bench.md, bench.png,
@@ -72,6 +72,10 @@ PY
     log "installing the LitServe peer's wheels into $OPT/site"
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$OPT/site" .device/peer/wheels/*.whl
   fi
+  if ls .device/http/wheels/*.whl >/dev/null 2>&1; then
+    log "installing tritonclient.http's wheels (geventhttpclient, gevent) into $OPT/site"
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$OPT/site" .device/http/wheels/*.whl
+  fi
   if ls .device/grpc/wheels/*.whl >/dev/null 2>&1; then
     mkdir -p "$OPT/grpc" && cp .device/grpc/wheels/*.whl "$OPT/grpc/"  # installed by check() only if needed
   fi
@@ -134,6 +138,8 @@ PY
     fi
     $PY -c "import tritonclient.grpc.aio, tritonclient.grpc.model_config_pb2" || log "WARNING: tritonclient does not import: the bundle phase will fail"
   fi
+  $PY -c "import tritonclient.http.aio" 2>/dev/null \
+    || log "note: tritonclient.http does not import (carry .device/http): TRITONBUNDLE_LOAD_SENDER=http and HTTP clients will fail"
   if [ -x "$TRITONSERVER" ]; then
     missing=$(ldd "$TRITONSERVER" "$TRITON_BACKEND_DIR/python/libtriton_python.so" "$TRITON_BACKEND_DIR/python/triton_python_backend_stub" | grep "not found" | sort -u)
     [ -n "$missing" ] && log "WARNING: unresolved libraries (the bundle phase will fail): $missing"

@@ -1,6 +1,6 @@
 """What the GPU machine lacks, in folders small enough to carry (dev tooling for the device tool).
 
-    python scripts/device_pack.py pack --out .device [--parts server,stubs,grpc,model]   (here)
+    python scripts/device_pack.py pack --out .device [--parts server,stubs,grpc,http,model,peer]   (here)
     python3 scripts/device_pack.py unpack-model .device/model/minilm DEST                (there)
 
 Called by ``scripts/device_pack.sh`` and ``scripts/device_bench.sh``; not part of the package.
@@ -21,6 +21,9 @@ tritonserver, no tritonclient and no MiniLM weights. A device call carries at mo
 * ``<out>/grpc/``: the grpcio wheel (7 MB), only needed when the machine's grpcio is older than
   tritonclient's generated code wants (``scripts/device_bench.sh`` checks, and relaxes the check
   instead when this folder is not carried).
+* ``<out>/http/``: the wheels ``tritonclient.http`` imports (geventhttpclient, gevent and theirs, about
+  5 MB): tritonclient's ``http`` package imports its gevent client first, so without them neither the
+  asyncio HTTP client nor the load generators' HTTP sender (``TRITONBUNDLE_LOAD_SENDER=http``) loads.
 * ``<out>/peer/``: the wheels of LitServe and what it imports, for the benchmark's peer server (about
   12 MB); installed next to the server's wheels.
 * ``<out>/model/minilm/``: all-MiniLM-L6-v2 in FP16 (``config.json``, ``tokenizer.json`` and the
@@ -53,6 +56,8 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x
 #: Wheels the GPU machine lacks (versions: those installed here, so the code is tested with them).
 WHEELS = ("tritonclient", "python-rapidjson", "protobuf", "jsonschema", "jsonschema-specifications", "referencing", "rpds-py")
 GRPC_WHEELS = ("grpcio",)
+#: What ``import tritonclient.http`` needs beyond the server's wheels (aiohttp: the GPU machine has it).
+HTTP_WHEELS = ("geventhttpclient", "gevent", "greenlet", "zope.event", "zope.interface", "brotli", "certifi")
 #: The LitServe peer and what it imports (the versions installed here, where its CPU smoke test runs).
 PEER_WHEELS = ("litserve", "fastapi", "starlette", "pydantic", "pydantic-core", "annotated-types", "typing-inspection",
                "annotated-doc", "anyio", "idna", "typing-extensions", "uvicorn", "h11", "click", "httptools", "uvloop",
@@ -245,7 +250,7 @@ def unpack_model(folder: Path, dest: Path) -> Path:
 
 
 # -- all of it --------------------------------------------------------------------------------------------
-def pack_all(out: Path, *, parts: tuple[str, ...] = ("server", "stubs", "grpc", "model", "peer")) -> dict[str, int]:
+def pack_all(out: Path, *, parts: tuple[str, ...] = ("server", "stubs", "grpc", "http", "model", "peer")) -> dict[str, int]:
     from tritonbundle import recipes
 
     sizes: dict[str, int] = {}
@@ -263,13 +268,17 @@ def pack_all(out: Path, *, parts: tuple[str, ...] = ("server", "stubs", "grpc", 
         grpc = out / "grpc"
         shutil.rmtree(grpc, ignore_errors=True)
         download_wheels(GRPC_WHEELS, grpc / "wheels")
+    if "http" in parts:
+        http = out / "http"
+        shutil.rmtree(http, ignore_errors=True)
+        download_wheels(HTTP_WHEELS, http / "wheels")
     if "model" in parts:
         pack_model(out / "model")
     if "peer" in parts:
         peer = out / "peer"
         shutil.rmtree(peer, ignore_errors=True)
         download_wheels(PEER_WHEELS, peer / "wheels")
-    for part in ("server", "stubs", "grpc", "model", "peer"):
+    for part in ("server", "stubs", "grpc", "http", "model", "peer"):
         folder = out / part
         if folder.exists():
             sizes[part] = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
@@ -281,8 +290,8 @@ def main(argv: list[str] | None = None) -> None:
     sub = ap.add_subparsers(dest="op", required=True)
     k = sub.add_parser("pack", help="build the folders a GPU machine without network needs (server, wheels, weights)")
     k.add_argument("--out", type=Path, default=Path(".device"), help="staging folder (git-ignored)")
-    k.add_argument("--parts", default="server,stubs,grpc,model,peer",
-                   help="comma-separated: server, stubs, grpc, model, peer")
+    k.add_argument("--parts", default="server,stubs,grpc,http,model,peer",
+                   help="comma-separated: server, stubs, grpc, http, model, peer")
     p = sub.add_parser("unpack-model", help="restore model.safetensors from its byte planes")
     p.add_argument("folder", type=Path)
     p.add_argument("dest", type=Path)
