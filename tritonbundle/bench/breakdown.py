@@ -69,6 +69,7 @@ def breakdown(recipe: Recipe, s: StepResult, options: BenchOptions, batch_caps: 
         at_offered_rps=s.offered_rps, achieved_rps=s.achieved_rps, client_mean_ms=s.mean_ms, client_p99_ms=s.p99_ms,
         client_lag_mean_ms=s.extra.get("client_lag_mean_ms"), ensemble_request_ms=ensemble_ms,
         client_lag_p99_ms=s.extra.get("client_lag_p99_ms"), client_loop_lag_p99_ms=s.extra.get("client_loop_lag_p99_ms"),
+        client_p99_from_send_ms=s.extra.get("p99_from_send_ms"),
         client_grpc_ms=s.mean_ms - ensemble_ms if ensemble_ms is not None and math.isfinite(s.mean_ms) else None,
         tokenizer=roles.get("tokenizer"), encoder=roles.get("encoder"), **per_execute, padding=tokens_ratio(enc),
         encoder_cycle=instance_cycle(roles.get("encoder"), (s.extra.get("cpu_processes") or {}).get(f"server:stub[{encoder}]"),

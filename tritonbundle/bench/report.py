@@ -251,8 +251,7 @@ def _bundle_lines(bundle: BundleResult, capacity: float | None = None) -> list[s
     for down in bundle.went_down or []:
         md.append(f"\nbundle: tritonserver went down at {_f(down.offered_rps, ',.0f')} req/s offered ({down.why}); "
                   f"restarted in {_f(down.restart_s, '.1f')} s, the level counts as failed.")
-    b = bundle.breakdown
-    if b:
+    if b := bundle.breakdown:
         md += ["", f"Where the bundle's time goes at {_f(b.at_offered_rps)} req/s offered "
                f"({_f(b.achieved_rps)} answered/s):", ""]
         md.append(f"- client-side mean latency {_f(b.client_mean_ms, '.2f')} ms (p99 {_f(b.client_p99_ms, '.2f')}); "
@@ -260,7 +259,8 @@ def _bundle_lines(bundle: BundleResult, capacity: float | None = None) -> list[s
                   f"{_f(b.client_grpc_ms, '.2f')} ms; load generators late by {_f(b.client_lag_mean_ms, '.2f')} ms"
                   + ("" if b.client_loop_lag_p99_ms is None else
                      f" (p99 {_f(b.client_lag_p99_ms, '.2f')}); their event loops woke timers "
-                     f"{_f(b.client_loop_lag_p99_ms, '.2f')} ms late at p99"))
+                     f"{_f(b.client_loop_lag_p99_ms, '.2f')} ms late at p99")
+                  + ("" if b.client_p99_from_send_ms is None else f"; p99 from each send {_f(b.client_p99_from_send_ms, '.2f')} ms"))
         for role, x in (("tokenizer", b.tokenizer), ("encoder", b.encoder)):
             if x:
                 md.append(f"- {role}: queue {_f(x.get('queue_ms_per_request'), '.2f')} ms, compute "

@@ -134,8 +134,10 @@ def measure_rates(pool: LoadPool, *, system: str, slo: Slo, timing: Timing, ladd
             result.extra["down"] = why
         judge(result, slo)
         gpu_util, sm_mhz = result.extra.get("gpu_util_mean"), result.extra.get("gpu_sm_mhz_mean")
-        LOG.info("    %s @ %8.1f req/s offered: %8.1f answered/s, p50 %7.1f ms, p99 %7.1f ms, failed %d%s%s: %s",
-                 system, rate, result.achieved_rps, result.p50_ms, result.p99_ms, result.failed,
+        from_send = result.extra.get("p99_from_send_ms")
+        LOG.info("    %s @ %8.1f req/s offered: %8.1f answered/s, p50 %7.1f ms, p99 %7.1f ms%s, failed %d%s%s: %s",
+                 system, rate, result.achieved_rps, result.p50_ms, result.p99_ms,
+                 f" ({from_send:.1f} from the send)" if from_send is not None else "", result.failed,
                  f", GPU {gpu_util:.0f}%" if gpu_util is not None else "",
                  f" at {sm_mhz:.0f} MHz" if sm_mhz is not None else "",
                  "PASS" if result.passed else f"FAIL ({result.reason})")
