@@ -250,3 +250,30 @@ def test_two_batches_in_flight_and_a_cap_of_128_lost_on_the_h100_as_the_docs_say
     assert all(r.handover_ms_per_request is None and r.handover_parts is None for r in lanes2.runs)
     assert [round(c.batch_cap or 0) for c in (r.cycle for r in b128.runs) if c] == [128] * 3
     assert max(r.cycle.requests_per_call for r in b128.runs if r.cycle) < 50.1
+
+
+def test_http_sender_halves_the_responses_on_the_second_h100_as_the_docs_say() -> None:
+    """docs/benchmarks.md ("H100: the HTTP sender..."): four interleaved rounds on one host, MiniLM; the
+    knees spread 2x within a setting, the per-request costs do not: the load generators' CPU 0.20-0.31
+    (gRPC) against 0.07-0.11 ms (HTTP), Triton's responses 0.040-0.065 against 0.018-0.027 ms."""
+    settings = {s.name: s for s in summarize(ROOT / "docs" / "benchmarks" / "h100-grpc-http-minilm")}
+    grpc, http = settings["grpc"], settings["http"]
+    assert [round(r) for r in grpc.rates] == [10822, 6884, 6884, 14804]
+    assert [round(r) for r in http.rates] == [27373, 11256, 11256, 11261]
+    assert [round(s.median) for s in (grpc, http)] == [8853, 11259]
+    load = {name: [r.load_ms_per_request or 0.0 for r in s.runs] for name, s in settings.items()}
+    assert min(load["grpc"]) > 0.19 and max(load["http"]) < 0.11
+    responses = {name: [r.handover_parts[2] for r in s.runs if r.handover_parts] for name, s in settings.items()}
+    assert len(responses["grpc"]) == len(responses["http"]) == 4
+    assert min(responses["grpc"]) > 0.039 and max(responses["http"]) < 0.028
+
+
+def test_the_tunes_h100_winner_fell_short_of_the_hand_picked_settings_on_another_h100() -> None:
+    """docs/tuning.md ("The winner on another H100"): the bad-start tune's winner (8 instances folded,
+    2.5 ms delay) against the hand-picked bert-base settings (5 ms delay), three interleaved rounds:
+    5,080 against 8,992; the winner's calls held 14-17 requests, the hand-picked ones' 24-48."""
+    settings = {s.name: s for s in summarize(ROOT / "docs" / "benchmarks" / "h100-tuned-vs-handpicked")}
+    tuned, handpicked = settings["tuned"], settings["handpicked"]
+    assert [round(s.median) for s in (tuned, handpicked)] == [5080, 8992]
+    assert max(r.cycle.requests_per_call for r in tuned.runs if r.cycle) < 17
+    assert min(r.cycle.requests_per_call for r in handpicked.runs if r.cycle) > 23.9
