@@ -450,3 +450,15 @@ def test_the_noise_band_is_the_widest_spread_of_a_repeated_configuration() -> No
     assert noise_band({}) == TIE_BAND and noise_band({1: points(100.0)}) == TIE_BAND
     assert noise_band({1: points(100.0, 75.0), 2: points(100.0, 90.0)}) == 0.25
     assert noise_band({1: points(100.0, None)}) == NOISE_CAP
+
+
+def test_the_reason_states_the_winner_against_the_versus_settings() -> None:
+    result, _ = run({"instances": 1, "max_queue_delay_us": 0})
+    assert result.best is not None and result.best.score == 100.0
+    slower = Point("the reference (x.json)", {"instances": 2, "max_queue_delay_us": 1000}, 80.0)
+    assert "the reference settings (--versus) sustain 80.0 req/s: the winner is +25% on them" in reason(result, None, slower)
+    failed = Point("the reference (x.json)", {"instances": 2, "max_queue_delay_us": 5000}, None)
+    assert "the reference settings (--versus) met the SLO at no rate tried" in reason(result, None, failed)
+    same = Point("the reference (x.json)", dict(result.best.config), 99.0)
+    assert "it is the reference settings (--versus)" in reason(result, None, same)
+    assert "--versus" not in reason(result, None)

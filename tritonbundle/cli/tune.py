@@ -74,7 +74,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         window_s=args.window_s, load_procs=args.load_procs or 1, start_rate=args.start_rate, work=args.work,
         rate_factor=args.rate_factor, refine=args.refine, max_rate=args.max_rate,
         max_failure_ratio=args.max_failure_ratio, repeat=args.repeat,
-        tuned_manifest=tuned, extra_server_args=server_args, resume=args.resume,
+        tuned_manifest=tuned, extra_server_args=server_args, resume=args.resume, versus=args.versus,
     )
     result = run_tune(options)
     print(f"report: {args.out}/tune.md {args.out}/tune.json {args.out}/tune.png")
@@ -153,6 +153,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--resume", type=Path, metavar="TUNE_JSON",
                    help="go on from an earlier run's tune.json (same model, SLO, overrides, GPU sharing): the "
                         "configurations it measured are not measured again")
+    p.add_argument("--versus", type=Path, metavar="TUNED_JSON",
+                   help="settings to measure beside the search (a tune.json, or {\"winner\": {\"config\": {...}}} "
+                        "as bench --tuned reads): measured after the defaults, then in turns with the winner "
+                        "(--repeat times each); the report says which is faster")
     p.add_argument("--work", type=Path, help="keep each point's repository and server log here (default: a temporary folder)")
     p.add_argument("--bench-model", help="tune the benchmark's model (minilm, bert-base) with its manifest: the GPU machine's run")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="with --bench-model: where the encoder runs")

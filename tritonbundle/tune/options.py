@@ -43,6 +43,9 @@ class TuneOptions:
     #: An earlier run's ``tune.json`` (same model, SLO, overrides and GPU sharing): every configuration it
     #: measured is taken from it instead of measured again, so a search its budget cut short goes on.
     resume: Path | None = None
+    #: Settings to measure beside the search (a ``tune.json``, or ``{"winner": {"config": {...}}}`` written by
+    #: hand): measured after the defaults, then the search's winner's other finalist, in turns.
+    versus: Path | None = None
 
     def __post_init__(self) -> None:
         if self.budget_s < 20:

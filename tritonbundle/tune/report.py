@@ -31,12 +31,14 @@ from tritonbundle.tune.search import Point, Result, cut_short, reason
 from tritonbundle.tune.space import Config, Space, describe
 
 
-def summary(found: Result, baseline: Point | None, searched: Space) -> Verdict:
-    """The verdict of a search: the winner, the defaults' point, the moves and why."""
+def summary(found: Result, baseline: Point | None, searched: Space, reference: Point | None = None) -> Verdict:
+    """The verdict of a search: the winner, the defaults' point, the moves and why (and the ``--versus``
+    settings' point, when named)."""
     return Verdict(
         winner=PointSummary.of(found.best) if found.best else None,
         baseline=PointSummary.of(baseline) if baseline else None, search_stopped=found.stopped,
-        moves=[Move(k, a, b, r0, r1) for k, a, b, r0, r1 in found.moves], reason=reason(found, baseline),
+        moves=[Move(k, a, b, r0, r1) for k, a, b, r0, r1 in found.moves], reason=reason(found, baseline, reference),
+        reference=PointSummary.of(reference) if reference else None,
     )
 
 

@@ -83,18 +83,24 @@ class Verdict:
     search_stopped: str
     moves: list[Move]
     reason: str
+    #: The settings ``tune --versus`` named, as measured (the median when re-measured); None without it.
+    reference: PointSummary | None = None
 
     def to_json(self) -> Json:
-        return {"winner": self.winner.to_json() if self.winner else None,
-                "baseline": self.baseline.to_json() if self.baseline else None,
-                "search_stopped": self.search_stopped, "moves": [m.to_json() for m in self.moves], "reason": self.reason}
+        data: Json = {"winner": self.winner.to_json() if self.winner else None,
+                      "baseline": self.baseline.to_json() if self.baseline else None}
+        if self.reference is not None:
+            data["reference"] = self.reference.to_json()
+        return {**data, "search_stopped": self.search_stopped, "moves": [m.to_json() for m in self.moves],
+                "reason": self.reason}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Verdict:
-        winner, baseline = data.get("winner"), data.get("baseline")
+        winner, baseline, reference = data.get("winner"), data.get("baseline"), data.get("reference")
         return cls(PointSummary.from_json(winner) if winner else None,
                    PointSummary.from_json(baseline) if baseline else None, data.get("search_stopped", ""),
-                   [Move.from_json(m) for m in data.get("moves") or []], data.get("reason", ""))
+                   [Move.from_json(m) for m in data.get("moves") or []], data.get("reason", ""),
+                   PointSummary.from_json(reference) if reference else None)
 
 
 def space_json(space: Space) -> Json:

@@ -70,6 +70,7 @@ def run_tune(options: TuneOptions) -> TuneResult:
     defaults: Config = {k: getattr(spec, k) for k in options.knobs
                         if hasattr(spec, k) and offered(k, text=spec.text, fold=fold)}
     start = {**defaults, **options.start}
+    versus = reference_config(options.versus, defaults) if options.versus is not None else None
     result = TuneResult(command="tritonbundle " + " ".join(sys.argv[1:]), model=spec.name, slo_p99_ms=options.slo_ms,
                         budget_s=options.budget_s, manifest=str(options.manifest), overrides=options.overrides,
                         defaults=defaults, start=start, gpu_sharing=sharing_from_env() if spec.target == "gpu" else None,
@@ -120,6 +121,9 @@ def run_tune(options: TuneOptions) -> TuneResult:
         # The shipped defaults are always measured (second, so an early stop still reports them):
         # the winner must beat them on the same measurement.
         baseline = first if start == defaults else measure_nth("the manifest's defaults", defaults)
+        # The settings to beat (--versus), measured before the search so that an early stop still reports them.
+        reference = (measure_nth(f"the reference ({options.versus.name})", versus)
+                     if options.versus is not None and versus is not None else None)
         launch_ms = {_shape(text): float(ms) for text, ms in (first.detail.get("launch_ms_by_shape") or {}).items()}
         searched = space(slo_ms=options.slo_ms, cores=os.cpu_count() or 1, text=spec.text,
                          gpu=spec.target == "gpu", launch_ms=launch_ms or None, knobs=options.knobs,
@@ -133,9 +137,13 @@ def run_tune(options: TuneOptions) -> TuneResult:
         if found.best is not None:
             found.best = next(p for p in measured if key(p.config) == key(found.best.config))
         baseline = next(p for p in measured if key(p.config) == key(baseline.config))
-        confirm(measure, found, measured, rounds=options.repeat - 1, versus=baseline,
+        if reference is not None:
+            reference = next(p for p in measured if key(p.config) == key(reference.config))
+        # The winner's other finalist: the settings it was asked to beat, else the manifest's defaults.
+        confirm(measure, found, measured, rounds=options.repeat - 1, versus=reference or baseline,
                 can_continue=lambda: _time_for_a_point(points, clock))
-        result.verdict = report.summary(found, confirmed(found, baseline), searched)
+        result.verdict = report.summary(found, confirmed(found, baseline), searched,
+                                        confirmed(found, reference) if reference is not None else None)
         result.status = "done"
     except (KeyboardInterrupt, SystemExit):
         result.status = "interrupted"
@@ -290,6 +298,17 @@ def capacity_estimate(launch_ms: dict[str, float] | None, engines: int, slo_ms: 
 def _shape(text: str) -> tuple[int, int]:
     batch, _, length = text.partition("x")
     return int(batch), int(length)
+
+
+def reference_config(path: Path, defaults: Config) -> Config:
+    """``tune --versus``: the settings in ``path`` (:func:`winner_overrides`) over the manifest's defaults,
+    refused when they set a knob this model's tune does not offer (the comparison would not be the one asked)."""
+    settings = winner_overrides(path)
+    foreign = sorted(set(settings) - set(defaults))
+    if foreign:
+        raise ConfigError(f"--versus {path}: {', '.join(foreign)} not among this model's knobs "
+                          f"({', '.join(defaults)})")
+    return {**defaults, **settings}
 
 
 def winner_overrides(path: Path) -> dict[str, Any]:

@@ -297,12 +297,21 @@ def _best(points: list[Point]) -> Point | None:
     return max(passing, key=lambda p: p.score) if passing else None
 
 
-def reason(result: Result, baseline: Point | None) -> str:
-    """Why the winner won, in plain words, from the moves the search made."""
+def reason(result: Result, baseline: Point | None, reference: Point | None = None) -> str:
+    """Why the winner won, in plain words, from the moves the search made; against ``reference`` too
+    (``tune --versus``) when there is one."""
     best = result.best
     if best is None:
         return "no configuration met the SLO at any rate tried"
     lines = [f"the winner ({describe(best.config)}) sustains {best.score:,.1f} req/s within the SLO"]
+    if reference is not None and reference.config == best.config:
+        lines.append("it is the reference settings (--versus)")
+    elif reference is not None and reference.score:
+        gain = (best.score / reference.score - 1) * 100
+        lines.append(f"the reference settings (--versus) sustain {reference.score:,.1f} req/s: the winner is "
+                     f"{'+' if gain >= 0 else ''}{gain:.0f}% on them")
+    elif reference is not None:
+        lines.append("the reference settings (--versus) met the SLO at no rate tried")
     if baseline is not None and baseline.config == best.config:  # the same point, or its re-measured copy
         lines.append("it is the manifest's own setting")
     elif baseline is not None and baseline.score:
