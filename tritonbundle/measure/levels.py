@@ -29,6 +29,8 @@ class SystemDown(TritonBundleError):
 
 #: Restarts one search may make before it gives up on the system.
 MAX_RESTARTS = 3
+#: A level's console line names the load generators' longest collector pause from this long (ms).
+GC_PAUSE_SHOWN_MS = 5.0
 
 
 @dataclass(frozen=True)
@@ -134,10 +136,11 @@ def measure_rates(pool: LoadPool, *, system: str, slo: Slo, timing: Timing, ladd
             result.extra["down"] = why
         judge(result, slo)
         gpu_util, sm_mhz = result.extra.get("gpu_util_mean"), result.extra.get("gpu_sm_mhz_mean")
-        from_send = result.extra.get("p99_from_send_ms")
-        LOG.info("    %s @ %8.1f req/s offered: %8.1f answered/s, p50 %7.1f ms, p99 %7.1f ms%s, failed %d%s%s: %s",
+        from_send, gc_ms = result.extra.get("p99_from_send_ms"), result.extra.get("client_gc_max_ms") or 0.0
+        LOG.info("    %s @ %8.1f req/s offered: %8.1f answered/s, p50 %7.1f ms, p99 %7.1f ms%s%s, failed %d%s%s: %s",
                  system, rate, result.achieved_rps, result.p50_ms, result.p99_ms,
-                 f" ({from_send:.1f} from the send)" if from_send is not None else "", result.failed,
+                 f" ({from_send:.1f} from the send)" if from_send is not None else "",
+                 f", a load generator's collector paused {gc_ms:.1f} ms" if gc_ms >= GC_PAUSE_SHOWN_MS else "", result.failed,
                  f", GPU {gpu_util:.0f}%" if gpu_util is not None else "",
                  f" at {sm_mhz:.0f} MHz" if sm_mhz is not None else "",
                  "PASS" if result.passed else f"FAIL ({result.reason})")
