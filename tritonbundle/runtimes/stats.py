@@ -22,10 +22,14 @@ from pathlib import Path
 from typing import Any
 
 STATS_DIR_ENV = "TRITONBUNDLE_STATS_DIR"
-#: Per-call histograms: ``execute_ms`` (from execute() being called to the call's last answer sent)
-#: and ``gpu_ms`` (first launch to last result, on the GPU: other processes' work time-sliced in
-#: included). Bucket ``i`` counts values up to ``HISTOGRAM_EDGES_MS[i]``; the last one, the rest.
-HISTOGRAMS = ("execute_ms", "gpu_ms")
+#: The encoder's execute() phases, each timed per call (``t_<phase>_s`` summed, ``<phase>_ms`` histogram).
+PHASES = ("read", "tokenize", "plan", "fill", "launch", "wait", "respond")
+#: Per-call histograms: ``execute_ms`` (from execute() being called to the call's last answer sent),
+#: ``gpu_ms`` (first launch to last result, on the GPU: other processes' work time-sliced in
+#: included) and each phase's (a call that did not run a phase is not counted in its histogram): which
+#: phase a slow call spent its time in, where the sums spread it over all. Bucket ``i`` counts values up
+#: to ``HISTOGRAM_EDGES_MS[i]``; the last one, the rest.
+HISTOGRAMS = ("execute_ms", "gpu_ms", *(f"{phase}_ms" for phase in PHASES))
 HISTOGRAM_EDGES_MS = (0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 50.0, 75.0, 100.0, 200.0, 500.0)
 def _histograms(*names: str) -> tuple[str, ...]:
     return tuple(f"h_{name}_{i}" for name in names for i in range(len(HISTOGRAM_EDGES_MS) + 1))
@@ -34,8 +38,7 @@ def _histograms(*names: str) -> tuple[str, ...]:
 #: Counters per kind of served model.
 KEYS = {
     "encoder": ("executes", "requests", "errors", "rows", "launches", "useful_tokens", "seq_tokens", "computed_tokens",
-                "t_execute_s", "t_read_s", "t_tokenize_s", "t_plan_s", "t_fill_s", "t_launch_s", "t_wait_s", "t_respond_s",
-                "gpu_s",
+                "t_execute_s", *(f"t_{phase}_s" for phase in PHASES), "gpu_s",
                 *_histograms(*HISTOGRAMS)),
     # t_execute_by_request_s: each call's time once per request it held, as Triton counts its compute.
     "tokenizer": ("executes", "requests", "errors", "texts", "t_execute_s", "t_read_s", "t_tokenize_s", "t_respond_s",

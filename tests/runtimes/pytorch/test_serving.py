@@ -170,6 +170,14 @@ def test_the_encoder_writes_its_statistics_for_the_benchmark(pytorch_server: Any
     # Every call in the execute-time histogram; no GPU time on the CPU.
     assert sum(v for k, v in stats.items() if k.startswith("h_execute_ms_")) == stats["executes"]
     assert quantile_ms(stats, "execute_ms", 0.99) is not None and quantile_ms(stats, "gpu_ms", 0.5) is None
+    # Each phase a call ran, in its own histogram (which phase a slow call spent its time in); token
+    # rows in: nothing tokenized here, so that histogram counts nothing.
+    for phase in ("read", "plan", "fill", "launch", "respond"):
+        counted = sum(v for k, v in stats.items() if k.startswith(f"h_{phase}_ms_"))
+        assert 1 <= counted <= stats["executes"], (phase, counted)
+        # the slowest call's bucket edge holds at least the phase's mean over the calls counted
+        assert quantile_ms(stats, f"{phase}_ms", 1.0) >= 1000.0 * stats[f"t_{phase}_s"] / counted, phase
+    assert quantile_ms(stats, "tokenize_ms", 0.5) is None
     info = read_stats_info(pytorch_server.stats_dir)
     assert info and info[0]["device"] == "cpu" and info[0]["cuda_graphs"] is False
 

@@ -67,7 +67,7 @@ from tritonbundle.contract import (  # noqa: E402
 from tritonbundle.runtimes.pytorch.engine import GPU_WAIT_ENV, SHAPE_TIMING_ENV, Engine  # noqa: E402
 from tritonbundle.runtimes.pytorch.launch import used_lengths  # noqa: E402
 from tritonbundle.runtimes.stacks import dump_stacks_on_signal  # noqa: E402
-from tritonbundle.runtimes.stats import new_stats, observe, writer_for  # noqa: E402
+from tritonbundle.runtimes.stats import PHASES, new_stats, observe, writer_for  # noqa: E402
 from tritonbundle.runtimes.text import TextError, load_tokenizer, read_texts, tokenize  # noqa: E402
 
 try:
@@ -325,8 +325,9 @@ class TritonPythonModel:
         """Add one call's statistics, and its time since ``called`` (perf_counter) and GPU time to the
         histograms, to the instance's (lanes add theirs from their own threads)."""
         observe(stats, "execute_ms", 1000.0 * (time.perf_counter() - called))
-        if stats["gpu_s"] > 0:
-            observe(stats, "gpu_ms", 1000.0 * stats["gpu_s"])
+        for name, seconds in (("gpu", stats["gpu_s"]), *((phase, stats[f"t_{phase}_s"]) for phase in PHASES)):
+            if seconds > 0:
+                observe(stats, f"{name}_ms", 1000.0 * seconds)
         with self._stats_lock:
             for key, value in stats.items():
                 self.stats[key] += value
