@@ -376,3 +376,25 @@ def test_with_batches_in_flight_the_instances_line_says_the_stubs_execute_outliv
     result.models["minilm"].systems["bundle"] = lanes
     assert ("(Triton's time for a call out of the queue: 5.61 ms, the stub's execute() 21.17, past it: batches in "
             "flight, staging 0.80 and responses 0.02)") in report.markdown(result)
+
+
+def test_the_per_call_line_names_each_phase_a_call_ran_and_skips_those_none_did() -> None:
+    """The encoder's histograms per execute() phase (runtimes/stats.py PHASES): a phase no call ran
+    (tokenize, with token rows in) is left out rather than printed as '- / -'."""
+    from tritonbundle.bench.breakdown import call_quantiles
+    from tritonbundle.runtimes.stats import new_stats, observe
+
+    stats = new_stats()
+    for ms in (4.0, 4.5, 40.0):
+        observe(stats, "execute_ms", ms)
+        observe(stats, "read_ms", 0.4)
+        observe(stats, "launch_ms", ms - 3.0)
+    result = _result()
+    bundle = result.models["minilm"].systems["bundle"]
+    assert isinstance(bundle, BundleResult) and bundle.breakdown is not None
+    calls = call_quantiles(stats)
+    result.models["minilm"].systems["bundle"] = dataclasses.replace(
+        bundle, breakdown=dataclasses.replace(bundle.breakdown, encoder_call_ms=calls))
+    line = next(x for x in report.markdown(result).splitlines() if x.startswith("- encoder per call"))
+    assert "execute 5 / 50" in line and "read 0.5 / 0.5" in line and "launch 2 / 50" in line, line
+    assert "tokenize" not in line and "gpu" not in line and "- / -" not in line, line

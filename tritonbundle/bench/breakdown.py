@@ -22,6 +22,12 @@ def encoder_model(name: str, *, tokenizer_served: bool) -> str:
     return contract.encoder_name(name) if tokenizer_served else name
 
 
+def call_quantiles(enc: dict[str, float]) -> dict[str, dict[str, float | None]]:
+    """p50 and p99 of each per-call histogram of the encoder's statistics (:data:`HISTOGRAMS`: the call,
+    its GPU time, each execute() phase), up to the bucket's edge; None where it counted nothing."""
+    return {name: {f"p{round(100 * q)}": quantile_ms(enc, name, q) for q in (0.5, 0.99)} for name in HISTOGRAMS}
+
+
 def breakdown(recipe: Recipe, s: StepResult, options: BenchOptions, batch_caps: dict[str, int] | None = None,
               ) -> Breakdown:
     """The bundle's breakdown at one load level (the best passing one, else the highest tried);
@@ -52,8 +58,7 @@ def breakdown(recipe: Recipe, s: StepResult, options: BenchOptions, batch_caps: 
             "encoder_rows_per_execute": enc.get("rows", 0) / executes,
             "encoder_launches_per_execute": enc.get("launches", 0) / executes,
             "encoder_execute_ms_per_request": 1000.0 * enc.get("t_execute_s", 0.0) / requests if requests else None,
-            "encoder_call_ms": {name: {f"p{round(100 * q)}": quantile_ms(enc, name, q) for q in (0.5, 0.99)}
-                                for name in HISTOGRAMS},
+            "encoder_call_ms": call_quantiles(enc),
         }
     tok = s.extra.get("tokenizer", {})
     calls = tok.get("executes", 0) or 0

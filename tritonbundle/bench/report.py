@@ -282,13 +282,11 @@ def _bundle_lines(bundle: BundleResult, capacity: float | None = None) -> list[s
                       f"{_f(tok_calls.get('p50'), 'g')} / {_f(tok_calls.get('p99'), 'g')} (bucket edges)"
                       + (f"; Triton's compute beyond execute() {b.tokenizer_outside_ms:.3f} ms per request"
                          if b.tokenizer_outside_ms is not None else ""))
-        e = b.encoder_execute_ms
-        if e:
+        if e := b.encoder_execute_ms:
             md.append("- encoder execute() per call (ms): " + ", ".join(f"{k} {_f(val, '.3f')}" for k, val in e.items())
                       + f"; {_f(b.encoder_rows_per_execute, '.1f')} rows and "
                       f"{_f(b.encoder_launches_per_execute, '.1f')} graph launches per call")
-        calls = b.encoder_call_ms or {}
-        if any(v.get("p50") is not None for v in calls.values()):
+        if calls := {name: v for name, v in (b.encoder_call_ms or {}).items() if v.get("p50") is not None}:
             md.append("- encoder per call, p50 / p99 (up to the histogram's bucket edge, ms): " + ", ".join(
                 f"{name.removesuffix('_ms')} {_f(v.get('p50'), 'g')} / {_f(v.get('p99'), 'g')}" for name, v in calls.items()))
         p = b.padding or {}
