@@ -70,7 +70,9 @@ def run_tune(options: TuneOptions) -> TuneResult:
     defaults: Config = {k: getattr(spec, k) for k in options.knobs
                         if hasattr(spec, k) and offered(k, text=spec.text, fold=fold)}
     start = {**defaults, **options.start}
-    versus = reference_config(options.versus, defaults) if options.versus is not None else None
+    # The settings to beat (--versus): their point's label and configuration, checked before anything runs.
+    versus = ((f"the reference ({options.versus.name})", reference_config(options.versus, defaults))
+              if options.versus is not None else None)
     result = TuneResult(command="tritonbundle " + " ".join(sys.argv[1:]), model=spec.name, slo_p99_ms=options.slo_ms,
                         budget_s=options.budget_s, manifest=str(options.manifest), overrides=options.overrides,
                         defaults=defaults, start=start, gpu_sharing=sharing_from_env() if spec.target == "gpu" else None,
@@ -121,9 +123,8 @@ def run_tune(options: TuneOptions) -> TuneResult:
         # The shipped defaults are always measured (second, so an early stop still reports them):
         # the winner must beat them on the same measurement.
         baseline = first if start == defaults else measure_nth("the manifest's defaults", defaults)
-        # The settings to beat (--versus), measured before the search so that an early stop still reports them.
-        reference = (measure_nth(f"the reference ({options.versus.name})", versus)
-                     if options.versus is not None and versus is not None else None)
+        # The settings to beat, measured before the search so that an early stop still reports them.
+        reference = measure_nth(*versus) if versus is not None else None
         launch_ms = {_shape(text): float(ms) for text, ms in (first.detail.get("launch_ms_by_shape") or {}).items()}
         searched = space(slo_ms=options.slo_ms, cores=os.cpu_count() or 1, text=spec.text,
                          gpu=spec.target == "gpu", launch_ms=launch_ms or None, knobs=options.knobs,
@@ -135,15 +136,14 @@ def run_tune(options: TuneOptions) -> TuneResult:
         # The winner is where the descent ended, as its median when it was measured more than once.
         measured = by_configuration(points)
         if found.best is not None:
-            found.best = next(p for p in measured if key(p.config) == key(found.best.config))
-        baseline = next(p for p in measured if key(p.config) == key(baseline.config))
+            found.best = _as_measured(found.best, measured)
+        baseline = _as_measured(baseline, measured)
         if reference is not None:
-            reference = next(p for p in measured if key(p.config) == key(reference.config))
+            reference = _as_measured(reference, measured)
         # The winner's other finalist: the settings it was asked to beat, else the manifest's defaults.
         confirm(measure, found, measured, rounds=options.repeat - 1, versus=reference or baseline,
                 can_continue=lambda: _time_for_a_point(points, clock))
-        result.verdict = report.summary(found, confirmed(found, baseline), searched,
-                                        confirmed(found, reference) if reference is not None else None)
+        result.verdict = report.summary(found, confirmed(found, baseline), searched, confirmed(found, reference))
         result.status = "done"
     except (KeyboardInterrupt, SystemExit):
         result.status = "interrupted"
@@ -298,6 +298,12 @@ def capacity_estimate(launch_ms: dict[str, float] | None, engines: int, slo_ms: 
 def _shape(text: str) -> tuple[int, int]:
     batch, _, length = text.partition("x")
     return int(batch), int(length)
+
+
+def _as_measured(point: Point, measured: list[Point]) -> Point:
+    """``point``'s configuration as :func:`.search.by_configuration` gave it (its median when measured
+    more than once)."""
+    return next(p for p in measured if key(p.config) == key(point.config))
 
 
 def reference_config(path: Path, defaults: Config) -> Config:

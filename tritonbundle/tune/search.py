@@ -297,6 +297,19 @@ def _best(points: list[Point]) -> Point | None:
     return max(passing, key=lambda p: p.score) if passing else None
 
 
+def _against(best: Point, other: Point | None, theirs: str, same: str, footing: str) -> list[str]:
+    """How the winner did against ``other`` (the manifest's defaults, or the ``--versus`` settings): ``same``
+    when it is them (the same point, or its re-measured copy), else their rate and the winner's gain."""
+    if other is None:
+        return []
+    if other.config == best.config:
+        return [same]
+    if not other.score:
+        return [f"{theirs} met the SLO at no rate tried"]
+    gain = (best.score / other.score - 1) * 100
+    return [f"{theirs} sustain {other.score:,.1f} req/s: the winner is {'+' if gain >= 0 else ''}{gain:.0f}% {footing}"]
+
+
 def reason(result: Result, baseline: Point | None, reference: Point | None = None) -> str:
     """Why the winner won, in plain words, from the moves the search made; against ``reference`` too
     (``tune --versus``) when there is one."""
@@ -304,22 +317,10 @@ def reason(result: Result, baseline: Point | None, reference: Point | None = Non
     if best is None:
         return "no configuration met the SLO at any rate tried"
     lines = [f"the winner ({describe(best.config)}) sustains {best.score:,.1f} req/s within the SLO"]
-    if reference is not None and reference.config == best.config:
-        lines.append("it is the reference settings (--versus)")
-    elif reference is not None and reference.score:
-        gain = (best.score / reference.score - 1) * 100
-        lines.append(f"the reference settings (--versus) sustain {reference.score:,.1f} req/s: the winner is "
-                     f"{'+' if gain >= 0 else ''}{gain:.0f}% on them")
-    elif reference is not None:
-        lines.append("the reference settings (--versus) met the SLO at no rate tried")
-    if baseline is not None and baseline.config == best.config:  # the same point, or its re-measured copy
-        lines.append("it is the manifest's own setting")
-    elif baseline is not None and baseline.score:
-        gain = (best.score / baseline.score - 1) * 100
-        lines.append(f"the manifest's settings sustain {baseline.score:,.1f} req/s: the winner is "
-                     f"{'+' if gain >= 0 else ''}{gain:.0f}% on the same measurement")
-    elif baseline is not None:
-        lines.append("the manifest's settings met the SLO at no rate tried")
+    lines += _against(best, reference, "the reference settings (--versus)", "it is the reference settings (--versus)",
+                      "on them")
+    lines += _against(best, baseline, "the manifest's settings", "it is the manifest's own setting",
+                      "on the same measurement")
     for knob, old, new, before, after in result.moves:
         lines.append(f"{knob} {old} -> {new}: {before:,.1f} -> {after:,.1f} req/s"
                      + (" (as fast, on less server CPU per request)" if after <= before * (1 + MIN_GAIN) else ""))
