@@ -462,3 +462,38 @@ def test_the_reason_states_the_winner_against_the_versus_settings() -> None:
     same = Point("the reference (x.json)", dict(result.best.config), 99.0)
     assert "it is the reference settings (--versus)" in reason(result, None, same)
     assert "--versus" not in reason(result, None)
+
+
+def test_settings_the_descent_never_weighed_win_on_one_reading_when_they_read_higher() -> None:
+    """``tune --versus`` with no time to re-measure (the H100's tight budgets): the settings to beat read
+    150 beside the descent's pick at 130. They were never a step of the descent, so the higher reading
+    names them; the manifest's defaults (weighed: the descent started from them) would not overturn it.
+    Without a second reading of each there is no side-by-side claim."""
+    from tritonbundle.tune.search import Result, confirm
+
+    measure, calls = _noisy({1: [100.0], 2: [130.0, 120.0], 4: [150.0]})
+    points = [measure("start", {"instances": k}) for k in (1, 2)]
+    reference = measure("the reference", {"instances": 4})
+    result = Result(points, points[1], [], "time budget")
+    confirm(measure, result, points, rounds=2, can_continue=lambda: False, versus=reference, weighed=False)
+    assert result.best is not None and result.best.config == {"instances": 4} and result.best.rate == 150.0
+    assert "it is the reference settings (--versus)" in reason(result, points[0], reference)
+    assert "re-measured" not in reason(result, points[0], reference)
+
+    result = Result(points, points[1], [], "time budget")
+    confirm(measure, result, points, rounds=2, can_continue=lambda: False, versus=reference, weighed=True)
+    assert result.best is points[1], "a point the descent weighed does not overturn its pick on one reading"
+
+    # Time for one more measurement: the pick read again (130, 120: median 125), the reference not.
+    budget = [True]
+    result = Result(points, points[1], [], "time budget")
+    confirm(measure, result, points, rounds=2, can_continue=lambda: bool(budget and budget.pop()), versus=reference,
+            weighed=False)
+    assert [k for _, k in calls[3:]] == [2]
+    assert not result.finals and result.best is not None and result.best.config == {"instances": 4}
+
+    # Read lower than the pick, the reference does not win.
+    low = Point("the reference", {"instances": 4}, 110.0)
+    result = Result(points, points[1], [], "time budget")
+    confirm(measure, result, points, rounds=0, can_continue=lambda: True, versus=low, weighed=False)
+    assert result.best is points[1]

@@ -70,14 +70,23 @@ def test_tune_beats_a_bad_start_and_reports_the_defaults(exported_minilm: Path, 
     assert (spec.instances, spec.max_queue_delay_us) == (winner["config"]["instances"], winner["config"]["max_queue_delay_us"])
 
     # Going on from this run (--resume): its points are taken over, none of its configurations measured again
-    # (only a finalist's re-measurement may repeat one), whatever the short budget leaves time for.
+    # (only a finalist's re-measurement may repeat one), whatever the short budget leaves time for. Against
+    # settings in a file (--versus): measured before the search, on the real server, whatever the budget.
+    versus = tmp_path / "handpicked.json"
+    versus.write_text(json.dumps({"winner": {"config": {"instances": 2, "max_queue_delay_us": 0}}}))
     resumed_out = tmp_path / "tune-resumed"
     code = main(["tune", "--manifest", str(manifest), "--artifacts", str(ARTIFACTS), "--budget-s", "30",
                  "--slo-p99-ms", "150", "--window-s", "3", "--start-rate", "8", "--repeat", "2",
                  "--start", f"instances=1,max_queue_delay_us={BAD_DELAY_US}", "--knobs", "max_queue_delay_us,instances",
-                 "--resume", str(out / "tune.json"), "--out", str(resumed_out)])
+                 "--resume", str(out / "tune.json"), "--versus", str(versus), "--out", str(resumed_out)])
     resumed = json.loads((resumed_out / "tune.json").read_text())
     assert code == 0 and resumed["resumed_from"] == str(out / "tune.json")
+    reference = resumed["reference"]
+    print(f"  reference: {reference['config']} -> {reference['rate']} ({reference.get('rates')})")
+    assert reference["config"] == {"instances": 2, "max_queue_delay_us": 0}
+    assert reference["rate"], "the reference settings sustained no rate within the SLO on the real server"
+    assert any(p["config"] == reference["config"] for p in resumed["points"]), "the reference was measured"
+    assert "reference settings (--versus)" in resumed["reason"]
     # A point whose rate search the budget cut is a floor: it is not taken over, and is measured again.
     kept = [p for p in result["points"] if p["detail"].get("stopped") != "time budget"]
     assert kept, "the first run measured no point to the end: nothing to take over"

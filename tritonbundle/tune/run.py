@@ -142,7 +142,7 @@ def run_tune(options: TuneOptions) -> TuneResult:
             reference = _as_measured(reference, measured)
         # The winner's other finalist: the settings it was asked to beat, else the manifest's defaults.
         confirm(measure, found, measured, rounds=options.repeat - 1, versus=reference or baseline,
-                can_continue=lambda: _time_for_a_point(points, clock))
+                weighed=reference is None, can_continue=lambda: _time_for_a_point(points, clock))
         result.verdict = report.summary(found, confirmed(found, baseline), searched, confirmed(found, reference))
         result.status = "done"
     except (KeyboardInterrupt, SystemExit):

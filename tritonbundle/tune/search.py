@@ -229,21 +229,24 @@ def coordinate_descent(
 
 
 def confirm(measure: Callable[[str, Config], Point], result: Result, candidates: list[Point], *, rounds: int,
-            can_continue: Callable[[], bool], versus: Point | None = None) -> None:
+            can_continue: Callable[[], bool], versus: Point | None = None, weighed: bool = True) -> None:
     """Measure two finalists ``rounds`` more times each, in turns (A, B, A, B: a slow spell of the
     machine hits both), while ``can_continue()``: ``result.best`` (the descent's pick; else the best
-    of ``candidates``) and ``versus`` (the
-    manifest's defaults, whose comparison the report states), or the runner-up when the best is
-    ``versus`` or there is none. Then ``result.best`` is the finalist with the higher median rate (a
+    of ``candidates``) and ``versus`` (the manifest's defaults, or the ``--versus`` settings, whose
+    comparison the report states), or the runner-up when the best is ``versus`` or there is none. Then ``result.best`` is the finalist with the higher median rate (a
     failed measurement counts 0), as a copy whose rate is that median and whose ``detail["rates"]``
     lists every measurement (:func:`confirmed`). Keeping the re-measured points is ``measure``'s
-    business, as in the descent."""
+    business, as in the descent.
+
+    A finalist left with one reading (the budget ended first) gives no side-by-side comparison: the
+    descent's pick stands, unless ``versus`` is settings the descent never weighed (``weighed`` False:
+    ``tune --versus``, measured beside the search, not a step of it) and it read higher."""
     picked = key(result.best.config) if result.best is not None else None  # the descent's pick leads
     ranked = sorted((p for p in candidates if p.rate), key=lambda p: (key(p.config) == picked, p.score), reverse=True)
     if versus is not None and ranked and versus.rate and key(versus.config) != key(ranked[0].config):
         ranked = [ranked[0], versus]
     ranked = ranked[:2]
-    if rounds < 1 or len(ranked) < 2:
+    if len(ranked) < 2:
         return
     finals = {key(p.config): (p, list(p.detail.get("rates") or [p.score])) for p in ranked}
     for round_ in range(rounds):
@@ -252,10 +255,13 @@ def confirm(measure: Callable[[str, Config], Point], result: Result, candidates:
                 break
             again = measure(f"again {round_ + 1}: {point.label}", dict(point.config))
             finals[key(point.config)][1].append(again.score)
-    if all(len(rates) == 1 for _, rates in finals.values()):
-        return  # no time for any: the single best stands
+    medians = [statistics.median(finals[key(p.config)][1]) for p in ranked]
+    if rounds < 1 or any(len(rates) == 1 for _, rates in finals.values()):
+        if not weighed and ranked[1] is versus and medians[1] > medians[0]:
+            result.best = _with_rates(*finals[key(versus.config)])
+        return
     result.finals = finals
-    result.best = confirmed(result, max(ranked, key=lambda p: statistics.median(finals[key(p.config)][1])))
+    result.best = confirmed(result, ranked[medians.index(max(medians))])
 
 
 def by_configuration(points: list[Point]) -> list[Point]:
