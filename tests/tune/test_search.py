@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tritonbundle.measure.search import TIME_BUDGET
 from tritonbundle.tune.search import Point, coordinate_descent, reason
 from tritonbundle.tune.space import Knob, Space, key
 
@@ -474,11 +475,13 @@ def test_settings_the_descent_never_weighed_win_on_one_reading_when_they_read_hi
     measure, calls = _noisy({1: [100.0], 2: [130.0, 120.0], 4: [150.0]})
     points = [measure("start", {"instances": k}) for k in (1, 2)]
     reference = measure("the reference", {"instances": 4})
+    reference.detail["stopped"] = TIME_BUDGET  # its rate search cut: 150 is a floor
     result = Result(points, points[1], [], "time budget")
     confirm(measure, result, points, rounds=2, can_continue=lambda: False, versus=reference, weighed=False)
     assert result.best is not None and result.best.config == {"instances": 4} and result.best.rate == 150.0
-    assert "it is the reference settings (--versus)" in reason(result, points[0], reference)
-    assert "re-measured" not in reason(result, points[0], reference)
+    words = reason(result, points[0], reference)
+    assert "sustains 150.0 req/s or more (the budget cut its rate search) within the SLO" in words
+    assert "it is the reference settings (--versus)" in words and "re-measured" not in words
 
     result = Result(points, points[1], [], "time budget")
     confirm(measure, result, points, rounds=2, can_continue=lambda: False, versus=reference, weighed=True)

@@ -303,6 +303,12 @@ def _best(points: list[Point]) -> Point | None:
     return max(passing, key=lambda p: p.score) if passing else None
 
 
+def _sustained(point: Point) -> str:
+    """``point``'s rate at the SLO in words: a floor when the budget cut its only rate search."""
+    floor = cut_short(point) and len(point.detail.get("rates") or [point.score]) == 1
+    return f"{point.score:,.1f} req/s" + (" or more (the budget cut its rate search)" if floor else "")
+
+
 def _against(best: Point, other: Point | None, theirs: str, same: str, footing: str) -> list[str]:
     """How the winner did against ``other`` (the manifest's defaults, or the ``--versus`` settings): ``same``
     when it is them (the same point, or its re-measured copy), else their rate and the winner's gain."""
@@ -313,7 +319,7 @@ def _against(best: Point, other: Point | None, theirs: str, same: str, footing: 
     if not other.score:
         return [f"{theirs} met the SLO at no rate tried"]
     gain = (best.score / other.score - 1) * 100
-    return [f"{theirs} sustain {other.score:,.1f} req/s: the winner is {'+' if gain >= 0 else ''}{gain:.0f}% {footing}"]
+    return [f"{theirs} sustain {_sustained(other)}: the winner is {'+' if gain >= 0 else ''}{gain:.0f}% {footing}"]
 
 
 def reason(result: Result, baseline: Point | None, reference: Point | None = None) -> str:
@@ -322,7 +328,7 @@ def reason(result: Result, baseline: Point | None, reference: Point | None = Non
     best = result.best
     if best is None:
         return "no configuration met the SLO at any rate tried"
-    lines = [f"the winner ({describe(best.config)}) sustains {best.score:,.1f} req/s within the SLO"]
+    lines = [f"the winner ({describe(best.config)}) sustains {_sustained(best)} within the SLO"]
     lines += _against(best, reference, "the reference settings (--versus)", "it is the reference settings (--versus)",
                       "on them")
     lines += _against(best, baseline, "the manifest's settings", "it is the manifest's own setting",
