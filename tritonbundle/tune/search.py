@@ -238,9 +238,9 @@ def confirm(measure: Callable[[str, Config], Point], result: Result, candidates:
     lists every measurement (:func:`confirmed`). Keeping the re-measured points is ``measure``'s
     business, as in the descent.
 
-    A finalist left with one reading (the budget ended first) gives no side-by-side comparison: the
-    descent's pick stands, unless ``versus`` is settings the descent never weighed (``weighed`` False:
-    ``tune --versus``, measured beside the search, not a step of it) and it read higher."""
+    Settings the descent never weighed (``weighed`` False: ``tune --versus``, measured beside the search,
+    not a step of it) left with one reading (the budget ended first) win when they read higher, with no
+    side-by-side claim; with no finalist measured again the descent's pick stands otherwise."""
     picked = key(result.best.config) if result.best is not None else None  # the descent's pick leads
     ranked = sorted((p for p in candidates if p.rate), key=lambda p: (key(p.config) == picked, p.score), reverse=True)
     if versus is not None and ranked and versus.rate and key(versus.config) != key(ranked[0].config):
@@ -256,10 +256,12 @@ def confirm(measure: Callable[[str, Config], Point], result: Result, candidates:
             again = measure(f"again {round_ + 1}: {point.label}", dict(point.config))
             finals[key(point.config)][1].append(again.score)
     medians = [statistics.median(finals[key(p.config)][1]) for p in ranked]
-    if rounds < 1 or any(len(rates) == 1 for _, rates in finals.values()):
-        if not weighed and ranked[1] is versus and medians[1] > medians[0]:
-            result.best = _with_rates(*finals[key(versus.config)])
+    one_reading = rounds < 1 or any(len(rates) == 1 for _, rates in finals.values())
+    if one_reading and not weighed and ranked[1] is versus and medians[1] > medians[0]:
+        result.best = _with_rates(*finals[key(versus.config)])
         return
+    if rounds < 1 or all(len(rates) == 1 for _, rates in finals.values()):
+        return  # no time for any: the single best stands
     result.finals = finals
     result.best = confirmed(result, ranked[medians.index(max(medians))])
 
