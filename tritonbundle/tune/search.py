@@ -233,9 +233,10 @@ def confirm(measure: Callable[[str, Config], Point], result: Result, candidates:
     """Measure two finalists ``rounds`` more times each, in turns (A, B, A, B: a slow spell of the
     machine hits both), while ``can_continue()``: ``result.best`` (the descent's pick; else the best
     of ``candidates``) and ``versus`` (the manifest's defaults, or the ``--versus`` settings, whose
-    comparison the report states), or the runner-up when the best is ``versus`` or there is none. Then ``result.best`` is the finalist with the higher median rate (a
-    failed measurement counts 0), as a copy whose rate is that median and whose ``detail["rates"]``
-    lists every measurement (:func:`confirmed`). Keeping the re-measured points is ``measure``'s
+    comparison the report states), or the runner-up when the best is ``versus`` or there is none.
+    Then ``result.best`` is the finalist with the higher median rate (a failed measurement counts 0),
+    as a copy whose rate is that median and whose ``detail["rates"]`` lists every measurement
+    (:func:`confirmed`). Keeping the re-measured points is ``measure``'s
     business, as in the descent.
 
     Settings the descent never weighed (``weighed`` False: ``tune --versus``, measured beside the search,
