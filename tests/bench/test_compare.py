@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tritonbundle.bench.compare import markdown, summarize
+from tritonbundle.bench.compare import Setting, markdown, summarize
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -66,6 +66,44 @@ def test_the_eleventh_sessions_runs_read_as_the_docs_say() -> None:
     peers = sorted(rate(f"peer-{i}", "peer") for i in (1, 2, 3))
     assert [round(p) for p in peers] == [257, 436, 836]
     assert round(rate("bundle-1", "bundle")) == 16264 and round(rate("bundle-1", "bundle") / peers[1]) == 37
+
+
+def _row(table: str, starts: str) -> str:
+    (line,) = [x for x in table.splitlines() if x.startswith(starts)]
+    return line
+
+
+def _quoted(setting: Setting) -> str:
+    rates = sorted(setting.rates)
+    return f"{setting.median:,.0f} req/s [{rates[0]:,.0f}-{rates[-1]:,.0f}]"
+
+
+def test_the_readmes_targets_table_says_what_the_committed_reports_say() -> None:
+    """README, "Where the project's targets stand": each cell read back from the runs it names."""
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split("**Where the project's targets stand**", 1)[1].split("\n\n", 2)[1]
+    docs = ROOT / "docs" / "benchmarks"
+    buckets = {s.name: s for s in summarize(docs / "h200-buckets")}
+    words = {s.name: s for s in summarize(docs / "h200-word-cache")}
+    ceiling = _row(table, "| bundle / ceiling")
+    bert, minilm = buckets["bert-base-fine"], words["minilm-words"]
+    assert f"**{bert.median / 20646:.2f}**, met: {_quoted(bert)} against the ceiling's 20,646" in ceiling
+    assert f"**{minilm.median / 79639:.2f}, not met**: {_quoted(minilm).replace(' req/s', '')} against 79,639" in ceiling
+    tokens = _row(table, "| computed / useful")
+    low, high = (f(r.computed_per_useful or 0 for r in buckets["bert-base-fine"].runs) for f in (min, max))
+    assert f"**{low:.2f}-{high:.2f}**, met (the same runs)" in tokens
+    low, high = (f(r.computed_per_useful or 0 for r in buckets["minilm-fine"].runs) for f in (min, max))
+    assert f"**{low:.2f}-{high:.2f}**, met" in tokens and _quoted(buckets["minilm-fine"]).replace(" req/s", "") in tokens
+    ratios = json.loads((docs / "h200-launch-costs" / "minilm-bench.json").read_text())["models"]["minilm"]["ratios"]
+    peer, (lo, hi) = ratios["bundle_over_peer"], ratios["ranges"]["bundle_over_peer"]
+    assert f"**{peer:.1f}** [{lo:.1f}-{hi:.1f}], met" in _row(table, "| bundle / peer")
+    peers = [json.loads((docs / "h200-peer-same-call" / f"peer-{i}" / "bench.json").read_text())
+             ["models"]["bert_base"]["systems"]["peer"]["best_rps"] for i in (1, 2, 3)]
+    bundle = json.loads((docs / "h200-peer-same-call" / "bundle-1" / "bench.json").read_text())[
+        "models"]["bert_base"]["systems"]["bundle"]["best_rps"]
+    low, mid, high = sorted(peers)
+    assert (f"**{bundle / mid:.0f}** [{bundle / high:.0f}-{bundle / low:.0f}], met ({bundle:,.0f} against the peer's "
+            f"{mid:,.0f} [{low:,.0f}-{high:,.0f}]") in _row(table, "| bundle / peer")
 
 
 FAKE_BENCH = """#!/usr/bin/env bash
