@@ -133,7 +133,7 @@ def test_metrics_endpoint_serves_the_series_the_dashboard_plots(cpu_stack: Stack
 
 def test_short_load_test_writes_a_report(cpu_stack: Stack) -> None:
     result = cpu_stack.compose("--profile", "loadtest", "run", "--rm", "loadtest",
-                               "--users", "2", "--duration-s", "4", timeout_s=300, check=False)
+                               "--users", "2", "--window-s", "4", timeout_s=300, check=False)
     assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     summary = json.loads((cpu_stack.reports / "loadtest" / "summary.json").read_text())
     text = json.dumps(summary)
