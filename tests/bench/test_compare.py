@@ -106,6 +106,33 @@ def test_the_readmes_targets_table_says_what_the_committed_reports_say() -> None
             f"{mid:,.0f} [{low:,.0f}-{high:,.0f}]") in _row(table, "| bundle / peer")
 
 
+def test_the_token_rows_and_http_estimate_reads_its_inputs_from_the_reports(tmp_path: Path) -> None:
+    """docs/benchmarks.md, "what token rows from the client and HTTP could take off a call": every input
+    of the arithmetic, read again from the committed reports."""
+    from statistics import median
+
+    from tritonbundle.bench.compare import read_run
+
+    docs = ROOT / "docs" / "benchmarks"
+    texts = read_run(docs / "h200-buckets" / "minilm-fine-3")
+    assert texts.cycle is not None and round(texts.rps or 0) == 27344
+    assert (round(texts.cycle.cycle_ms, 2), round(texts.cycle.requests_per_call, 1)) == (17.79, 58.2)
+    (tokens_dir := tmp_path / "minilm-tokens-1").mkdir()
+    shutil.copy(docs / "h200-minilm-block" / "minilm-tokens-bench.json", tokens_dir / "bench.json")
+    tokens = read_run(tokens_dir)
+    assert [round(x or 0, 4) for x in (texts.read_per_row, texts.tokenize_per_row, tokens.read_per_row)] == [
+        0.0138, 0.0603, 0.0371]
+    net = (texts.tokenize_per_row or 0) - ((tokens.read_per_row or 0) - (texts.read_per_row or 0))
+    assert round(net * texts.cycle.requests_per_call, 2) == 2.16
+    sender = {s.name: s for s in summarize(docs / "h100-grpc-http-minilm")}
+    responses = {name: median(r.handover_parts[2] for r in sender[name].runs if r.handover_parts)
+                 for name in ("grpc", "http")}
+    assert (round(responses["grpc"], 4), round(responses["http"], 4)) == (0.0576, 0.0198)
+    cycle = texts.cycle.cycle_ms - net * texts.cycle.requests_per_call - 2 / 3 * 58.2 * (responses["grpc"] - responses["http"])
+    assert round(cycle, 1) == 14.2
+    assert [round(1000 * n * rows / cycle, -2) for n, rows in ((8, 58.2), (8, 64), (10, 58.2))] == [32900, 36100, 41100]
+
+
 FAKE_BENCH = """#!/usr/bin/env bash
 # stands in for scripts/device_bench.sh: records its call, writes a report whose knee is the round's
 echo "$1 ${OUT##*/} ${AB_KNOB:-unset} $*" >> "$CALLS"
