@@ -126,3 +126,28 @@ def test_the_h100_search_from_the_bad_start_took_the_fold_as_the_docs_say() -> N
     assert fold.detail["server_cores"] / unfolded.detail["server_cores"] == pytest.approx(0.55, abs=0.01)
     assert fold.detail["gpu_util_mean"] == pytest.approx(99.6, abs=0.05)
     assert threads4.score / fold.score == pytest.approx(0.986, abs=0.001)
+
+
+def test_the_recorded_delay_rounds_favour_no_direction_as_the_docs_say() -> None:
+    """docs/tuning.md ("Not done"): the rounds that measured both neighbours of a 2.5 ms queue delay
+    against it, each measurement once (``--resume`` carries points into later reports)."""
+    outcomes: dict[tuple[float, float, float], str] = {}
+    for path in sorted(TUNING.glob("*/tune.json")):
+        points = TuneResult.from_json(json.loads(path.read_text())).points
+        for i, point in enumerate(points):
+            if "max_queue_delay_us=" not in point.label:
+                continue
+            bases = [q for q in points[:i] if "max_queue_delay_us=" not in q.label and all(
+                q.config.get(k) == v for k, v in point.config.items() if k != "max_queue_delay_us")]
+            if not bases or bases[-1].config["max_queue_delay_us"] != 2500:
+                continue
+            base = bases[-1]
+            delay = point.config["max_queue_delay_us"]
+            outcomes[(round(base.score), delay, round(point.score))] = "paid" if point.score > base.score else "lost"
+    both = {b for b, d, _ in outcomes if any(x[:2] == (b, 1000) for x in outcomes) and any(
+        x[:2] == (b, 5000) for x in outcomes)}
+    paid = {b: sorted(d for (bb, d, _), o in outcomes.items() if bb == b and o == "paid") for b in both}
+    assert len(both) == 8
+    assert sorted(map(tuple, paid.values())) == [(), (), (), (), (), (1000,), (5000,), (5000,)]
+    gains = sorted(round(100 * (rate / b - 1), 1) for (b, _, rate), o in outcomes.items() if o == "paid" and b in both)
+    assert gains == [2.8, 9.3, 18.1]
