@@ -21,11 +21,13 @@ def test_a_slower_host_after_the_run_reads_slower_and_steal_is_a_share(monkeypat
     # Every reading after holds the 50 ms sleep; the work itself moves by several ms on a busy CI host
     # (53.5 ms fastest before, 47.6 after in one run), so "before + 45" was flaky: ask for the sleep and
     # for a slower reading, not for the sleep's exact size above a noisy baseline.
-    assert record["python_ms_after"][1] >= 50.0
-    assert record["python_ms_after"][1] > record["python_ms_before"][1]
-    assert record["steal_share"] is None or 0.0 <= record["steal_share"] <= 1.0
-    line = host.describe(record)
-    assert f"took {record['python_ms_before'][0]} ms before the run and {record['python_ms_after'][0]} ms after" in line
+    assert record.python_ms_before is not None and record.python_ms_after is not None
+    assert record.python_ms_after[1] >= 50.0
+    assert record.python_ms_after[1] > record.python_ms_before[1]
+    assert record.steal_share is None or 0.0 <= record.steal_share <= 1.0
+    line = record.describe()
+    assert f"took {record.python_ms_before[0]} ms before the run and {record.python_ms_after[0]} ms after" in line
+    assert host.HostSpeed.from_json(record.to_json()) == record, "the report's JSON reads back as it was"
 
 
 def test_the_report_prints_the_host_speed_and_older_reports_stay_as_they_were() -> None:
@@ -38,7 +40,23 @@ def test_the_report_prints_the_host_speed_and_older_reports_stay_as_they_were() 
             "lower is faster, compare across runs); CPU time taken by the hypervisor (steal) during it: 2.1 %"
             ) in report.markdown(result).splitlines()
     assert BenchResult.from_json(result.to_json()).environment["host_speed"] == record
+    assert host.HostSpeed.from_json(record).to_json() == record
     assert "host speed" not in report.markdown(BenchResult("tritonbundle bench gpu", {"device": "cuda"}, {"date": "d"}))
+
+
+def test_every_committed_reports_host_speed_reads_back_as_it_was() -> None:
+    """The typed record reads each stored form (before the capacity reading, with it, with its error)
+    and writes it back unchanged, so reports stay comparable across versions."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
+    stored = [json.loads(p.read_text()).get("environment", {}).get("host_speed") for p in root.rglob("*bench.json")]
+    stored = [s for s in stored if s]
+    assert len(stored) > 20 and any("parallel_before" in s for s in stored) and any(
+        "parallel_before" not in s for s in stored)
+    for record in stored:
+        assert host.HostSpeed.from_json(record).to_json() == record, record
 
 
 def test_the_processes_run_at_once_so_more_of_them_than_cpus_do_no_more_than_the_cpus() -> None:
@@ -48,14 +66,14 @@ def test_the_processes_run_at_once_so_more_of_them_than_cpus_do_no_more_than_the
     on 2 CPUs read 3.15, past a bound halfway to the serial 4."""
     cpus = os.cpu_count() or 1
     reading = host.capacity([1, 3 * cpus], repeat=3)
-    assert reading["procs"] == [1, 3 * cpus] and reading["cores"][0] == 1.0
-    assert 0.3 <= reading["cores"][1] <= 1.6 * cpus + 0.3, reading
-    assert reading["ms"][1] > reading["ms"][0]
-    record = {"python_ms_before": [40.0, 39.0], "python_ms_after": [41.0, 40.0], "steal_share": 0.0,
-              "parallel_before": reading}
-    assert host.capacity_cores(record) == reading["cores"][1] and host.capacity_cores({}) is None
-    assert (f"in {3 * cpus} processes at once before the run it did {reading['cores'][1]} cores' worth"
-            in host.describe(record))
+    assert reading.procs == [1, 3 * cpus] and reading.cores[0] == 1.0
+    assert reading.cores[1] is not None and 0.3 <= reading.cores[1] <= 1.6 * cpus + 0.3, reading
+    assert reading.ms[1] > reading.ms[0]
+    record = host.HostSpeed((40.0, 39.0), (41.0, 40.0), 0.0, reading)
+    assert record.capacity_cores() == reading.cores[1] and host.HostSpeed.from_json({}).capacity_cores() is None
+    assert (f"in {3 * cpus} processes at once before the run it did {reading.cores[1]} cores' worth"
+            in record.describe())
+    assert host.HostSpeed.from_json(record.to_json()) == record
 
 
 def test_the_process_counts_go_from_one_to_every_cpu() -> None:
@@ -96,12 +114,12 @@ def test_a_capacity_process_that_fails_fails_the_reading_at_once_and_the_run_goe
         host.capacity([1, 2], work=_fails)
     assert time.monotonic() - started < 30, "not the 120-s wait for an answer that never comes"
 
-    def broken(*args: object, **kwargs: object) -> dict[str, object]:
+    def broken(*args: object, **kwargs: object) -> host.Capacity:
         raise RuntimeError("a capacity process died or timed out")
 
     monkeypatch.setattr(host, "capacity", broken)
     record = host.HostWatch().finish()
-    assert record["parallel_before"] == {"error": "RuntimeError: a capacity process died or timed out"}
-    assert host.capacity_cores(record) is None
-    assert host.describe(record).endswith("; the host's capacity could not be read (RuntimeError: a capacity "
+    assert record.to_json()["parallel_before"] == {"error": "RuntimeError: a capacity process died or timed out"}
+    assert record.capacity_cores() is None
+    assert record.describe().endswith("; the host's capacity could not be read (RuntimeError: a capacity "
                                           "process died or timed out)")

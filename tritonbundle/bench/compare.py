@@ -90,9 +90,9 @@ def read_run(path: Path) -> Run:
     match = _RUN.match(path.name)
     name, bundle = next(((n, m.systems["bundle"]) for n, m in result.models.items() if "bundle" in m.systems),
                         ("", None))
-    speed = result.environment.get("host_speed") or {}
+    speed = host.HostSpeed.from_json(result.environment.get("host_speed"))
     run = Run(int(match["round"]) if match else 0, bundle.best_rps if bundle is not None else None,
-              host_ms=speed.get("python_ms_before", [None])[0], host_capacity=host.capacity_cores(speed))
+              host_ms=speed.python_ms_before[0] if speed.python_ms_before else None, host_capacity=speed.capacity_cores())
     if bundle is not None:
         run.computed_per_useful = bundle.computed_per_useful
     if isinstance(bundle, BundleResult):

@@ -98,7 +98,7 @@ def run_bench(options: BenchOptions) -> BenchResult:
             gpu.stop()
         if result.status == "running":  # SIGTERM or Ctrl-C: what was measured is still written
             result.status = "interrupted"
-        result.environment["host_speed"] = watch.finish()
+        result.environment["host_speed"] = watch.finish().to_json()
         result.elapsed_s = round(clock.elapsed(), 1)
         try:
             report.write_all(result, options.out, work)

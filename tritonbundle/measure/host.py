@@ -22,7 +22,8 @@ import multiprocessing
 import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 #: Times the workload runs for one reading (its median and fastest are kept).
@@ -54,8 +55,26 @@ def process_counts(cpus: int) -> list[int]:
     return sorted({1, *(max(1, cpus * q // 4) for q in (1, 2, 3, 4))})
 
 
+@dataclass(frozen=True)
+class Capacity:
+    """A :func:`capacity` reading: for each process count (``procs``), the median process's median time
+    (``ms``) and the work done in cores' worth (``cores``: ``n`` x the time alone / the time among ``n``)."""
+
+    procs: list[int]
+    ms: list[float]
+    cores: list[float | None]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"procs": list(self.procs), "ms": list(self.ms), "cores": list(self.cores)}
+
+    def describe(self) -> str:
+        worth = ", ".join(f"{n}: {c}" for n, c in zip(self.procs, self.cores, strict=True))
+        return (f"in {self.procs[-1]} processes at once before the run it did {self.cores[-1]} cores' worth of "
+                f"work (each took {self.ms[-1]} ms against {self.ms[0]} alone; cores' worth by processes {worth})")
+
+
 def capacity(procs: Sequence[int] | None = None, *, repeat: int = 3,
-             work: Callable[[], object] | None = None) -> dict[str, Any]:
+             work: Callable[[], object] | None = None) -> Capacity:
     """The workload run ``repeat`` times in each of ``n`` processes started together, for each ``n`` of
     ``procs`` (default: :func:`process_counts` of this machine's CPUs). ``ms``: the median process's
     median time; ``cores``: the work done, in cores' worth (``n`` x the time alone / the time among ``n``).
@@ -82,7 +101,7 @@ def capacity(procs: Sequence[int] | None = None, *, repeat: int = 3,
         ms.append(round(statistics.median(medians), 2))
     alone = ms[counts.index(1)] if 1 in counts else None
     cores = [round(n * alone / t, 2) if alone and t > 0 else None for n, t in zip(counts, ms, strict=True)]
-    return {"procs": counts, "ms": ms, "cores": cores}
+    return Capacity(counts, ms, cores)
 
 
 def _result(results: Any, workers: Sequence[Any], timeout_s: float = 120.0) -> float:
@@ -117,13 +136,6 @@ def _timed(barrier: Any, results: Any, repeat: int, work: Callable[[], object]) 
         results.put(f"{type(e).__name__}: {e}")
 
 
-def capacity_cores(record: dict[str, Any]) -> float | None:
-    """The cores' worth of work the host did with its most processes at once (a host-speed record's
-    ``parallel_before``), or None."""
-    cores = (record.get("parallel_before") or {}).get("cores") or [None]
-    return float(cores[-1]) if isinstance(cores[-1], (int, float)) else None
-
-
 def _cpu_times() -> dict[str, float] | None:
     try:
         import psutil
@@ -132,43 +144,87 @@ def _cpu_times() -> dict[str, float] | None:
     return dict(psutil.cpu_times()._asdict())
 
 
+def _pair(value: Any) -> tuple[float, float] | None:
+    return (float(value[0]), float(value[1])) if isinstance(value, (list, tuple)) and len(value) == 2 else None
+
+
+@dataclass
+class HostSpeed:
+    """What :class:`HostWatch` read: the workload's median and fastest time (ms) before and after the run,
+    the hypervisor's share of the CPU time during it, and the host's capacity before it (or why it could
+    not be read). Stored in a report's ``environment["host_speed"]`` as :meth:`to_json` writes it; reports
+    from before a field existed read back without it."""
+
+    python_ms_before: tuple[float, float] | None = None
+    python_ms_after: tuple[float, float] | None = None
+    steal_share: float | None = None
+    parallel_before: Capacity | None = None
+    #: Why the capacity could not be read ("" when it was, or was not tried).
+    parallel_error: str = ""
+    #: Keys of a stored record this version does not know, kept as they were.
+    other: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self.other)
+        for key in ("python_ms_before", "python_ms_after"):
+            if (pair := getattr(self, key)) is not None:
+                out[key] = list(pair)
+        if self.python_ms_after is not None or self.steal_share is not None:
+            out["steal_share"] = self.steal_share
+        if self.parallel_error:
+            out["parallel_before"] = {"error": self.parallel_error}
+        elif self.parallel_before is not None:
+            out["parallel_before"] = self.parallel_before.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> HostSpeed:
+        data = dict(data or {})
+        parallel = data.pop("parallel_before", None) or {}
+        steal = data.pop("steal_share", None)
+        speed = cls(_pair(data.pop("python_ms_before", None)), _pair(data.pop("python_ms_after", None)),
+                    float(steal) if steal is not None else None, parallel_error=str(parallel.get("error", "")))
+        if not speed.parallel_error and {"procs", "ms", "cores"} <= set(parallel):
+            speed.parallel_before = Capacity(list(parallel["procs"]), list(parallel["ms"]), list(parallel["cores"]))
+        speed.other = data
+        return speed
+
+    def capacity_cores(self) -> float | None:
+        """The cores' worth of work the host did with its most processes at once, or None."""
+        cores = self.parallel_before.cores[-1] if self.parallel_before and self.parallel_before.cores else None
+        return float(cores) if isinstance(cores, (int, float)) else None
+
+    def describe(self) -> str:
+        """One line for the report."""
+        before = self.python_ms_before[0] if self.python_ms_before else None
+        after = self.python_ms_after[0] if self.python_ms_after else None
+        steal = self.steal_share
+        capacity = (f"; the host's capacity could not be read ({self.parallel_error})" if self.parallel_error else
+                    f"; {self.parallel_before.describe()}" if self.parallel_before else "")
+        return (f"a fixed Python workload took {before} ms before the run and {after} ms after it (median of "
+                f"{REPEAT}; lower is faster, compare across runs); CPU time taken by the hypervisor (steal) during it: "
+                + (f"{100 * steal:.1f} %" if steal is not None else "not reported") + capacity)
+
+
 class HostWatch:
     """Started before a run, :meth:`finish` after it: the record the report prints."""
 
     def __init__(self) -> None:
         self.before = python_ms()
+        self.parallel: Capacity | None = None
+        self.parallel_error = ""
         try:
             self.parallel = capacity()
         except Exception as e:  # noqa: BLE001 - a reading, not the run: the run goes on without it
-            self.parallel = {"error": f"{type(e).__name__}: {e}"}
+            self.parallel_error = f"{type(e).__name__}: {e}"
         self.times = _cpu_times()
 
-    def finish(self) -> dict[str, Any]:
+    def finish(self) -> HostSpeed:
         after, times = python_ms(), _cpu_times()
-        out: dict[str, Any] = {"python_ms_before": list(self.before), "python_ms_after": list(after),
-                               "steal_share": None, "parallel_before": self.parallel}
+        speed = HostSpeed(self.before, after, parallel_before=self.parallel, parallel_error=self.parallel_error)
         if self.times is not None and times is not None and "steal" in times:
             # guest time is already counted in user (Linux: /proc/stat), so it is left out of the total
             delta = {k: times[k] - self.times.get(k, 0.0) for k in times if not k.startswith("guest")}
             total = sum(delta.values())
-            out["steal_share"] = round(delta["steal"] / total, 4) if total > 0 else None
-        return out
-
-
-def describe(record: dict[str, Any]) -> str:
-    """One line for the report."""
-    before, after = record.get("python_ms_before") or [None], record.get("python_ms_after") or [None]
-    steal = record.get("steal_share")
-    return (f"a fixed Python workload took {before[0]} ms before the run and {after[0]} ms after it (median of "
-            f"{REPEAT}; lower is faster, compare across runs); CPU time taken by the hypervisor (steal) during it: "
-            + (f"{100 * steal:.1f} %" if steal is not None else "not reported")
-            + (f"; {_capacity_text(record['parallel_before'])}" if record.get("parallel_before") else ""))
-
-
-def _capacity_text(parallel: dict[str, Any]) -> str:
-    if "error" in parallel:
-        return f"the host's capacity could not be read ({parallel['error']})"
-    procs, ms, cores = parallel["procs"], parallel["ms"], parallel["cores"]
-    worth = ", ".join(f"{n}: {c}" for n, c in zip(procs, cores, strict=True))
-    return (f"in {procs[-1]} processes at once before the run it did {cores[-1]} cores' worth of work (each took "
-            f"{ms[-1]} ms against {ms[0]} alone; cores' worth by processes {worth})")
+            speed.steal_share = round(delta["steal"] / total, 4) if total > 0 else None
+        return speed
