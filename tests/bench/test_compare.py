@@ -58,14 +58,16 @@ def test_the_eleventh_sessions_runs_read_as_the_docs_say() -> None:
     # The busiest thread at the knee: no serial limit there (the tuned runs' tokenizer stubs at half a core)
     table = markdown([ab["handpicked"], ab["tuned"]])
     assert "| 0.31-0.34 (tritonserver) |" in table and "| 0.45-0.55 (stub[bert_base_tokenizer]) |" in table
-
-    def rate(run: str, system: str) -> float:
-        report = json.loads((docs / "h200-peer-same-call" / run / "bench.json").read_text())
-        return float(report["models"]["bert_base"]["systems"][system]["best_rps"])
-
-    peers = sorted(rate(f"peer-{i}", "peer") for i in (1, 2, 3))
+    peers = sorted(_peer_same_call(f"peer-{i}", "peer") for i in (1, 2, 3))
     assert [round(p) for p in peers] == [257, 436, 836]
-    assert round(rate("bundle-1", "bundle")) == 16264 and round(rate("bundle-1", "bundle") / peers[1]) == 37
+    assert round(_peer_same_call("bundle-1", "bundle")) == 16264
+    assert round(_peer_same_call("bundle-1", "bundle") / peers[1]) == 37
+
+
+def _peer_same_call(run: str, system: str) -> float:
+    """A system's rate at the SLO in one run of the eleventh session's peer-around-the-bundle call."""
+    report = json.loads((ROOT / "docs" / "benchmarks" / "h200-peer-same-call" / run / "bench.json").read_text())
+    return float(report["models"]["bert_base"]["systems"][system]["best_rps"])
 
 
 def _row(table: str, starts: str) -> str:
@@ -97,11 +99,8 @@ def test_the_readmes_targets_table_says_what_the_committed_reports_say() -> None
     ratios = json.loads((docs / "h200-launch-costs" / "minilm-bench.json").read_text())["models"]["minilm"]["ratios"]
     peer, (lo, hi) = ratios["bundle_over_peer"], ratios["ranges"]["bundle_over_peer"]
     assert f"**{peer:.1f}** [{lo:.1f}-{hi:.1f}], met" in _row(table, "| bundle / peer")
-    peers = [json.loads((docs / "h200-peer-same-call" / f"peer-{i}" / "bench.json").read_text())
-             ["models"]["bert_base"]["systems"]["peer"]["best_rps"] for i in (1, 2, 3)]
-    bundle = json.loads((docs / "h200-peer-same-call" / "bundle-1" / "bench.json").read_text())[
-        "models"]["bert_base"]["systems"]["bundle"]["best_rps"]
-    low, mid, high = sorted(peers)
+    bundle = _peer_same_call("bundle-1", "bundle")
+    low, mid, high = sorted(_peer_same_call(f"peer-{i}", "peer") for i in (1, 2, 3))
     assert (f"**{bundle / mid:.0f}** [{bundle / high:.0f}-{bundle / low:.0f}], met ({bundle:,.0f} against the peer's "
             f"{mid:,.0f} [{low:,.0f}-{high:,.0f}]") in _row(table, "| bundle / peer")
 

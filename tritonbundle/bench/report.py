@@ -122,6 +122,7 @@ def _ratio_text(ratios: Ratios) -> Callable[[str], str]:
 
 def markdown(result: BenchResult) -> str:
     env = result.environment
+    speed = host.HostSpeed.from_json(env.get("host_speed"))
     gpu = env.get("gpu") or {}
     opts = result.options
     v = env.get("versions", {})
@@ -133,7 +134,7 @@ def markdown(result: BenchResult) -> str:
         f"{gpu.get('memory_mib', '-')} MiB; CPUs: {env.get('cpus')}"
         + (f" ({env['physical_cores']} physical cores)" if env.get("physical_cores") else ""),
         *([f"- GPU sharing (the bundle's instances): {env['gpu_sharing']}"] if env.get("gpu_sharing") else []),
-        *([f"- host speed: {host.HostSpeed.from_json(env['host_speed']).describe()}"] if env.get("host_speed") else []),
+        *([f"- host speed: {speed.describe()}"] if env.get("host_speed") else []),
         *([f"- the bundle's load generators send gRPC requests: {env['load_sender']} (TRITONBUNDLE_LOAD_SENDER)"
            if env["load_sender"] != "http" else
            "- the bundle's load generators send HTTP requests, built once (TRITONBUNDLE_LOAD_SENDER=http)"]
@@ -160,7 +161,7 @@ def markdown(result: BenchResult) -> str:
     md += ["", "## Ratios and targets", ""] + [f"- {line}" for line in ratio_lines(result)]
     for name, entry in result.models.items():
         md += ["", f"## {name}: {entry.description}", ""]
-        md += _model_lines(entry, host.HostSpeed.from_json(env.get("host_speed")).capacity_cores())
+        md += _model_lines(entry, speed.capacity_cores())
     md += ["", "Notes: latencies are measured by the client from each request's scheduled (Poisson) arrival time; "
            "failed or unanswered requests count as infinite latency. BERT-base weights are random (seed 0): "
            "its embeddings are meaningless, only its speed is measured.", ""]
