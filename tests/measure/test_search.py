@@ -36,7 +36,7 @@ def test_search_brackets_then_bisects_to_the_slo_limit() -> None:
     sweep = search_rate(mm1(capacity, calls), slo=Slo(p99_ms=slo, max_failure_ratio=0.01), start=50, factor=4, refine=5)
     assert calls[:4] == [50, 200, 800, 3200]
     assert len(calls) == 4 + 5
-    assert sweep.stopped == "bracketed"
+    assert sweep.stopped == "bracketed" and not sweep.is_floor
     assert sweep.best is not None and sweep.best.passed
     assert true_limit / 4 ** (1 / 2**5) <= sweep.best_rps <= true_limit
 
@@ -69,10 +69,14 @@ def test_search_never_reports_a_rate_that_misses_the_slo_and_gets_within_the_bis
 def test_search_stops_at_the_max_rate_and_on_the_time_budget() -> None:
     sweep = search_rate(mm1(1e9), slo=Slo(p99_ms=50), start=10, factor=10, max_rate=1000)
     assert [s.offered_rps for s in sweep.steps] == [10, 100, 1000]
-    assert sweep.stopped == "max rate"
+    assert sweep.stopped == "max rate" and sweep.is_floor
+    # A cap between two rungs is the last rung itself: the knee is not left up to a factor above.
+    sweep = search_rate(mm1(1e9), slo=Slo(p99_ms=50), start=10, factor=10, max_rate=500)
+    assert [s.offered_rps for s in sweep.steps] == [10, 100, 500]
+    assert sweep.stopped == "max rate" and sweep.is_floor
     left = iter([True, True, False])
     sweep = search_rate(mm1(1e9), slo=Slo(p99_ms=50), start=10, factor=10, can_continue=lambda: next(left))
-    assert len(sweep.steps) == 2 and sweep.stopped == "time budget"
+    assert len(sweep.steps) == 2 and sweep.stopped == "time budget" and sweep.is_floor
 
 
 def test_search_checks_its_arguments() -> None:

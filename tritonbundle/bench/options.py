@@ -131,6 +131,8 @@ def setup_timeout_s(deadline: float) -> float:
 
 
 def expected_steps(options: BenchOptions, system: str) -> int:
-    ladder = max(1, int(math.log(options.max_rate / options.start_rate(system)) / math.log(options.ladder_factor)) + 1)
+    # The ladder's rungs up to --max-rate, the cap itself the last (measure.search.search_rate).
+    rungs = math.log(options.max_rate / options.start_rate(system)) / math.log(options.ladder_factor)
+    ladder = max(1, math.ceil(rungs - 1e-9) + 1)
     guess = 3 if system in ("naive", "peer") else 5
     return min(ladder, guess) + options.refine

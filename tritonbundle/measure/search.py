@@ -24,6 +24,13 @@ class Sweep:
     def best_rps(self) -> float | None:
         return self.best.achieved_rps if self.best is not None else None
 
+    @property
+    def is_floor(self) -> bool:
+        """Whether the best rate is only a floor of the knee: no level above it missed (the search ended
+        at ``max_rate`` or on its time budget before one did)."""
+        return self.best is not None and not any(
+            not s.passed and s.offered_rps > self.best.offered_rps for s in self.steps)
+
     def to_json(self) -> dict[str, Any]:
         return {"steps": [s.to_json() for s in self.steps], "best": self.best.to_json() if self.best else None,
                 "best_rps": self.best_rps, "stopped": self.stopped}
@@ -43,7 +50,8 @@ def search_rate(
     """Highest throughput that meets ``slo``: a geometric ladder up from ``start`` (x ``factor``)
     until a level fails (when the first one fails: down by ``factor``, at most ``max_down`` times,
     until one passes), then ``refine`` bisections (geometric midpoints) between the last level that
-    passed and the first that failed. At most ``log(max/start)/log(factor) + 1 + refine`` levels.
+    passed and the first that failed; ``max_rate`` is the last rung. At most
+    ``log(max/start)/log(factor) + 2 + refine`` levels.
     ``can_continue()`` is asked before every level (the time budget).
     """
     if start <= 0 or factor <= 1:
@@ -66,7 +74,9 @@ def search_rate(
             break
         if run(rate).passed:
             lo = rate
-            rate *= factor
+            # The cap itself is the ladder's last rung when the next would pass it: a cap between two
+            # rungs otherwise leaves the knee up to ``factor`` x above the best rate, unmeasured.
+            rate = max_rate if rate * (1 + 1e-9) < max_rate < rate * factor else rate * factor
         else:
             hi = rate
             if lo is None:
