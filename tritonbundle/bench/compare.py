@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tritonbundle.bench.breakdown import encoder_model, instance_cycle
-from tritonbundle.bench.records import BundleResult, InstanceCycle
+from tritonbundle.bench.records import BundleResult, InstanceCycle, ServedResult
 from tritonbundle.bench.result import BenchResult
 from tritonbundle.measure import host
 
@@ -37,6 +37,9 @@ class Run:
 
     round: int
     rps: float | None
+    #: Whether ``rps`` is only a floor of the knee: no level above it missed (the ladder reached
+    #: --max-rate, or the budget ended first). The table marks it ``+``.
+    floor: bool = False
     #: ms per row at the knee: reading the requests (with their tokenizing in reports before 2026-12-04)
     #: and tokenizing (None when not counted apart).
     read_per_row: float | None = None
@@ -95,6 +98,8 @@ def read_run(path: Path) -> Run:
               host_ms=speed.python_ms_before[0] if speed.python_ms_before else None, host_capacity=speed.capacity_cores())
     if bundle is not None:
         run.computed_per_useful = bundle.computed_per_useful
+    if isinstance(bundle, ServedResult):
+        run.floor = bundle.sweep.is_floor
     if isinstance(bundle, BundleResult):
         run.startup_s = bundle.startup_s
     if not isinstance(bundle, BundleResult) or bundle.breakdown is None:
@@ -198,14 +203,18 @@ def markdown(settings: list[Setting]) -> str:
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in settings:
         rates = s.rates
+        rounds = " / ".join(f"{r.rps or 0:,.0f}{'+' if r.floor else ''}" for r in sorted(s.runs, key=lambda r: r.round))
         lines.append(
-            f"| {s.name} | {' / '.join(f'{r:,.0f}' for r in rates)} | **{s.median:,.0f}** [{min(rates):,.0f}-"
+            f"| {s.name} | {rounds} | **{s.median:,.0f}** [{min(rates):,.0f}-"
             f"{max(rates):,.0f}] | {_span([r.read_per_row for r in s.runs])} | {_span([r.tokenize_per_row for r in s.runs])} "
             f"| {_span([r.stub_ms_per_request for r in s.runs])} | {_span([r.load_ms_per_request for r in s.runs])} "
             f"| {_span([r.computed_per_useful for r in s.runs], 2)} | {_cores(s.runs)} | {_busiest(s.runs)} "
             f"| {_calls(s.runs)} | {_handover(s.runs)} "
             f"| {_span([r.host_ms for r in s.runs], 1)} "
             f"| {_span([r.startup_s for r in s.runs], 0)} |")
+    if any(r.floor for s in settings for r in s.runs):
+        lines += ["", "\\+ a floor of the knee: no level above it missed (the ladder reached --max-rate, or the run's "
+                  "budget ended first)."]
     return "\n".join(lines) + "\n"
 
 
