@@ -6,9 +6,9 @@ search's conclusion (the winner, the manifest's defaults, the moves and why). ``
 keys and their order as they have always been, ``from_json()`` reads a written report back.
 
 Left as dicts, on purpose: a configuration (:data:`.space.Config`, manifest keys to values, as the build
-stage takes them as overrides), the run's ``overrides``, and each point's ``detail``: what its
-measurement observed (status, start-up, launch timings, the sweep as written, CPU by process, Triton's
-metric views), read by the report and written as is.
+stage takes them as overrides) and the run's ``overrides``. Each point's ``detail`` (what its
+measurement observed: status, start-up, launch timings, the sweep as written, CPU by process, Triton's
+metric views) is a dict on disk and a :class:`.search.PointDetail` in code, whose keys mypy checks.
 """
 
 from __future__ import annotations

@@ -36,7 +36,15 @@ from tritonbundle.served import ServedRepository
 from tritonbundle.tune import report
 from tritonbundle.tune.options import TuneOptions
 from tritonbundle.tune.result import TuneResult, resumed_points
-from tritonbundle.tune.search import Point, Result, by_configuration, confirm, confirmed, coordinate_descent
+from tritonbundle.tune.search import (
+    Point,
+    PointDetail,
+    Result,
+    by_configuration,
+    confirm,
+    confirmed,
+    coordinate_descent,
+)
 from tritonbundle.tune.space import Config, Space, config_from_json, describe, key, offered, space
 
 
@@ -209,7 +217,7 @@ def _time_for_a_point(points: list[Point], clock: _Clock, reserve_points: int = 
 def _measure(label: str, config: Config, options: TuneOptions, base: BuildOptions, spec: ModelSpec, traffic_path: Path,
              work: Path, pool: LoadPool, gpu: GpuSampler | None, clock: _Clock, index: int, centre: float) -> Point:
     folder = work / f"point-{index}"
-    detail: dict[str, Any] = {"status": "ok"}
+    detail: PointDetail = {"status": "ok"}
     try:
         build(dataclasses.replace(base, repository=folder / "model_repository", overrides={**base.overrides, **config}))
     except TritonBundleError as e:

@@ -18,21 +18,51 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from tritonbundle.measure.search import TIME_BUDGET
 from tritonbundle.tune.space import Config, Space, config_from_json, describe, inert, key
 
 
+class PointDetail(TypedDict, total=False):
+    """What a point's measurement observed, written into ``tune.json`` as is (a dict on disk, its keys
+    checked here): every key is optional, since a point that failed to build has only its status."""
+
+    #: "ok", or why the point has no rate ("build failed: ...", "failed: ...", "no rate met the SLO ...").
+    status: str
+    #: The server's start-up, s; the engine's launch timings ("<batch>x<padded length>" -> ms, None for
+    #: runtimes that report none); what those say one replica serves (:mod:`.capacity`), req/s.
+    startup_s: float
+    launch_ms_by_shape: dict[str, float] | None
+    capacity_estimate_rps: float
+    #: The rate search as written (:meth:`tritonbundle.measure.search.Sweep.to_json`) and why it ended.
+    sweep: dict[str, Any]
+    stopped: str
+    #: At the best level: latency, CPU by process and the server's share, the GPU's busy share,
+    #: Triton's metric views.
+    p50_ms: float
+    p99_ms: float
+    cpu_cores_by_process: dict[str, float]
+    server_cores: float
+    gpu_util_mean: float | None
+    triton: Any
+    #: The point's wall time, the run it belongs to (``--resume``), the host's speed after it (ms).
+    seconds: float
+    run: str | None
+    host_python_ms: float
+    #: Every measurement of the configuration, first first (a finalist measured again).
+    rates: list[float]
+
+
 @dataclass
 class Point:
     """One configuration and what it did: its rate at the SLO (None: failed to load or to pass), and
-    ``detail``, what its measurement observed (:mod:`.result` says why that stays a dict)."""
+    ``detail``, what its measurement observed."""
 
     label: str
     config: Config
     rate: float | None
-    detail: dict[str, Any] = field(default_factory=dict)
+    detail: PointDetail = field(default_factory=lambda: PointDetail())
 
     @property
     def score(self) -> float:
@@ -43,7 +73,8 @@ class Point:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Point:
-        return cls(data["label"], config_from_json(data["config"]), data.get("rate"), dict(data.get("detail") or {}))
+        return cls(data["label"], config_from_json(data["config"]), data.get("rate"),
+                   cast(PointDetail, dict(data.get("detail") or {})))
 
 
 @dataclass
@@ -280,7 +311,9 @@ def by_configuration(points: list[Point]) -> list[Point]:
 
 def _with_rates(first: Point, rates: list[float]) -> Point:
     """``first`` with the median of ``rates`` as its rate and ``detail["rates"]`` listing them."""
-    return Point(first.label, first.config, statistics.median(rates) or None, {**first.detail, "rates": rates})
+    detail = first.detail.copy()
+    detail["rates"] = rates
+    return Point(first.label, first.config, statistics.median(rates) or None, detail)
 
 
 def confirmed(result: Result, point: Point | None) -> Point | None:
