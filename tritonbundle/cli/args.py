@@ -143,7 +143,7 @@ def rate_search(p: argparse.ArgumentParser, *, start: float, factor: float = 2.0
                    "the SLO is missed")
     hidden(p, "--ladder-factor", dest="rate_factor", type=float)
     p.add_argument("--refine", type=int, default=refine, help="bisection steps after that")
-    p.add_argument("--max-rate", type=float, default=max_rate, help="the search stops here, req/s")
+    p.add_argument("--max-rate", type=float, default=max_rate, help="the ladder's last rung (tried when the next would pass it), req/s")
 
 
 def window(p: argparse.ArgumentParser, *, default: float, what: str = "measured seconds per load level") -> None:
