@@ -79,8 +79,12 @@ class Setting:
     runs: list[Run] = field(default_factory=list)
 
     @property
+    def by_round(self) -> list[Run]:
+        return sorted(self.runs, key=lambda r: r.round)
+
+    @property
     def rates(self) -> list[float]:
-        return [r.rps or 0.0 for r in sorted(self.runs, key=lambda r: r.round)]
+        return [r.rps or 0.0 for r in self.by_round]
 
     @property
     def median(self) -> float:
@@ -95,7 +99,7 @@ def read_run(path: Path) -> Run:
                         ("", None))
     speed = host.HostSpeed.from_json(result.environment.get("host_speed"))
     run = Run(int(match["round"]) if match else 0, bundle.best_rps if bundle is not None else None,
-              host_ms=speed.python_ms_before[0] if speed.python_ms_before else None, host_capacity=speed.capacity_cores())
+              host_ms=speed.median_ms_before, host_capacity=speed.capacity_cores())
     if bundle is not None:
         run.computed_per_useful = bundle.computed_per_useful
     if isinstance(bundle, ServedResult):
@@ -203,7 +207,7 @@ def markdown(settings: list[Setting]) -> str:
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in settings:
         rates = s.rates
-        rounds = " / ".join(f"{r.rps or 0:,.0f}{'+' if r.floor else ''}" for r in sorted(s.runs, key=lambda r: r.round))
+        rounds = " / ".join(f"{r.rps or 0:,.0f}{'+' if r.floor else ''}" for r in s.by_round)
         lines.append(
             f"| {s.name} | {rounds} | **{s.median:,.0f}** [{min(rates):,.0f}-"
             f"{max(rates):,.0f}] | {_span([r.read_per_row for r in s.runs])} | {_span([r.tokenize_per_row for r in s.runs])} "

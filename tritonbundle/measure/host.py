@@ -189,6 +189,15 @@ class HostSpeed:
         speed.other = data
         return speed
 
+    @property
+    def median_ms_before(self) -> float | None:
+        """The workload's median time before the run, ms (None when not read)."""
+        return self.python_ms_before[0] if self.python_ms_before else None
+
+    @property
+    def median_ms_after(self) -> float | None:
+        return self.python_ms_after[0] if self.python_ms_after else None
+
     def capacity_cores(self) -> float | None:
         """The cores' worth of work the host did with its most processes at once, or None."""
         cores = self.parallel_before.cores[-1] if self.parallel_before and self.parallel_before.cores else None
@@ -196,9 +205,7 @@ class HostSpeed:
 
     def describe(self) -> str:
         """One line for the report."""
-        before = self.python_ms_before[0] if self.python_ms_before else None
-        after = self.python_ms_after[0] if self.python_ms_after else None
-        steal = self.steal_share
+        before, after, steal = self.median_ms_before, self.median_ms_after, self.steal_share
         capacity = (f"; the host's capacity could not be read ({self.parallel_error})" if self.parallel_error else
                     f"; {self.parallel_before.describe()}" if self.parallel_before else "")
         return (f"a fixed Python workload took {before} ms before the run and {after} ms after it (median of "
