@@ -52,6 +52,28 @@ def test_the_budget_stops_the_search_and_keeps_what_was_measured() -> None:
     assert result.best is max(result.points, key=lambda p: p.score)
 
 
+def test_a_cut_search_names_the_knob_it_stepped_and_those_it_did_not_try() -> None:
+    result, _ = run({"instances": 1, "max_queue_delay_us": 0}, budget=3)  # start, 2, 3 instances: then cut
+    assert result.cut_in == (1, "instances", ("max_queue_delay_us",))
+    text = reason(result, None)
+    assert "ended the search in round 1 while it stepped instances; not tried in that round: max_queue_delay_us" in text
+    assert "--resume tune.json" in text
+
+    two = Space((Knob("instances", (1, 2)), *SPACE.knobs[1:]))
+    measured: list[dict[str, Any]] = []
+
+    def measure(label: str, config: dict[str, Any]) -> Point:
+        measured.append(config)
+        return Point(label, config, surface(config))
+
+    # Cut between knobs: the instances are done (2 is the last value), the queue delay not begun.
+    cut = coordinate_descent(measure, {"instances": 1, "max_queue_delay_us": 0}, two, can_continue=lambda: len(measured) < 2)
+    assert cut.cut_in == (1, None, ("max_queue_delay_us",))
+    assert "round 1; not tried in that round: max_queue_delay_us:" in reason(cut, None)
+    done, _ = run({"instances": 1, "max_queue_delay_us": 0})
+    assert done.cut_in is None and "ended the search" not in reason(done, None)
+
+
 def test_moves_below_the_noise_margin_are_not_taken() -> None:
     def flat(label: str, config: dict[str, Any]) -> Point:
         return Point(label, config, 100.0 + config["instances"] * 0.5)  # +0.5 % per instance: noise

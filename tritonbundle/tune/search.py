@@ -86,6 +86,11 @@ class Result:
     stopped: str
     #: After :func:`confirm`: each finalist (by :func:`.space.key`) and its rates, first measurement first.
     finals: dict[Any, tuple[Point, list[float]]] = field(default_factory=dict)
+    #: Where the time budget cut the descent: its round (1 the first), the knob it was stepping (None:
+    #: between knobs, or in the tie-break) and the knobs that round had not tried; the report names them,
+    #: so that "done" does not read as "searched" (on an H100 host slower per request, 450 s reached the
+    #: instances alone: docs/tuning.md).
+    cut_in: tuple[int, str | None, tuple[str, ...]] | None = None
 
 
 #: A round that moved nothing re-measures the current point and its closest neighbours (at most
@@ -198,7 +203,7 @@ def coordinate_descent(
     for round_ in range(rounds):
         improved = False
         tried: list[tuple[str, Any, Point]] = []
-        for knob in space.knobs:
+        for index, knob in enumerate(space.knobs):
             if inert(knob.name, current.config):
                 continue
             origin = current.config.get(knob.name)
@@ -209,7 +214,11 @@ def coordinate_descent(
                 while steps:
                     step = steps.pop(0)
                     if not can_continue():
-                        return Result(points, _end(current, points), moves, TIME_BUDGET)
+                        stepping = knob.name if any(t[0] == knob.name for t in tried) else None
+                        left = tuple(k.name for k in space.knobs[index:]
+                                     if k.name != stepping and not inert(k.name, current.config))
+                        return Result(points, _end(current, points), moves, TIME_BUDGET,
+                                      cut_in=(round_ + 1, stepping, left))
                     config = space.moved(current.config, knob.name, step)
                     label = f"round {round_ + 1}: {describe(_changed(current.config, config))}"
                     candidate = visit(label, config)
@@ -244,7 +253,7 @@ def coordinate_descent(
         if not improved and again is not None and close:
             for point in [current, *(c for _, _, c in close)]:
                 if not can_continue():
-                    return Result(points, _end(current, points), moves, TIME_BUDGET)
+                    return Result(points, _end(current, points), moves, TIME_BUDGET, cut_in=(round_ + 1, None, ()))
                 measure_again(f"tie-break {round_ + 1}: {point.label}", point)
             broken.update(key(p.config) for p in [current, *(c for _, _, c in close)])
             run = run_of(measured[key(current.config)][-1])
@@ -384,4 +393,12 @@ def reason(result: Result, baseline: Point | None, reference: Point | None = Non
         else:
             lines.append(f"the search stopped ({result.stopped}) before it measured any candidate past its start; "
                          "give it a larger --budget-s")
+            return "; ".join(lines)
+    if result.cut_in is not None:
+        round_, stepping, left = result.cut_in
+        lines.append(f"the time budget ended the search in round {round_}"
+                     + (f" while it stepped {stepping}" if stepping else "")
+                     + (f"; not tried in that round: {', '.join(left)}" if left else "")
+                     + ("" if stepping or left else ", in its tie-break")
+                     + ": give it a larger --budget-s, or go on from this run with --resume tune.json")
     return "; ".join(lines)
