@@ -56,7 +56,7 @@ def test_a_cut_search_names_the_knob_it_stepped_and_those_it_did_not_try() -> No
     result, _ = run({"instances": 1, "max_queue_delay_us": 0}, budget=3)  # start, 2, 3 instances: then cut
     assert result.cut_in == (1, "instances", ("max_queue_delay_us",))
     text = reason(result, None)
-    assert "ended the search in round 1 while it stepped instances; not tried in that round: max_queue_delay_us" in text
+    assert "ended the search in round 1 while it stepped instances; never tried: max_queue_delay_us" in text
     assert "--resume tune.json" in text
 
     two = Space((Knob("instances", (1, 2)), *SPACE.knobs[1:]))
@@ -69,7 +69,7 @@ def test_a_cut_search_names_the_knob_it_stepped_and_those_it_did_not_try() -> No
     # Cut between knobs: the instances are done (2 is the last value), the queue delay not begun.
     cut = coordinate_descent(measure, {"instances": 1, "max_queue_delay_us": 0}, two, can_continue=lambda: len(measured) < 2)
     assert cut.cut_in == (1, None, ("max_queue_delay_us",))
-    assert "round 1; not tried in that round: max_queue_delay_us:" in reason(cut, None)
+    assert "round 1; never tried: max_queue_delay_us:" in reason(cut, None)
     done, _ = run({"instances": 1, "max_queue_delay_us": 0})
     assert done.cut_in is None and "ended the search" not in reason(done, None)
 

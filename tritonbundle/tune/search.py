@@ -87,8 +87,8 @@ class Result:
     #: After :func:`confirm`: each finalist (by :func:`.space.key`) and its rates, first measurement first.
     finals: dict[Any, tuple[Point, list[float]]] = field(default_factory=dict)
     #: Where the time budget cut the descent: its round (1 the first), the knob it was stepping (None:
-    #: between knobs, or in the tie-break) and the knobs that round had not tried; the report names them,
-    #: so that "done" does not read as "searched" (on an H100 host slower per request, 450 s reached the
+    #: between knobs, or in the tie-break) and the knobs no round had tried; the report names them, so
+    #: that "done" does not read as "searched" (on an H100 host slower per request, 450 s reached the
     #: instances alone: docs/tuning.md).
     cut_in: tuple[int, str | None, tuple[str, ...]] | None = None
 
@@ -197,13 +197,18 @@ def coordinate_descent(
         common = run if run in runs else _ANY
         return score(candidate, common), score(current, common)
 
+    stepped: set[str] = set()  # the knobs any round measured a step of
+
+    def untried(config: Config) -> tuple[str, ...]:
+        return tuple(k.name for k in space.knobs if k.name not in stepped and not inert(k.name, config))
+
     current = visit("start", start)
     moves: list[tuple[str, Any, Any, float, float]] = []
     stopped = "converged"
     for round_ in range(rounds):
         improved = False
         tried: list[tuple[str, Any, Point]] = []
-        for index, knob in enumerate(space.knobs):
+        for knob in space.knobs:
             if inert(knob.name, current.config):
                 continue
             origin = current.config.get(knob.name)
@@ -215,14 +220,13 @@ def coordinate_descent(
                     step = steps.pop(0)
                     if not can_continue():
                         stepping = knob.name if any(t[0] == knob.name for t in tried) else None
-                        left = tuple(k.name for k in space.knobs[index:]
-                                     if k.name != stepping and not inert(k.name, current.config))
                         return Result(points, _end(current, points), moves, TIME_BUDGET,
-                                      cut_in=(round_ + 1, stepping, left))
+                                      cut_in=(round_ + 1, stepping, untried(current.config)))
                     config = space.moved(current.config, knob.name, step)
                     label = f"round {round_ + 1}: {describe(_changed(current.config, config))}"
                     candidate = visit(label, config)
                     tried.append((knob.name, step, candidate))
+                    stepped.add(knob.name)
                     mine, theirs = compare(candidate)
                     # As fast: within the margin seen from the candidate's side, so that a move back from a
                     # point that paid just over the margin is never also "as fast" (no back and forth).
@@ -253,7 +257,7 @@ def coordinate_descent(
         if not improved and again is not None and close:
             for point in [current, *(c for _, _, c in close)]:
                 if not can_continue():
-                    return Result(points, _end(current, points), moves, TIME_BUDGET, cut_in=(round_ + 1, None, ()))
+                    return Result(points, _end(current, points), moves, TIME_BUDGET, cut_in=(round_ + 1, None, untried(current.config)))
                 measure_again(f"tie-break {round_ + 1}: {point.label}", point)
             broken.update(key(p.config) for p in [current, *(c for _, _, c in close)])
             run = run_of(measured[key(current.config)][-1])
@@ -398,7 +402,7 @@ def reason(result: Result, baseline: Point | None, reference: Point | None = Non
         round_, stepping, left = result.cut_in
         lines.append(f"the time budget ended the search in round {round_}"
                      + (f" while it stepped {stepping}" if stepping else "")
-                     + (f"; not tried in that round: {', '.join(left)}" if left else "")
+                     + (f"; never tried: {', '.join(left)}" if left else "")
                      + ("" if stepping or left else ", in its tie-break")
                      + ": give it a larger --budget-s, or go on from this run with --resume tune.json")
     return "; ".join(lines)
