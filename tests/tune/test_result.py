@@ -183,10 +183,8 @@ def test_the_slower_h100_tune_reads_as_the_docs_say_and_names_what_it_never_trie
     """docs/tuning.md ("The same call on a slower H100 host"): eight points, the instances to 6 (8 a tie),
     0.77 of the hand-picked median in the finals; the descent replayed on the run's own points names the
     fold and the knobs after it as never tried (the verdict that run wrote predates that sentence)."""
-    from dataclasses import replace
-
     from tritonbundle.tune.search import Point, coordinate_descent, reason
-    from tritonbundle.tune.space import ORDER, Space, key
+    from tritonbundle.tune.space import ORDER, key
 
     result = TuneResult.from_json(json.loads((TUNING / "h100-bert-base-versus-2" / "tune.json").read_text()))
     docs = (TUNING.parent / "tuning.md").read_text()
@@ -204,9 +202,9 @@ def test_the_slower_h100_tune_reads_as_the_docs_say_and_names_what_it_never_trie
     assert (f"median {sum(searched) / 2:,.0f} [{searched[0]:,.0f}-{searched[1]:,.0f}]; the hand-picked: "
             f"{sum(reference) / 2:,.0f}\n[{reference[0]:,.0f}-{reference[1]:,.0f}]: 0.77**") in docs
     recorded = {key(p.config): p for p in reversed(result.points)}  # each configuration's first reading
-    assert result.space is not None
-    space = Space(tuple(replace(k, upward_first=k.name in ("instances", "tokenizer_instances", "tokenizer_threads"))
-                        for k in result.space.knobs))
+    space = result.space  # read back with the knobs' directions (space.UPWARD_FIRST)
+    assert space is not None and [k.name for k in space.knobs if k.upward_first] == ["instances", "tokenizer_threads",
+                                                                                      "tokenizer_instances"]
     replayed: list[str] = []
 
     def measure(label: str, config: dict[str, object]) -> Point:

@@ -21,7 +21,7 @@ from typing import Any
 
 from tritonbundle.errors import ConfigError
 from tritonbundle.tune.search import Point, cut_short
-from tritonbundle.tune.space import Config, Knob, Space, config_from_json
+from tritonbundle.tune.space import UPWARD_FIRST, Config, Knob, Space, config_from_json
 
 Json = dict[str, Any]
 
@@ -108,7 +108,8 @@ def space_json(space: Space) -> Json:
 
 
 def space_from_json(data: Mapping[str, Any]) -> Space:
-    return Space(tuple(Knob(name, tuple(values)) for name, values in data.get("knobs", {}).items()),
+    return Space(tuple(Knob(name, tuple(values), upward_first=name in UPWARD_FIRST)
+                       for name, values in data.get("knobs", {}).items()),
                  tuple(data.get("notes", [])))
 
 

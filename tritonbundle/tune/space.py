@@ -41,6 +41,10 @@ BUCKET_SETS: tuple[tuple[int, ...], ...] = (
 GRAPH_BUCKET_SETS: tuple[tuple[int, ...], ...] = ((1, 2, 3, 4, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64),)
 
 
+#: The process and thread counts, whose larger neighbour is tried first (:attr:`Knob.upward_first`).
+UPWARD_FIRST = frozenset({"instances", "tokenizer_instances", "tokenizer_threads"})
+
+
 @dataclass(frozen=True)
 class Knob:
     name: str
@@ -177,16 +181,15 @@ def space(*, slo_ms: float, cores: int, text: bool, gpu: bool, launch_ms: Mappin
         buckets = tuple(s for s in BUCKET_SETS if max(s) <= 64)
     all_knobs = {
         "batch_buckets": Knob("batch_buckets", buckets),
-        "instances": Knob("instances", instances, upward_first=True),
+        "instances": Knob("instances", instances),
         "max_queue_delay_us": Knob("max_queue_delay_us", delays),
-        "tokenizer_instances": Knob("tokenizer_instances", tuple(n for n in (1, 2, 4, 6, 8) if n <= max(1, cores)),
-                                    upward_first=True),
+        "tokenizer_instances": Knob("tokenizer_instances", tuple(n for n in (1, 2, 4, 6, 8) if n <= max(1, cores))),
         "tokenizer_queue_delay_us": Knob("tokenizer_queue_delay_us", tuple(d for d in (0, 100, 200, 500, 1000) if d <= slo_us / 20)),
-        "tokenizer_threads": Knob("tokenizer_threads", tuple(n for n in (1, 2, 4, 8) if n <= max(1, cores // 2)),
-                                  upward_first=True),
+        "tokenizer_threads": Knob("tokenizer_threads", tuple(n for n in (1, 2, 4, 8) if n <= max(1, cores // 2))),
         "preferred_batch_sizes": Knob("preferred_batch_sizes", ("none", "max", "buckets")),
         FOLD: Knob(FOLD, (False, True)),
     }
+    all_knobs = {name: replace(k, upward_first=name in UPWARD_FIRST) for name, k in all_knobs.items()}
     chosen = [_with(all_knobs[k], [c[k] for c in include if k in c]) for k in knobs
               if k in all_knobs and offered(k, text=text, fold=fold)]
     return Space(tuple(chosen), tuple(notes))
