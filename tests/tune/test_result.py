@@ -182,8 +182,8 @@ def test_the_h100_search_beside_the_hand_picked_settings_reads_as_the_docs_say()
 def test_the_slower_h100_tune_reads_as_the_docs_say_and_names_what_it_never_tried() -> None:
     """docs/tuning.md ("The same call on a slower H100 host"): eight points, the instances to 6 (8 a tie),
     0.77 of the hand-picked median in the finals; the descent replayed on the run's own points names the
-    fold and the knobs after it as never tried (the verdict that run wrote predates that sentence)."""
-    from tritonbundle.tune.search import Point, coordinate_descent, reason
+    fold and the knobs after it as stepped by no round (the verdict that run wrote predates that sentence)."""
+    from tritonbundle.tune.search import Cut, Point, coordinate_descent, reason
     from tritonbundle.tune.space import ORDER, key
 
     result = TuneResult.from_json(json.loads((TUNING / "h100-bert-base-versus-2" / "tune.json").read_text()))
@@ -215,6 +215,6 @@ def test_the_slower_h100_tune_reads_as_the_docs_say_and_names_what_it_never_trie
     cut = coordinate_descent(measure, dict(points["the manifest's defaults"].config), space,
                              can_continue=lambda: len(replayed) < 4)
     assert [m[:3] for m in cut.moves] == [("instances", 2, 3), ("instances", 3, 6)]
-    assert cut.cut_in == (1, None, ORDER[1:])
-    said = "the time budget ended the search in round 1; never tried: " + ", ".join(ORDER[1:])
+    assert cut.cut_in == Cut(1, None, False, ORDER[1:])
+    said = "the time budget ended the search in round 1; no round stepped " + ", ".join(ORDER[1:])
     assert said in reason(cut, None) and " ".join(said.split()) in " ".join(docs.split())

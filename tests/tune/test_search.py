@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from tritonbundle.measure.search import TIME_BUDGET
-from tritonbundle.tune.search import Point, coordinate_descent, reason
+from tritonbundle.tune.search import Cut, Point, coordinate_descent, reason
 from tritonbundle.tune.space import Knob, Space, key
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,26 +52,41 @@ def test_the_budget_stops_the_search_and_keeps_what_was_measured() -> None:
     assert result.best is max(result.points, key=lambda p: p.score)
 
 
-def test_a_cut_search_names_the_knob_it_stepped_and_those_it_did_not_try() -> None:
-    result, _ = run({"instances": 1, "max_queue_delay_us": 0}, budget=3)  # start, 2, 3 instances: then cut
-    assert result.cut_in == (1, "instances", ("max_queue_delay_us",))
+def test_a_cut_search_says_where_and_which_knobs_no_round_stepped() -> None:
+    # Instances 1 -> 2 -> 4 (a doubling stride), then cut before 3 (bisecting back): stepping the instances.
+    result, measured = run({"instances": 1, "max_queue_delay_us": 0}, budget=3)
+    assert [c["instances"] for c in measured] == [1, 2, 4]
+    assert result.cut_in == Cut(1, "instances", False, ("max_queue_delay_us",))
     text = reason(result, None)
-    assert "ended the search in round 1 while it stepped instances; never tried: max_queue_delay_us" in text
+    assert "ended the search in round 1 while it stepped instances; no round stepped max_queue_delay_us: " in text
     assert "--resume tune.json" in text
-
-    two = Space((Knob("instances", (1, 2)), *SPACE.knobs[1:]))
-    measured: list[dict[str, Any]] = []
-
-    def measure(label: str, config: dict[str, Any]) -> Point:
-        measured.append(config)
-        return Point(label, config, surface(config))
-
-    # Cut between knobs: the instances are done (2 is the last value), the queue delay not begun.
-    cut = coordinate_descent(measure, {"instances": 1, "max_queue_delay_us": 0}, two, can_continue=lambda: len(measured) < 2)
-    assert cut.cut_in == (1, None, ("max_queue_delay_us",))
-    assert "round 1; never tried: max_queue_delay_us:" in reason(cut, None)
+    # The instances done (3 measured), cut before the queue delay's first step.
+    between, _ = run({"instances": 1, "max_queue_delay_us": 0}, budget=4)
+    assert between.cut_in == Cut(1, None, False, ("max_queue_delay_us",))
+    assert "ended the search in round 1; no round stepped max_queue_delay_us: " in reason(between, None)
+    # Cut in round 2: every knob stepped in round 1, so none is named.
+    later, _ = run({"instances": 1, "max_queue_delay_us": 0}, budget=7)
+    assert later.cut_in == Cut(2, None, False, ())
+    assert "ended the search in round 2: give it a larger --budget-s" in reason(later, None)
     done, _ = run({"instances": 1, "max_queue_delay_us": 0})
     assert done.cut_in is None and "ended the search" not in reason(done, None)
+
+
+def test_a_cut_in_the_tie_break_says_so_and_a_knob_of_one_value_is_not_untried() -> None:
+    space = Space((*SPACE.knobs, Knob("tokenizer_threads", (1,))))  # one value: no step to take
+    measured: list[dict[str, Any]] = []
+
+    def flat(label: str, config: dict[str, Any], n: int = 0) -> Point:
+        measured.append(config)
+        return Point(label, config, 100.0 + config["instances"] * 0.5)  # every step within the noise
+
+    start = {"instances": 2, "max_queue_delay_us": 1000, "tokenizer_threads": 1}
+    whole = coordinate_descent(flat, start, space, can_continue=lambda: True, again=flat)
+    steps = len([p for p in whole.points if not p.label.startswith("tie-break")])
+    measured.clear()
+    result = coordinate_descent(flat, start, space, can_continue=lambda: len(measured) <= steps, again=flat)
+    assert result.cut_in == Cut(1, None, True, ())
+    assert "ended the search in round 1 in its tie-break: give it" in reason(result, None)
 
 
 def test_moves_below_the_noise_margin_are_not_taken() -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypedDict, cast
+from typing import Any, NamedTuple, TypedDict, cast
 
 from tritonbundle.measure.search import TIME_BUDGET
 from tritonbundle.tune.space import Config, Space, config_from_json, describe, inert, key
@@ -77,6 +77,18 @@ class Point:
                    cast(PointDetail, dict(data.get("detail") or {})))
 
 
+class Cut(NamedTuple):
+    """Where the time budget cut a descent; the verdict names it, so that "done" does not read as
+    "searched" (on an H100 host slower per request, 450 s reached the instances alone: docs/tuning.md)."""
+
+    round: int  # 1 the first
+    #: The knob whose steps it was taking (None: before a knob's first step, or in the tie-break).
+    stepping: str | None
+    tie_break: bool
+    #: The knobs no round took a step of (a knob with one value has none to take).
+    untried: tuple[str, ...]
+
+
 @dataclass
 class Result:
     points: list[Point]
@@ -86,11 +98,8 @@ class Result:
     stopped: str
     #: After :func:`confirm`: each finalist (by :func:`.space.key`) and its rates, first measurement first.
     finals: dict[Any, tuple[Point, list[float]]] = field(default_factory=dict)
-    #: Where the time budget cut the descent: its round (1 the first), the knob it was stepping (None:
-    #: between knobs, or in the tie-break) and the knobs no round had tried; the report names them, so
-    #: that "done" does not read as "searched" (on an H100 host slower per request, 450 s reached the
-    #: instances alone: docs/tuning.md).
-    cut_in: tuple[int, str | None, tuple[str, ...]] | None = None
+    #: Where the time budget cut the descent (None: it was not cut).
+    cut_in: Cut | None = None
 
 
 #: A round that moved nothing re-measures the current point and its closest neighbours (at most
@@ -197,10 +206,13 @@ def coordinate_descent(
         common = run if run in runs else _ANY
         return score(candidate, common), score(current, common)
 
-    stepped: set[str] = set()  # the knobs any round measured a step of
+    stepped: set[str] = set()  # the knobs any round took a step of
 
-    def untried(config: Config) -> tuple[str, ...]:
-        return tuple(k.name for k in space.knobs if k.name not in stepped and not inert(k.name, config))
+    def cut(round_: int, stepping: str | None = None, tie_break: bool = False) -> Result:
+        untried = tuple(k.name for k in space.knobs
+                        if k.name not in stepped and len(k.values) > 1 and not inert(k.name, current.config))
+        return Result(points, _end(current, points), moves, TIME_BUDGET,
+                      cut_in=Cut(round_ + 1, stepping, tie_break, untried))
 
     current = visit("start", start)
     moves: list[tuple[str, Any, Any, float, float]] = []
@@ -218,11 +230,9 @@ def coordinate_descent(
                 steps, looked, overshot = [value, *knob.onward(origin, value)], False, None
                 while steps:
                     step = steps.pop(0)
-                    if not can_continue():
-                        stepping = knob.name if any(t[0] == knob.name for t in tried) else None
-                        return Result(points, _end(current, points), moves, TIME_BUDGET,
-                                      cut_in=(round_ + 1, stepping, untried(current.config)))
                     config = space.moved(current.config, knob.name, step)
+                    if key(config) not in seen and not can_continue():  # a step measured before costs nothing
+                        return cut(round_, knob.name if any(t[0] == knob.name for t in tried) else None)
                     label = f"round {round_ + 1}: {describe(_changed(current.config, config))}"
                     candidate = visit(label, config)
                     tried.append((knob.name, step, candidate))
@@ -257,7 +267,7 @@ def coordinate_descent(
         if not improved and again is not None and close:
             for point in [current, *(c for _, _, c in close)]:
                 if not can_continue():
-                    return Result(points, _end(current, points), moves, TIME_BUDGET, cut_in=(round_ + 1, None, untried(current.config)))
+                    return cut(round_, tie_break=True)
                 measure_again(f"tie-break {round_ + 1}: {point.label}", point)
             broken.update(key(p.config) for p in [current, *(c for _, _, c in close)])
             run = run_of(measured[key(current.config)][-1])
@@ -399,10 +409,10 @@ def reason(result: Result, baseline: Point | None, reference: Point | None = Non
                          "give it a larger --budget-s")
             return "; ".join(lines)
     if result.cut_in is not None:
-        round_, stepping, left = result.cut_in
-        lines.append(f"the time budget ended the search in round {round_}"
-                     + (f" while it stepped {stepping}" if stepping else "")
-                     + (f"; never tried: {', '.join(left)}" if left else "")
-                     + ("" if stepping or left else ", in its tie-break")
+        where = result.cut_in
+        lines.append(f"the time budget ended the search in round {where.round}"
+                     + (f" while it stepped {where.stepping}" if where.stepping else "")
+                     + (" in its tie-break" if where.tie_break else "")
+                     + (f"; no round stepped {', '.join(where.untried)}" if where.untried else "")
                      + ": give it a larger --budget-s, or go on from this run with --resume tune.json")
     return "; ".join(lines)
