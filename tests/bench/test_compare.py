@@ -100,14 +100,22 @@ def _slower_h100_minilm_ceiling() -> float:
     return statistics.median(ceilings)
 
 
+def _minilm_call(name: str, ceiling_rps: float) -> tuple[str, dict[str, Setting]]:
+    """docs/benchmarks.md and the settings of the MiniLM call under docs/benchmarks/``name``: the doc quotes
+    the call's ceiling median, and the call's summary.md is the table its runs make."""
+    docs = (ROOT / "docs" / "benchmarks.md").read_text()
+    folder = ROOT / "docs" / "benchmarks" / name
+    runs = {s.name: s for s in summarize(folder)}
+    assert f"median **{ceiling_rps:,.0f}**" in docs and f"of the ceiling ({ceiling_rps:,.0f})" in docs
+    assert (folder / "summary.md").read_text() == markdown(list(runs.values()))
+    return docs, runs
+
+
 def test_the_h100_minilm_call_reads_as_the_docs_say() -> None:
     """docs/benchmarks.md, "H100: MiniLM at 0.49 of the ceiling with texts": the table read back from the
     runs, the token rows' rounds floors (the ladder stopped at --max-rate untried), and the table marks them."""
-    docs = (ROOT / "docs" / "benchmarks.md").read_text()
-    folder = ROOT / "docs" / "benchmarks" / "h100-minilm-tokens-http"
-    runs = {s.name: s for s in summarize(folder)}
     ceiling_rps = _h100_minilm_ceiling()
-    assert f"median **{ceiling_rps:,.0f}**" in docs and f"of the ceiling ({ceiling_rps:,.0f})" in docs
+    docs, runs = _minilm_call("h100-minilm-tokens-http", ceiling_rps)
     texts, tokens_http, tokens_8 = runs["texts"], runs["tokhttp10"], runs["tokhttp8"]
     assert f"| {' / '.join(f'{r:,.0f}' for r in texts.rates)} | **{texts.median:,.0f}** [" in docs
     assert f"| **{texts.median / ceiling_rps:.2f}** |" in docs
@@ -117,7 +125,6 @@ def test_the_h100_minilm_call_reads_as_the_docs_say() -> None:
     assert all(r.floor for r in tokens_http.runs) and not any(r.floor for r in texts.runs + tokens_8.runs)
     table = markdown(list(runs.values()))
     assert "| tokhttp10 | 40,527+ / 40,523+ / 40,513+ / 40,543+ |" in table and "\\+ a floor of the knee" in table
-    assert (folder / "summary.md").read_text() == table
 
 
 def test_the_readmes_targets_table_says_what_the_committed_reports_say() -> None:
@@ -446,11 +453,8 @@ def test_the_slower_h100_minilm_call_reads_as_the_docs_say() -> None:
     """docs/benchmarks.md, "A second H100, slower per request": the table read back from the runs (the token
     rows' knee found, no floors), the ceiling from the three runs' consoles, and CPU per request against
     the twenty-first session's H100 (the knee at the same ~10 busy cores, 1.5 x the CPU per request)."""
-    docs = (ROOT / "docs" / "benchmarks.md").read_text()
-    folder = ROOT / "docs" / "benchmarks" / "h100-slower-host-minilm"
-    runs = {s.name: s for s in summarize(folder)}
     ceiling_rps = _slower_h100_minilm_ceiling()
-    assert f"median **{ceiling_rps:,.0f}**" in docs and f"of the ceiling ({ceiling_rps:,.0f})" in docs
+    docs, runs = _minilm_call("h100-slower-host-minilm", ceiling_rps)
     texts, tokens, b128 = runs["texts"], runs["tokhttp10"], runs["tokb128"]
     assert not any(r.floor for s in (texts, tokens, b128) for r in s.runs)
     assert len(texts.runs) == 4 and len(tokens.runs) == 6 and len(b128.runs) == 2
@@ -469,4 +473,3 @@ def test_the_slower_h100_minilm_call_reads_as_the_docs_say() -> None:
     assert f"| {before.median:,.0f} | {texts.median:,.0f} | {texts.median / before.median:.2f} |" in docs
     assert f"| {cpu_ms(before):.3f} ms | {cpu_ms(texts):.3f} ms | {cpu_ms(texts) / cpu_ms(before):.2f} |" in docs
     assert f"(0.290 ms of CPU per request against texts' {cpu_ms(texts):.3f})" in docs and round(cpu_ms(tokens), 3) == 0.290
-    assert (folder / "summary.md").read_text() == markdown(list(runs.values()))
