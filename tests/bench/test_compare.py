@@ -89,10 +89,10 @@ def _h100_minilm_ceiling() -> float:
         for i in (1, 2, 3))
 
 
-def _slower_h100_minilm_ceiling() -> float:
-    """The median of the three ceiling runs of the slower H100's MiniLM call (2026-12-06), from their
+def _ceiling_from_consoles(name: str) -> float:
+    """The median of the three ceiling runs of the MiniLM call under docs/benchmarks/``name``, from their
     consoles (one run's bench.json came back from the device)."""
-    folder = ROOT / "docs" / "benchmarks" / "h100-slower-host-minilm" / "ceiling"
+    folder = ROOT / "docs" / "benchmarks" / name / "ceiling"
     ceilings = [float(line.split()[2]) for i in (1, 2, 3)
                 for line in (folder / f"run-{i}" / "console.log").read_text().splitlines()
                 if line.startswith("minilm     ceiling")]
@@ -145,10 +145,16 @@ def test_the_readmes_targets_table_says_what_the_committed_reports_say() -> None
     assert all(r.floor for r in tokens_http.runs) and len(tokens_http.runs) == 4
     assert (f"**{tokens_http.median / ceiling_rps:.2f} or more, met, with token rows over HTTP** "
             f"({tokens_http.median:,.0f} in all four rounds, each a floor") in ceiling
-    slower, slower_ceiling = {s.name: s for s in summarize(docs / "h100-slower-host-minilm")}, _slower_h100_minilm_ceiling()
+    slower, slower_ceiling = {s.name: s for s in summarize(docs / "h100-slower-host-minilm")}, _ceiling_from_consoles("h100-slower-host-minilm")
     assert (f"(ceiling {slower_ceiling:,.0f}): **{slower['texts'].median / slower_ceiling:.2f}** with texts, "
             f"**{slower['tokhttp10'].median / slower_ceiling:.2f}** with token rows over HTTP "
             f"({_quoted(slower['tokhttp10']).replace(' req/s', '')}, six rounds)") in ceiling
+    third, third_ceiling = {s.name: s for s in summarize(docs / "h100-third-host-minilm")}, _ceiling_from_consoles(
+        "h100-third-host-minilm")
+    assert (f"(ceiling {third_ceiling:,.0f}): **{third['texts'].median / third_ceiling:.2f}, met, with texts** "
+            f"({_quoted(third['texts']).replace(' req/s', '')}, three rounds), "
+            f"**{third['tokhttp10'].median / third_ceiling:.2f} with token rows over HTTP** "
+            f"({_quoted(third['tokhttp10']).replace(' req/s', '')})") in ceiling
     tokens = _row(table, "| computed / useful")
     low, high = (f(r.computed_per_useful or 0 for r in buckets["bert-base-fine"].runs) for f in (min, max))
     assert f"**{low:.2f}-{high:.2f}**, met (the same runs)" in tokens
@@ -453,7 +459,7 @@ def test_the_slower_h100_minilm_call_reads_as_the_docs_say() -> None:
     """docs/benchmarks.md, "A second H100, slower per request": the table read back from the runs (the token
     rows' knee found, no floors), the ceiling from the three runs' consoles, and CPU per request against
     the twenty-first session's H100 (the knee at the same ~10 busy cores, 1.5 x the CPU per request)."""
-    ceiling_rps = _slower_h100_minilm_ceiling()
+    ceiling_rps = _ceiling_from_consoles("h100-slower-host-minilm")
     docs, runs = _minilm_call("h100-slower-host-minilm", ceiling_rps)
     texts, tokens, b128 = runs["texts"], runs["tokhttp10"], runs["tokb128"]
     assert not any(r.floor for s in (texts, tokens, b128) for r in s.runs)
@@ -467,9 +473,49 @@ def test_the_slower_h100_minilm_call_reads_as_the_docs_say() -> None:
     assert max(texts.median, tokens.median) / ceiling_rps < 0.5  # the target missed here
     before = {s.name: s for s in summarize(ROOT / "docs" / "benchmarks" / "h100-minilm-tokens-http")}["texts"]
 
-    def cpu_ms(setting: Setting) -> float:
-        return statistics.median(r.cores_busy or 0 for r in setting.runs) / setting.median * 1000
-
+    cpu_ms = _cpu_ms_per_request
     assert f"| {before.median:,.0f} | {texts.median:,.0f} | {texts.median / before.median:.2f} |" in docs
     assert f"| {cpu_ms(before):.3f} ms | {cpu_ms(texts):.3f} ms | {cpu_ms(texts) / cpu_ms(before):.2f} |" in docs
     assert f"(0.290 ms of CPU per request against texts' {cpu_ms(texts):.3f})" in docs and round(cpu_ms(tokens), 3) == 0.290
+
+
+def _cpu_ms_per_request(setting: Setting) -> float:
+    """All measured processes' CPU per answered request at the knee (cores busy / rate, medians), ms."""
+    return statistics.median(r.cores_busy or 0 for r in setting.runs) / setting.median * 1000
+
+
+def test_the_third_h100_minilm_call_reads_as_the_docs_say() -> None:
+    """docs/benchmarks.md, "A third H100, a quiet host": the table read back from the runs (no floors), the
+    target met with texts, and the knee as ~10 cores over the host's CPU per request on three hosts."""
+    ceiling_rps = _ceiling_from_consoles("h100-third-host-minilm")
+    docs, runs = _minilm_call("h100-third-host-minilm", ceiling_rps)
+    texts, tokens = runs["texts"], runs["tokhttp10"]
+    assert not any(r.floor for s in (texts, tokens) for r in s.runs) and len(texts.runs) == len(tokens.runs) == 3
+    for setting in (texts, tokens):
+        rates = sorted(setting.rates)
+        (row,) = [line for line in docs.splitlines() if f"| {' / '.join(f'{r:,.0f}' for r in setting.rates)} |" in line]
+        assert (f"| **{setting.median:,.0f}** [{rates[0]:,.0f}-{rates[-1]:,.0f}] | "
+                f"**{setting.median / ceiling_rps:.2f}** |") in row
+    assert texts.median / ceiling_rps >= 0.5  # the target met here
+    hosts = [{s.name: s for s in summarize(ROOT / "docs" / "benchmarks" / name)}["texts"]
+             for name in ("h100-third-host-minilm", "h100-minilm-tokens-http", "h100-slower-host-minilm")]
+    said = " ".join(docs.split())
+    assert ("request (cores busy / rate, medians) for texts: **{:.3f} ms** here, {:.3f} on the twenty-first's H100, "
+            "{:.3f} on the twenty-second's; the knees {:,.0f}, {:,.0f} and {:,.0f}").format(
+        *map(_cpu_ms_per_request, hosts), *(h.median for h in hosts)) in said
+    assert f"The token rows take {_cpu_ms_per_request(tokens):.3f} ms of CPU per request" in said
+
+
+def test_the_third_h100_tune_winner_against_the_hand_picked_in_the_bench() -> None:
+    """docs/tuning.md, "A third H100, a quiet host": the tune's winner at 0.96 of the hand-picked settings
+    in three interleaved rounds, no floors, and the calls' fill that tells them apart."""
+    folder = ROOT / "docs" / "benchmarks" / "h100-tune-vs-handpicked-3"
+    runs = {s.name: s for s in summarize(folder)}
+    assert (folder / "summary.md").read_text() == markdown(list(runs.values()))
+    tuned, handpicked = runs["tuned"], runs["handpicked"]
+    assert not any(r.floor for s in (tuned, handpicked) for r in s.runs) and len(tuned.runs) == len(handpicked.runs) == 3
+    docs = " ".join((ROOT / "docs" / "tuning.md").read_text().split())
+    by_round = [" / ".join(f"{r.rps:,.0f}" for r in s.by_round) for s in (tuned, handpicked)]
+    assert (f"the winner {by_round[0]}, the hand-picked {by_round[1]}: "
+            f"**{tuned.median / handpicked.median:.2f}**, no floors") in docs
+    assert round(tuned.median / handpicked.median, 2) == 0.96

@@ -218,3 +218,29 @@ def test_the_slower_h100_tune_reads_as_the_docs_say_and_names_what_it_never_trie
     assert cut.cut_in == Cut(1, None, False, ORDER[1:])
     said = "the time budget ended the search in round 1; no round stepped " + ", ".join(ORDER[1:])
     assert said in reason(cut, None) and " ".join(said.split()) in " ".join(docs.split())
+
+
+def test_the_third_h100_tune_reaches_the_fold_and_reads_as_the_docs_say() -> None:
+    """docs/tuning.md ("A third H100, a quiet host"): nine points; the instances to 6 (8 a tie), then the
+    fold as fast on 0.52 x the server CPU; in the finals the searched settings win by median, +0 % on the
+    hand-picked; the verdict names the knobs the budget left unstepped."""
+    result = TuneResult.from_json(json.loads((TUNING / "h100-bert-base-versus-3" / "tune.json").read_text()))
+    docs = " ".join((TUNING.parent / "tuning.md").read_text().split())
+    points = {p.label: p for p in result.points}
+    assert len(result.points) == 9
+    six, eight = points["round 1: instances=6"], points["round 1: instances=8"]
+    fold = points["round 1: instances=8, tokenize_in_encoder=True"]
+    assert [round(p.score) for p in (points["start"], points["the manifest's defaults"], six, eight, fold)] == [
+        4813, 5236, 13497, 13413, 13523]
+    assert fold.detail["server_cores"] / six.detail["server_cores"] == pytest.approx(0.52, abs=0.005)
+    verdict = result.verdict
+    assert verdict is not None and verdict.winner is not None and verdict.reference is not None
+    assert verdict.winner.config == fold.config != verdict.reference.config
+    assert verdict.search_stopped == "time budget"
+    searched = sorted(p.score for p in result.points if p.config == fold.config)
+    reference = sorted(verdict.reference.rates)
+    assert round((sum(searched) / 2) / (sum(reference) / 2), 2) == 1.00
+    assert (f"the winner: median {sum(searched) / 2:,.0f} [{searched[0]:,.0f}-{searched[1]:,.0f}]; the hand-picked: "
+            f"{sum(reference) / 2:,.0f} [{reference[0]:,.0f}-{reference[1]:,.0f}]: +0 %**") in docs
+    unstepped = "no round stepped tokenizer_threads, max_queue_delay_us, batch_buckets, preferred_batch_sizes"
+    assert unstepped in verdict.reason and unstepped in docs
