@@ -37,9 +37,9 @@ def test_bench_on_the_cpu_measures_four_systems_and_cleans_up(tmp_path: Path) ->
     out, work = tmp_path / "out", tmp_path / "work"
     argv = [
         sys.executable, "-m", "tritonbundle", "bench", "gpu", "--device", "cpu", "--models", "minilm",
-        "--budget-s", "170", "--slo-p99-ms", "10000", "--start-rate", "1", "--rate-factor", "3", "--refine", "1",
+        "--budget-s", "130", "--slo-p99-ms", "10000", "--start-rate", "2", "--rate-factor", "3", "--refine", "1",
         "--sequence-buckets", "4", "--batch-buckets", "1,4", "--ceiling-batches", "1,4", "--load-procs", "1",
-        "--instances", "1", "--shares", "naive=0.25,peer=0.3,bundle=0.35,ceiling=0.1", "--out", str(out), "--work", str(work),
+        "--instances", "1", "--shares", "naive=0.2,peer=0.25,bundle=0.45,ceiling=0.1", "--out", str(out), "--work", str(work),
     ]
     start = time.monotonic()
     loadgens_before = set(_our_processes(LOADGEN))

@@ -1319,6 +1319,7 @@ def test_rendered_tritonserver_arguments_start_a_real_triton_that_passes_the_hel
         with urllib.request.urlopen(f"http://{server.http_url}/v2/health/ready", timeout=5) as r:
             ready = r.status
         down = _run_probe(probe, repository, ports["http"])
+        server.stop(timeout_s=2)  # the killed stub's model never unloads: no 30-s drain to wait out
     assert result.returncode == 0, result.stdout + result.stderr
     assert "L2 norm 1.0000" in result.stdout  # the MiniLM embedding is normalised
     assert started.returncode == 0, started.stderr

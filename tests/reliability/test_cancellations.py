@@ -49,7 +49,10 @@ async def _storm(grpc_url: str, until: float, counts: dict[str, int]) -> None:
 
 
 def test_a_cancellation_storm_never_leaves_the_server_down(repository: Path, tmp_path: Path) -> None:
-    process, http = serve(repository, tmp_path, "--restart", "--canary-interval-s", "1", "--canary-timeout-s", "2")
+    process, http = serve(repository, tmp_path, "--restart", "--canary-interval-s", "1", "--canary-timeout-s", "2",
+                          # After the storm Triton waited out its whole exit timeout (30 s) on the ensemble;
+                          # this test checks the server stays up, not how it stops.
+                          "--exit-timeout-s", "2")
     log = tmp_path / "serve.log"
     probes: list[tuple[float, bool]] = []
     stop_probing = threading.Event()

@@ -38,8 +38,8 @@ def test_tune_beats_a_bad_start_and_reports_the_defaults(exported_minilm: Path, 
     manifest = tmp_path / "models.yaml"
     manifest.write_text(MANIFEST.read_text().replace("traffic: traffic/chat.jsonl", f"traffic: {sample}"))
     out = tmp_path / "tune"
-    code = main(["tune", "--manifest", str(manifest), "--artifacts", str(ARTIFACTS), "--budget-s", "150",
-                 "--slo-p99-ms", "150", "--window-s", "3", "--start-rate", "8", "--repeat", "2",
+    code = main(["tune", "--manifest", str(manifest), "--artifacts", str(ARTIFACTS), "--budget-s", "125",
+                 "--slo-p99-ms", "150", "--window-s", "3", "--refine", "1", "--start-rate", "8", "--repeat", "2",
                  "--start", f"instances=1,max_queue_delay_us={BAD_DELAY_US}",
                  "--knobs", "max_queue_delay_us,instances", "--out", str(out)])
     result = json.loads((out / "tune.json").read_text())
@@ -76,7 +76,7 @@ def test_tune_beats_a_bad_start_and_reports_the_defaults(exported_minilm: Path, 
     versus.write_text(json.dumps({"winner": {"config": {"instances": 2, "max_queue_delay_us": 0}}}))
     resumed_out = tmp_path / "tune-resumed"
     code = main(["tune", "--manifest", str(manifest), "--artifacts", str(ARTIFACTS), "--budget-s", "30",
-                 "--slo-p99-ms", "150", "--window-s", "3", "--start-rate", "8", "--repeat", "2",
+                 "--slo-p99-ms", "150", "--window-s", "3", "--refine", "1", "--start-rate", "8", "--repeat", "2",
                  "--start", f"instances=1,max_queue_delay_us={BAD_DELAY_US}", "--knobs", "max_queue_delay_us,instances",
                  "--resume", str(out / "tune.json"), "--versus", str(versus), "--out", str(resumed_out)])
     resumed = json.loads((resumed_out / "tune.json").read_text())
