@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.reliability.supervised import spawn_serve, stop_serve
+from tests.reliability.supervised import call_across_a_restart, spawn_serve, stop_serve, tritonserver_pids
 from tritonbundle.clients import HttpClient, ServerUnavailableError, core
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -40,18 +39,13 @@ def test_calls_ride_over_a_killed_stub_until_the_supervisor_restarts_the_server(
             stubs = stub_pids("minilm_encoder", url)
             assert stubs, "the encoder's Python stub"
             seen.clear()
+            server = tritonserver_pids(http)
             for pid in stubs:
                 os.kill(pid, signal.SIGKILL)
-            failures: list[BaseException] = []
-            calls, started = 0, time.monotonic()
-            while time.monotonic() - started < 20:
-                calls += 1
-                try:
-                    client.embed(["still there?"])
-                except Exception as e:  # noqa: BLE001 - counted
-                    failures.append(e)
+            calls, failures, back = call_across_a_restart(lambda: client.embed(["still there?"]), http, server)
     finally:
         stop_serve(serve)
+    assert back, "the supervisor never restarted the server"
     assert failures == [], f"{len(failures)} of {calls} calls failed: {failures[:2]}"
     restarting = [e for e in seen if isinstance(e, ServerUnavailableError) and "stub is dead and restarting" in str(e)]
     assert restarting, f"the calls never met the dead stub: {seen[:3]}"

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.conftest import API_KEY
@@ -44,3 +45,35 @@ def logged(path: Path, *needles: str, timeout_s: float = 30.0) -> str:
         if all(n in text for n in needles) or time.monotonic() > deadline:
             return text
         time.sleep(0.2)
+
+
+def tritonserver_pids(http_port: int) -> list[int]:
+    """PIDs of tritonserver processes listening on ``http_port`` (read from /proc)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"tritonserver") and f"--http-port={http_port}".encode() in argv:
+            pids.append(int(entry.name))
+    return pids
+
+
+def call_across_a_restart(call: Callable[[], object], http_port: int, old: list[int], *, settle_s: float = 3.0,
+                          limit_s: float = 60.0) -> tuple[int, list[BaseException], bool]:
+    """Make ``call`` over and over until a tritonserver other than ``old`` has served ``http_port`` for
+    ``settle_s`` (``limit_s`` at most): the calls made, the errors they raised, and whether one came.
+    (A fixed 20-s loop waited ~15 s past restarts that took 2-5.)"""
+    calls, failures, started, back_at = 0, [], time.monotonic(), None
+    while time.monotonic() - started < limit_s and (back_at is None or time.monotonic() - back_at < settle_s):
+        calls += 1
+        try:
+            call()
+        except Exception as e:  # noqa: BLE001 - counted
+            failures.append(e)
+        if back_at is None and tritonserver_pids(http_port) not in ([], old):
+            back_at = time.monotonic()
+    return calls, failures, back_at is not None

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.reliability.supervised import spawn_serve, stop_serve
+from tests.reliability.supervised import call_across_a_restart, spawn_serve, stop_serve, tritonserver_pids
 from tritonbundle.clients import ClientBusyError, GrpcClient, HttpClient, RetryPolicy
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -85,18 +85,10 @@ def test_default_retry_policy_rides_over_a_restart(repository: Path, tmp_path: P
         url = f"127.0.0.1:{http if protocol == 'http' else grpc}"
         with cls(url, connect_timeout_s=180) as client:  # the default RetryPolicy and 30 s deadline
             client.embed(["warm"])
-            from tests.reliability.test_crashes import tritonserver_pids
-
             (victim,) = tritonserver_pids(http)
             os.kill(victim, signal.SIGKILL)
-            failures, calls, started = 0, 0, time.monotonic()
-            while time.monotonic() - started < 20:
-                calls += 1
-                try:
-                    client.embed(["still there?"])
-                except Exception:  # noqa: BLE001 - counted
-                    failures += 1
-            assert tritonserver_pids(http) not in ([], [victim]), "the server came back"
-        assert failures == 0, f"{failures} of {calls} calls failed across the restart"
+            calls, failures, back = call_across_a_restart(lambda: client.embed(["still there?"]), http, [victim])
+            assert back, "the server came back"
+        assert failures == [], f"{len(failures)} of {calls} calls failed across the restart: {failures[:2]}"
     finally:
         stop_serve(serve)

@@ -15,25 +15,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.reliability.supervised import spawn_serve, stop_serve
+from tests.reliability.supervised import spawn_serve, stop_serve, tritonserver_pids
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 REPORT = Path(__file__).resolve().parents[2] / "reports" / "reliability"
-
-
-def tritonserver_pids(http_port: int) -> list[int]:
-    """PIDs of tritonserver processes listening on ``http_port`` (read from /proc)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv and argv[0].endswith(b"tritonserver") and f"--http-port={http_port}".encode() in argv:
-            pids.append(int(entry.name))
-    return pids
 
 
 def wait_ready(url: str, timeout_s: float) -> float:
