@@ -244,3 +244,6 @@ def test_the_third_h100_tune_reaches_the_fold_and_reads_as_the_docs_say() -> Non
             f"{sum(reference) / 2:,.0f} [{reference[0]:,.0f}-{reference[1]:,.0f}]: +0 %**") in docs
     unstepped = "no round stepped tokenizer_threads, max_queue_delay_us, batch_buckets, preferred_batch_sizes"
     assert unstepped in verdict.reason and unstepped in docs
+    from tritonbundle.tune.search import _time_per_point  # the verdict's estimate since, on this run's points
+
+    assert f'"{_time_per_point(result.points, 4).strip()}"' in docs

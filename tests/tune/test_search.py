@@ -4,10 +4,10 @@ the real server is measured in test_tune_cpu.py)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from tritonbundle.measure.search import TIME_BUDGET
-from tritonbundle.tune.search import Cut, Point, coordinate_descent, reason
+from tritonbundle.tune.search import Cut, Point, PointDetail, coordinate_descent, reason
 from tritonbundle.tune.space import Knob, Space, key
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -568,3 +568,21 @@ def test_instances_try_the_larger_neighbour_first_and_the_smaller_only_when_it_d
     space = Space((Knob("instances", (1, 2, 3, 4), upward_first=True),))
     result = coordinate_descent(fewer_pay, {"instances": 2}, space, can_continue=lambda: True)
     assert measured == [2, 3, 1] and result.best is not None and result.best.config == {"instances": 1}
+
+
+def test_a_cut_search_says_how_long_its_points_took_and_what_the_knobs_left_would_add() -> None:
+    """The budget a user asks for next: the points' mean time, and one point per knob no round stepped."""
+    measured: list[dict[str, Any]] = []
+
+    def timed(label: str, config: dict[str, Any]) -> Point:
+        measured.append(config)
+        return Point(label, config, surface(config), cast(PointDetail, {"seconds": 40.0 + config["instances"]}))
+
+    result = coordinate_descent(timed, {"instances": 1, "max_queue_delay_us": 0}, SPACE,
+                                can_continue=lambda: len(measured) < 4)
+    assert result.cut_in == Cut(1, None, False, ("max_queue_delay_us",))
+    # Instances 1, 2, 4, 3: 41, 42, 44, 43 s, mean 42.5; one knob left.
+    assert ("no round stepped max_queue_delay_us: give it a larger --budget-s (its points took ~42 s each: "
+            "~42 s more for one point per knob left), or go on from this run with --resume tune.json") in reason(result, None)
+    untimed, _ = run({"instances": 1, "max_queue_delay_us": 0}, budget=4)
+    assert "give it a larger --budget-s, or go on" in reason(untimed, None)  # no times recorded: no estimate

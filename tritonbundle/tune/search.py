@@ -16,7 +16,7 @@ re-measures the best few side by side, in turns, and the winner is the one with 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypedDict, cast
 
@@ -414,5 +414,17 @@ def reason(result: Result, baseline: Point | None, reference: Point | None = Non
                      + (f" while it stepped {where.stepping}" if where.stepping else "")
                      + (" in its tie-break" if where.tie_break else "")
                      + (f"; no round stepped {', '.join(where.untried)}" if where.untried else "")
-                     + ": give it a larger --budget-s, or go on from this run with --resume tune.json")
+                     + f": give it a larger --budget-s{_time_per_point(result.points, len(where.untried))}, "
+                     "or go on from this run with --resume tune.json")
     return "; ".join(lines)
+
+
+def _time_per_point(points: Sequence[Point], untried: int) -> str:
+    """How long the run's points took, and what one point for each of ``untried`` knobs would add: the
+    budget a user asks for next ("" when no point recorded its time)."""
+    seconds = [p.detail["seconds"] for p in points if p.detail.get("seconds")]
+    if not seconds:
+        return ""
+    each = statistics.mean(seconds)
+    more = f": ~{untried * each:,.0f} s more for one point per knob left" if untried else ""
+    return f" (its points took ~{each:,.0f} s each{more})"
