@@ -100,6 +100,11 @@ def _ceiling_from_consoles(name: str) -> float:
     return statistics.median(ceilings)
 
 
+def _cpu_ms_per_request(setting: Setting) -> float:
+    """All measured processes' CPU per answered request at the knee (cores busy / rate, medians), ms."""
+    return statistics.median(r.cores_busy or 0 for r in setting.runs) / setting.median * 1000
+
+
 def _minilm_call(name: str, ceiling_rps: float) -> tuple[str, dict[str, Setting]]:
     """docs/benchmarks.md and the settings of the MiniLM call under docs/benchmarks/``name``: the doc quotes
     the call's ceiling median, and the call's summary.md is the table its runs make."""
@@ -473,15 +478,11 @@ def test_the_slower_h100_minilm_call_reads_as_the_docs_say() -> None:
     assert max(texts.median, tokens.median) / ceiling_rps < 0.5  # the target missed here
     before = {s.name: s for s in summarize(ROOT / "docs" / "benchmarks" / "h100-minilm-tokens-http")}["texts"]
 
-    cpu_ms = _cpu_ms_per_request
+    cpu_before, cpu_texts = _cpu_ms_per_request(before), _cpu_ms_per_request(texts)
     assert f"| {before.median:,.0f} | {texts.median:,.0f} | {texts.median / before.median:.2f} |" in docs
-    assert f"| {cpu_ms(before):.3f} ms | {cpu_ms(texts):.3f} ms | {cpu_ms(texts) / cpu_ms(before):.2f} |" in docs
-    assert f"(0.290 ms of CPU per request against texts' {cpu_ms(texts):.3f})" in docs and round(cpu_ms(tokens), 3) == 0.290
-
-
-def _cpu_ms_per_request(setting: Setting) -> float:
-    """All measured processes' CPU per answered request at the knee (cores busy / rate, medians), ms."""
-    return statistics.median(r.cores_busy or 0 for r in setting.runs) / setting.median * 1000
+    assert f"| {cpu_before:.3f} ms | {cpu_texts:.3f} ms | {cpu_texts / cpu_before:.2f} |" in docs
+    assert f"(0.290 ms of CPU per request against texts' {cpu_texts:.3f})" in docs
+    assert round(_cpu_ms_per_request(tokens), 3) == 0.290
 
 
 def test_the_third_h100_minilm_call_reads_as_the_docs_say() -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.reliability.supervised import logged
+from tests.reliability.supervised import logged, tritonserver_pids
 from tests.reliability.test_canary import REPORT, answers, serve, stop
 from tritonbundle.canary import Canary, metric_sum
 
@@ -150,16 +150,9 @@ def test_metric_sums_read_every_label_set() -> None:
 
 
 def _tritonserver_pid(http: str) -> int:
-    port = http.rsplit(":", 1)[1]
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if argv and argv[0].endswith(b"tritonserver") and f"--http-port={port}".encode() in argv:
-                return int(entry.name)
-    raise AssertionError(f"no tritonserver serving {http}")
+    pids = tritonserver_pids(int(http.rsplit(":", 1)[1]))
+    assert pids, f"no tritonserver serving {http}"
+    return pids[0]
 
 
 @pytest.mark.slow
