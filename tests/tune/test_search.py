@@ -347,6 +347,44 @@ def test_a_configuration_measured_more_than_once_counts_by_its_median() -> None:
     assert result.best is not None and result.best.config == {"instances": 1}
 
 
+def test_finalists_compare_on_this_runs_readings_only() -> None:
+    """tune --resume on another H100 (docs/tuning/h100-bert-base-resume-4): the reference read 13,461 on
+    the earlier host and 14,635 here; its median of both went into the finals beside the winner's two
+    readings from here. With this run's readings only, a finalist another run measured starts empty."""
+    from tritonbundle.tune.search import Result, confirm, run_of
+
+    def point(label: str, threads: int, rate: float, run: str) -> Point:
+        return Point(label, {"tokenizer_threads": threads}, rate, {"run": run})
+
+    def finals(time_left: bool, this_run_only: bool = True) -> Result:
+        points = [point("the reference", 4, 13_461.3, "earlier"),
+                  point("round 1: tokenizer_threads=2", 2, 14_618.3, "here")]
+
+        def again(label: str, config: dict[str, Any]) -> Point:
+            got = {2: 13_217.0, 4: 14_635.3}[config["tokenizer_threads"]]
+            points.append(point(label, config["tokenizer_threads"], got, "here"))
+            return points[-1]
+
+        def here(p: Point) -> list[float]:
+            return [q.score for q in points if q.config == p.config and run_of(q) == "here"]
+
+        result = Result(list(points), points[1], [], "budget")
+        confirm(again, result, list(points), rounds=1, can_continue=lambda: time_left, versus=points[0],
+                weighed=False, readings=here if this_run_only else None)
+        return result
+
+    result = finals(time_left=True)
+    assert result.best is not None and result.best.config == {"tokenizer_threads": 4}
+    assert result.best.detail["rates"] == [14_635.3], "the earlier host's 13,461 is not one of its readings"
+    assert result.finals[key({"tokenizer_threads": 2})][1] == [14_618.3, 13_217.0]
+    # Left with no reading here (no time to measure it again), it compares with nothing.
+    result = finals(time_left=False)
+    assert result.best is not None and result.best.label == "round 1: tokenizer_threads=2" and not result.finals
+    # By default (no runs to tell apart) every reading counts, as before.
+    result = finals(time_left=True, this_run_only=False)
+    assert result.finals[key({"tokenizer_threads": 4})][1] == [13_461.3, 14_635.3]
+
+
 def test_the_fold_is_tried_with_the_tokenizers_processes_kept() -> None:
     """Folded, the rate grows with the instances (80 each); beside tokenizers it is what the encoders
     pass (100 each, up to the tokenizers'). Folding two encoders alone would lose (160 < 200): the

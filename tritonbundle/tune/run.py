@@ -44,6 +44,7 @@ from tritonbundle.tune.search import (
     confirm,
     confirmed,
     coordinate_descent,
+    run_of,
 )
 from tritonbundle.tune.space import Config, Space, config_from_json, describe, key, offered, space
 
@@ -149,8 +150,10 @@ def run_tune(options: TuneOptions) -> TuneResult:
         if reference is not None:
             reference = _as_measured(reference, measured)
         # The winner's other finalist: the settings it was asked to beat, else the manifest's defaults.
+        # Side by side means on this machine: a finalist's readings taken over (--resume) stay out.
         confirm(measure, found, measured, rounds=options.repeat - 1, versus=reference or baseline,
-                weighed=reference is None, can_continue=lambda: _time_for_a_point(points, clock))
+                weighed=reference is None, can_continue=lambda: _time_for_a_point(points, clock),
+                readings=lambda p: [q.score for q in points if key(q.config) == key(p.config) and run_of(q) == run_name])
         result.verdict = report.summary(found, confirmed(found, baseline), searched, confirmed(found, reference))
         result.status = "done"
     except (KeyboardInterrupt, SystemExit):

@@ -283,7 +283,8 @@ def coordinate_descent(
 
 
 def confirm(measure: Callable[[str, Config], Point], result: Result, candidates: list[Point], *, rounds: int,
-            can_continue: Callable[[], bool], versus: Point | None = None, weighed: bool = True) -> None:
+            can_continue: Callable[[], bool], versus: Point | None = None, weighed: bool = True,
+            readings: Callable[[Point], list[float]] | None = None) -> None:
     """Measure two finalists ``rounds`` more times each, in turns (A, B, A, B: a slow spell of the
     machine hits both), while ``can_continue()``: ``result.best`` (the descent's pick; else the best
     of ``candidates``) and ``versus`` (the manifest's defaults, or the ``--versus`` settings, whose
@@ -295,7 +296,12 @@ def confirm(measure: Callable[[str, Config], Point], result: Result, candidates:
 
     Settings the descent never weighed (``weighed`` False: ``tune --versus``, measured beside the search,
     not a step of it) left with one reading (the budget ended first) win when they read higher, with no
-    side-by-side claim; with no finalist measured again the descent's pick stands otherwise."""
+    side-by-side claim; with no finalist measured again the descent's pick stands otherwise.
+
+    ``readings(p)``: the measurements a finalist's median starts from (by default all of them,
+    ``detail["rates"]``); ``tune --resume`` passes this run's only, so that no reading from another
+    run (another machine, another day) joins a side-by-side comparison. A finalist left with none (the
+    budget ended before it was measured here) compares with nothing: the descent's pick stands."""
     picked = key(result.best.config) if result.best is not None else None  # the descent's pick leads
     ranked = sorted((p for p in candidates if p.rate), key=lambda p: (key(p.config) == picked, p.score), reverse=True)
     if versus is not None and ranked and versus.rate and key(versus.config) != key(ranked[0].config):
@@ -303,13 +309,16 @@ def confirm(measure: Callable[[str, Config], Point], result: Result, candidates:
     ranked = ranked[:2]
     if len(ranked) < 2:
         return
-    finals = {key(p.config): (p, list(p.detail.get("rates") or [p.score])) for p in ranked}
+    start = readings or (lambda p: list(p.detail.get("rates") or [p.score]))
+    finals = {key(p.config): (p, start(p)) for p in ranked}
     for round_ in range(rounds):
         for point in ranked:
             if not can_continue():
                 break
             again = measure(f"again {round_ + 1}: {point.label}", dict(point.config))
             finals[key(point.config)][1].append(again.score)
+    if not all(rates for _, rates in finals.values()):
+        return
     medians = [statistics.median(finals[key(p.config)][1]) for p in ranked]
     one_reading = rounds < 1 or any(len(rates) == 1 for _, rates in finals.values())
     if one_reading and not weighed and ranked[1] is versus and medians[1] > medians[0]:
