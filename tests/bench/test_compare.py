@@ -520,3 +520,23 @@ def test_the_third_h100_tune_winner_against_the_hand_picked_in_the_bench() -> No
     assert (f"the winner {by_round[0]}, the hand-picked {by_round[1]}: "
             f"**{tuned.median / handpicked.median:.2f}**, no floors") in docs
     assert round(tuned.median / handpicked.median, 2) == 0.96
+
+
+def test_the_fourth_h100s_texts_over_http_read_as_the_docs_say() -> None:
+    """docs/benchmarks.md, "A fourth H100": six interleaved rounds, no floors; HTTP higher in five, its knee
+    at fewer busy cores than the gRPC texts' ~10, with the encoder's calls at their cap."""
+    ceiling_rps = _ceiling_from_consoles("h100-fourth-host-minilm-http")
+    docs, runs = _minilm_call("h100-fourth-host-minilm-http", ceiling_rps)
+    texts, http = runs["texts"], runs["texthttp"]
+    assert not any(r.floor for s in (texts, http) for r in s.runs) and len(texts.runs) == len(http.runs) == 6
+    for setting in (texts, http):
+        rates = sorted(setting.rates)
+        (row,) = [line for line in docs.splitlines() if f"| {' / '.join(f'{r:,.0f}' for r in setting.rates)} |" in line]
+        assert (f"| **{setting.median:,.0f}** [{rates[0]:,.0f}-{rates[-1]:,.0f}] | "
+                f"**{setting.median / ceiling_rps:.2f}** |") in row
+    wins = sum(h.rps > t.rps for h, t in zip(http.by_round, texts.by_round, strict=True))
+    said = " ".join(docs.split())
+    assert wins == 5 and f"by {100 * (http.median / texts.median - 1):.0f} % (medians), higher in five rounds of six" in said
+    assert f"for texts: **{_cpu_ms_per_request(texts):.3f} ms**, at" in said
+    assert f"With HTTP, **{_cpu_ms_per_request(http):.3f} ms**, and the knee came at" in said
+    assert max(r.cores_busy or 0 for r in http.runs) < min(r.cores_busy or 0 for r in texts.runs)

@@ -147,8 +147,8 @@ def test_the_recorded_delay_rounds_favour_no_direction_as_the_docs_say() -> None
     both = {b for b, d, _ in outcomes if any(x[:2] == (b, 1000) for x in outcomes) and any(
         x[:2] == (b, 5000) for x in outcomes)}
     paid = {b: sorted(d for (bb, d, _), o in outcomes.items() if bb == b and o == "paid") for b in both}
-    assert len(both) == 8
-    assert sorted(map(tuple, paid.values())) == [(), (), (), (), (), (1000,), (5000,), (5000,)]
+    assert len(both) == 9
+    assert sorted(map(tuple, paid.values())) == [(), (), (), (), (), (), (1000,), (5000,), (5000,)]
     gains = sorted(round(100 * (rate / b - 1), 1) for (b, _, rate), o in outcomes.items() if o == "paid" and b in both)
     assert gains == [2.8, 9.3, 18.1]
 
@@ -247,3 +247,33 @@ def test_the_third_h100_tune_reaches_the_fold_and_reads_as_the_docs_say() -> Non
     from tritonbundle.tune.search import _time_per_point  # the verdict's estimate since, on this run's points
 
     assert f'"{_time_per_point(result.points, 4).strip()}"' in docs
+
+
+def test_the_fourth_h100s_resumed_tune_reads_as_the_docs_say() -> None:
+    """docs/tuning.md ("Going on from it on a fourth H100"): the third host's eight points taken over, the
+    threads step taken (1 -> 2), no delay paid, and the finals: the reference's reading here against the
+    search's median of two readings here, 0.95 (the report's own median also took the third host's reading)."""
+    import statistics
+
+    from tritonbundle.tune.search import run_of
+
+    result = TuneResult.from_json(json.loads((TUNING / "h100-bert-base-resume-4" / "tune.json").read_text()))
+    docs = " ".join((TUNING.parent / "tuning.md").read_text().split())
+    assert result.resumed_from == "docs/tuning/h100-bert-base-versus-3/tune.json"
+    runs = [run_of(p) for p in result.points]
+    assert len(set(runs[:8])) == 1 and len(set(runs[8:])) == 1 and runs[0] != runs[8]
+    mine = result.points[8:]
+    threads = {p.config["tokenizer_threads"]: p for p in mine if p.label.startswith("round 1: tokenizer_threads")}
+    delays = [p for p in mine if p.label.startswith("round 1: max_queue_delay_us")]
+    assert sorted(threads) == [2, 4, 8] and threads[2].score == max(p.score for p in mine[:-2])
+    assert all(p.score < threads[2].score for p in delays) and {p.config["tokenizer_threads"] for p in delays} == {2}
+    assert [round(p.score) for p in delays] == [13221, 13305, 13214]
+    verdict = result.verdict
+    assert verdict is not None and verdict.winner is not None and verdict.reference is not None
+    assert verdict.winner.config == verdict.reference.config
+    assert [round(r, 1) for r in sorted(verdict.winner.rates)] == [13_461.3, 14_635.3]  # two hosts', before the fix
+    here = [p.score for p in mine if p.config == threads[2].config]
+    reference_here = [p.score for p in mine if p.config == verdict.reference.config]
+    assert len(here) == 2 and len(reference_here) == 1
+    assert round(statistics.median(here) / reference_here[0], 2) == 0.95
+    assert f"{reference_here[0]:,.0f} against the search's {statistics.median(here):,.0f} (median of" in docs
