@@ -16,6 +16,7 @@ the idle machine right after).
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -55,9 +56,13 @@ def test_tune_beats_a_bad_start_and_reports_the_defaults(exported_minilm: Path, 
     assert baseline["config"] == {"instances": 1, "max_queue_delay_us": 2000}, "the shipped defaults are measured"
     assert winner["rate"] > (start["rate"] or 0.0), "the search found a better point than the bad start"
     assert winner["rate"] >= (baseline["rate"] or 0.0), "the winner is at least the defaults on the same measurement"
-    # The two finalists measured again, in turns, the winner named by median (of 2: their mean).
-    assert len(winner["rates"]) == 2 and winner["rate"] == pytest.approx(sum(winner["rates"]) / 2)
-    assert any(p["label"].startswith("again 1: ") for p in result["points"])
+    # The finalists measured again, in turns, the winner named by the median of its readings. The budget
+    # may end after the first re-measurement (points take 22-27 s here, the finals' reserve is a third of
+    # the 125 s): then the other finalist keeps one reading, and may still win by it.
+    again = [p for p in result["points"] if p["label"].startswith("again 1: ")]
+    assert again, "no finalist was measured again"
+    assert len(winner["rates"]) == 1 + sum(p["config"] == winner["config"] for p in again)
+    assert winner["rate"] == pytest.approx(statistics.median(winner["rates"]))
     assert winner["config"]["max_queue_delay_us"] < BAD_DELAY_US
 
     assert {"tune.json", "tune.md", "tune.png", "winner.yaml"} <= {f.name for f in out.iterdir()}
