@@ -68,3 +68,25 @@ def test_a_run_that_hangs_after_its_gates_keeps_their_report(tmp_path: Path,
     assert result.exit_code == 0
     assert result.summary["total"]["requests"] == 1
     assert (tmp_path / "report.html").exists()
+
+
+#: Stops on SIGTERM as Locust's handler does: says so and exits 0.
+POLITE = """
+import signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: (print("terminated", flush=True), sys.exit(0)))
+print("started", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_run_asked_to_stop_is_sent_sigterm_once_and_not_counted_hung(tmp_path: Path) -> None:
+    import threading
+    import time
+
+    stop = threading.Event()
+    threading.Timer(1.0, stop.set).start()
+    t0 = time.monotonic()
+    code, output, hung = runner._run_locust([sys.executable, "-c", POLITE], {}, 30.0, tmp_path / "locust.log", stop)
+    assert (code, hung) == (0, False) and output.split() == ["started", "terminated"]
+    assert time.monotonic() - t0 < 10, "it stopped when asked, not at its 30-s budget"

@@ -4,6 +4,7 @@ case."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,9 +36,11 @@ def explicit_server(exported_minilm: Path, tmp_path_factory: pytest.TempPathFact
 
 
 @contextmanager
-def load_test(server: Any, report_dir: Path, duration_s: float, retries: int) -> Iterator[dict[str, Any]]:
-    """A 4-user load test against ``server`` in a thread for ``duration_s``; after the block, the dict holds
-    its ``summary``."""
+def load_test(server: Any, report_dir: Path, duration_s: float, retries: int,
+              stop_after_block_s: float | None = None) -> Iterator[dict[str, Any]]:
+    """A 4-user load test against ``server`` in a thread for ``duration_s`` (or, with
+    ``stop_after_block_s``, until that long after the block ends); after the block, the dict holds its
+    ``summary`` and ``block_s``, how long the block ran."""
     from tritonbundle.loadtests import runner
     from tritonbundle.loadtests.settings import LoadSettings
     from tritonbundle.measure.latency import Slo
@@ -45,10 +48,16 @@ def load_test(server: Any, report_dir: Path, duration_s: float, retries: int) ->
     settings = LoadSettings(http_url=server.http_url, grpc_url=server.grpc_url, users=4, duration_s=duration_s,
                             retries=retries, report_dir=str(report_dir), slo=Slo(max_failure_ratio=0.0))
     outcome: dict[str, Any] = {}
-    load = threading.Thread(target=lambda: outcome.update(result=runner.run(settings)))
+    stop = threading.Event()
+    load = threading.Thread(target=lambda: outcome.update(result=runner.run(settings, stop)))
     load.start()
+    started = time.monotonic()
     try:
         yield outcome
     finally:
+        outcome["block_s"] = time.monotonic() - started
+        if stop_after_block_s is not None:
+            time.sleep(stop_after_block_s)
+            stop.set()
         load.join(timeout=180)
         outcome["summary"] = outcome["result"].summary

@@ -45,6 +45,13 @@ def _release(server: Any, version: int, report: Path) -> subprocess.CompletedPro
                           env={"PATH": "/usr/bin:/bin", "TRITONBUNDLE_API_KEY": API_KEY, "HOME": str(report.parent)})
 
 
+def _covered(outcome: dict[str, Any]) -> None:
+    """The load test stopped after the release (2 s after it), not at its 120-s window's end: its sending
+    window spans the release (less the 5 s before it, when the load started)."""
+    window_s = outcome["summary"]["duration_s"]
+    assert outcome["block_s"] - 5 < window_s < 110, (window_s, outcome["block_s"])
+
+
 def _ensemble_step_version(client: Any) -> int:
     config = client._config_json("minilm")
     return int(config["ensemble_scheduling"]["step"][-1].get("model_version", -1))
@@ -56,7 +63,7 @@ def test_a_version_that_agrees_is_promoted_under_load_with_no_failed_request(
     from tritonbundle.clients import HttpClient
 
     server, repo = explicit_server
-    with load_test(server, tmp_path / "load", duration_s=40, retries=0) as outcome:
+    with load_test(server, tmp_path / "load", duration_s=120, retries=0, stop_after_block_s=2) as outcome:
         time.sleep(5)
         _version(repo, 2)
         done = _release(server, 2, tmp_path / "release.json")
@@ -68,6 +75,7 @@ def test_a_version_that_agrees_is_promoted_under_load_with_no_failed_request(
           f"{summary['total']['failures']} failed")
     assert summary["total"]["requests"] > 40
     assert summary["total"]["failures"] == 0, summary["errors"]
+    _covered(outcome)
     with HttpClient(server.http_url, api_key=API_KEY) as client:
         assert client.model_info("minilm_encoder").version == "2"
         assert _ensemble_step_version(client) == -1, "the ensemble ends unpinned"
@@ -82,7 +90,7 @@ def test_a_version_whose_answers_differ_is_refused_under_load_and_the_serving_on
     with HttpClient(server.http_url, api_key=API_KEY) as client:
         serving = client.model_info("minilm_encoder").version
         before = client.embed(["unchanged by a refused release"])
-    with load_test(server, tmp_path / "load", duration_s=40, retries=0) as outcome:
+    with load_test(server, tmp_path / "load", duration_s=120, retries=0, stop_after_block_s=2) as outcome:
         time.sleep(5)
         _version(repo, 7, noise=0.5)
         done = _release(server, 7, tmp_path / "release.json")
@@ -90,6 +98,7 @@ def test_a_version_whose_answers_differ_is_refused_under_load_and_the_serving_on
     print(f"\n{done.stdout}load test during the release: {summary['total']['requests']} requests, "
           f"{summary['total']['failures']} failed")
     assert summary["total"]["requests"] > 40 and summary["total"]["failures"] == 0, summary["errors"]
+    _covered(outcome)
     assert done.returncode == 1, done.stdout + done.stderr
     verdict = json.loads((tmp_path / "release.json").read_text())
     assert not verdict["promoted"] and "answers differ" in verdict["reason"] and verdict["min_cosine"] < 0.999

@@ -60,8 +60,10 @@ def locust_command(settings: LoadSettings) -> list[str]:
     ]
 
 
-def run(settings: LoadSettings) -> RunResult:
-    """One bounded Locust run; returns its gate exit code and summary."""
+def run(settings: LoadSettings, stop: threading.Event | None = None) -> RunResult:
+    """One bounded Locust run; returns its gate exit code and summary. Setting ``stop`` ends the run
+    before its window does: Locust stops on SIGTERM as at the window's end (the users stop, requests in
+    flight drain, the gates run and write the summary), its window then as long as it ran."""
     report_dir = Path(settings.report_dir)
     report_dir.mkdir(parents=True, exist_ok=True)
     settings = dataclasses.replace(settings, report_dir=str(report_dir.resolve()))
@@ -71,7 +73,7 @@ def run(settings: LoadSettings) -> RunResult:
     budget = settings.duration_s + STARTUP_GRACE_S + settings.timeout_s + SHUTDOWN_GRACE_S
     LOG.debug("$ %s", " ".join(argv))
     log = report_dir / "locust.log"
-    returncode, output, hung = _run_locust(argv, env, budget, log)
+    returncode, output, hung = _run_locust(argv, env, budget, log, stop)
     summary_path = report_dir / "summary.json"
     if not summary_path.exists():
         tail = "\n".join(output.strip().splitlines()[-15:])
@@ -111,10 +113,11 @@ CONSOLE_PREFIX = "loadtest:"
 STACKS_GRACE_S = 2.0
 
 
-def _run_locust(argv: list[str], env: dict[str, str], budget_s: float, log: Path) -> tuple[int, str, bool]:
+def _run_locust(argv: list[str], env: dict[str, str], budget_s: float, log: Path,
+                stop: threading.Event | None = None) -> tuple[int, str, bool]:
     """Run Locust, keeping its whole output in ``log`` and echoing the lines meant for the console (the
-    progress lines, the first failure) as they come. Returns the exit code, the output, and whether it
-    had to be killed for outliving ``budget_s``."""
+    progress lines, the first failure) as they come; SIGTERM it once ``stop`` is set. Returns the exit
+    code, the output, and whether it had to be killed for outliving ``budget_s``."""
     lines: list[str] = []
     hung = False
     with log.open("w") as out:
@@ -131,7 +134,7 @@ def _run_locust(argv: list[str], env: dict[str, str], budget_s: float, log: Path
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
         try:
-            proc.wait(timeout=budget_s)
+            _wait(proc, budget_s, stop)
         except subprocess.TimeoutExpired:
             hung = True
             for sig in (signal.SIGUSR2, signal.SIGUSR1):
@@ -141,6 +144,24 @@ def _run_locust(argv: list[str], env: dict[str, str], budget_s: float, log: Path
             proc.wait()
         reader.join(timeout=10)
     return proc.returncode, "".join(lines), hung
+
+
+def _wait(proc: subprocess.Popen[str], budget_s: float, stop: threading.Event | None) -> None:
+    """``proc.wait(budget_s)``, sending ``proc`` SIGTERM once when ``stop`` is set before it exits."""
+    if stop is None:
+        proc.wait(timeout=budget_s)
+        return
+    deadline, signalled = time.monotonic() + budget_s, False
+    while True:
+        try:
+            proc.wait(timeout=max(0.0, min(0.25, deadline - time.monotonic())))
+            return
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                raise
+            if stop.is_set() and not signalled:  # once: Locust's handler then drains and exits by itself
+                proc.send_signal(signal.SIGTERM)
+                signalled = True
 
 
 def describe(summary: dict[str, Any]) -> str:
