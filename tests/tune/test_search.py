@@ -376,7 +376,7 @@ def test_finalists_compare_on_this_runs_readings_only() -> None:
     result = finals(time_left=True)
     assert result.best is not None and result.best.config == {"tokenizer_threads": 4}
     assert result.best.detail["rates"] == [14_635.3], "the earlier host's 13,461 is not one of its readings"
-    assert result.finals[key({"tokenizer_threads": 2})][1] == [14_618.3, 13_217.0]
+    assert not result.finals, "one reading on the reference's side: named by it, with no side-by-side claim"
     # Left with no reading here (no time to measure it again), it compares with nothing.
     result = finals(time_left=False)
     assert result.best is not None and result.best.label == "round 1: tokenizer_threads=2" and not result.finals
