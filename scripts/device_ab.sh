@@ -9,7 +9,8 @@
 # usage: bash scripts/device_ab.sh [--install] [--rounds N] [--first N] [--model bert-base|minilm]
 #            [--deadline S] [--budget S] NAME=TUNED_JSON[+VAR=VALUE...] ...
 #   --install   install what the call carries first (scripts/device_bench.sh install)
-#   --rounds    rounds (default 3); --first: the first round's number (a later call goes on: --first 3)
+#   --rounds    the last round's number (default 3); --first: the first round's number (a later call
+#               goes on: --first 4 --rounds 6 runs rounds 4-6; --first past --rounds is refused)
 #   --deadline  seconds from the start after which no run starts (default 480: a call's 600 s less one
 #               run killed at 115 s)
 #   --budget    each run's --budget-s (default 75; a run is killed 40 s past it): more for settings
@@ -38,13 +39,14 @@ while [ $# -gt 0 ]; do
     --model) model=$2; shift ;;
     --deadline) deadline=$2; shift ;;
     --budget) budget=$2; shift ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *=*) settings+=("$1") ;;
     *) echo "device_ab: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
 [ ${#settings[@]} -gt 0 ] || { echo "device_ab: name at least one setting NAME=TUNED_JSON" >&2; exit 2; }
+[ "$first" -le "$rounds" ] || { echo "device_ab: --first $first is past --rounds $rounds (the last round's number): no round would run; for rounds $first-$((first + rounds - 1)) give --rounds $((first + rounds - 1))" >&2; exit 2; }
 case $model in
   bert-base) rates="--start-rate 6000 --max-rate 25600" ;;
   minilm) rates="--start-rate 8000 --max-rate 81000" ;;  # above the H100/H200 ceilings (76,224-79,639)

@@ -273,6 +273,19 @@ def test_the_device_script_refuses_a_setting_item_it_cannot_place(tmp_path: Path
     assert not (tmp_path / "calls.txt").exists()
 
 
+def test_the_device_script_refuses_a_first_round_past_the_last(tmp_path: Path) -> None:
+    """``--first 4 --rounds 3`` ran no round and spent a device call (twenty-fourth session): refused, naming the fix."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "device_ab.sh", tmp_path / "scripts" / "device_ab.sh")
+    (tmp_path / "scripts" / "device_bench.sh").write_text(FAKE_BENCH)
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "CALLS": str(tmp_path / "calls.txt"), "PYTHONPATH": str(ROOT),
+           "TEMPLATE": str(_template(tmp_path))}
+    done = subprocess.run(["bash", str(tmp_path / "scripts" / "device_ab.sh"), "--first", "4", "--rounds", "3", "a=x.json"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--first 4 is past --rounds 3" in done.stderr and "give --rounds 6" in done.stderr
+    assert not (tmp_path / "calls.txt").exists()
+
+
 def test_minilms_knees_fell_at_about_ten_busy_cores_whatever_their_rate() -> None:
     """measure/host.py's reason for the host's capacity reading: every MiniLM A/B run on the H200 (the
     eighth and tenth sessions, 2026-12-04) reached its knee with 9.2-11.0 of the 16 CPUs busy, at
