@@ -537,7 +537,7 @@ def test_the_third_h100_tune_winner_against_the_hand_picked_in_the_bench() -> No
 
 def test_the_fourth_h100s_texts_over_http_read_as_the_docs_say() -> None:
     """docs/benchmarks.md, "A fourth H100": six interleaved rounds, no floors; HTTP higher in five, its knee
-    at fewer busy cores than the gRPC texts' ~10, with the encoder's calls at their cap."""
+    at fewer busy cores than the gRPC texts' ~10."""
     ceiling_rps = _ceiling_from_consoles("h100-fourth-host-minilm-http")
     docs, runs = _minilm_call("h100-fourth-host-minilm-http", ceiling_rps)
     texts, http = runs["texts"], runs["texthttp"]
@@ -549,7 +549,7 @@ def test_the_fourth_h100s_texts_over_http_read_as_the_docs_say() -> None:
                 f"**{setting.median / ceiling_rps:.2f}** |") in row
     wins = sum(h.rps > t.rps for h, t in zip(http.by_round, texts.by_round, strict=True))
     said = " ".join(docs.split())
-    assert wins == 5 and f"by {100 * (http.median / texts.median - 1):.0f} % (medians), higher in five rounds of six" in said
+    assert wins == 5 and f"higher in five rounds of six, by {100 * (http.median / texts.median - 1):.0f} % (medians)" in said
     assert f"for texts: **{_cpu_ms_per_request(texts):.3f} ms**, at" in said
     assert f"With HTTP, **{_cpu_ms_per_request(http):.3f} ms**, and the knee came at" in said
     assert max(r.cores_busy or 0 for r in http.runs) < min(r.cores_busy or 0 for r in texts.runs)
