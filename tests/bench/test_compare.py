@@ -553,3 +553,17 @@ def test_the_fourth_h100s_texts_over_http_read_as_the_docs_say() -> None:
     assert f"for texts: **{_cpu_ms_per_request(texts):.3f} ms**, at" in said
     assert f"With HTTP, **{_cpu_ms_per_request(http):.3f} ms**, and the knee came at" in said
     assert max(r.cores_busy or 0 for r in http.runs) < min(r.cores_busy or 0 for r in texts.runs)
+
+
+def test_no_tritonserver_thread_was_saturated_at_the_fourth_h100s_failing_rungs() -> None:
+    """docs/benchmarks.md, "A fourth H100": the busiest tritonserver thread at every failing level of the
+    twelve runs, from each level's per-thread CPU in bench.json."""
+    import json
+
+    busiest = []
+    for path in sorted((ROOT / "docs" / "benchmarks" / "h100-fourth-host-minilm-http").glob("text*/bench.json")):
+        steps = next(iter(json.loads(path.read_text())["models"].values()))["systems"]["bundle"]["sweep"]["steps"]
+        busiest += [max(c for _, c in s["extra"]["cpu_threads"]["server:tritonserver"]) for s in steps if not s["passed"]]
+    assert len(busiest) >= 12
+    said = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
+    assert f"busiest tritonserver thread read {min(busiest):.2f}-{max(busiest):.2f} of a core at every level that failed" in said
