@@ -498,18 +498,24 @@ def test_the_slower_h100_minilm_call_reads_as_the_docs_say() -> None:
     assert round(_cpu_ms_per_request(tokens), 3) == 0.290
 
 
+def _rows_read_back(docs: str, settings: tuple[Setting, ...], ceiling_rps: float, rounds: int) -> None:
+    """Each setting measured ``rounds`` times with no floors, and its row in ``docs`` (found by its rates, in
+    round order) giving its median, range and share of the ceiling."""
+    assert all(len(s.runs) == rounds and not any(r.floor for r in s.runs) for s in settings)
+    for setting in settings:
+        rates = sorted(setting.rates)
+        (row,) = [line for line in docs.splitlines() if f"| {' / '.join(f'{r:,.0f}' for r in setting.rates)} |" in line]
+        assert (f"| **{setting.median:,.0f}** [{rates[0]:,.0f}-{rates[-1]:,.0f}] | "
+                f"**{setting.median / ceiling_rps:.2f}** |") in row
+
+
 def test_the_third_h100_minilm_call_reads_as_the_docs_say() -> None:
     """docs/benchmarks.md, "A third H100, a quiet host": the table read back from the runs (no floors), the
     target met with texts, and the knee as ~10 cores over the host's CPU per request on three hosts."""
     ceiling_rps = _ceiling_from_consoles("h100-third-host-minilm")
     docs, runs = _minilm_call("h100-third-host-minilm", ceiling_rps)
     texts, tokens = runs["texts"], runs["tokhttp10"]
-    assert not any(r.floor for s in (texts, tokens) for r in s.runs) and len(texts.runs) == len(tokens.runs) == 3
-    for setting in (texts, tokens):
-        rates = sorted(setting.rates)
-        (row,) = [line for line in docs.splitlines() if f"| {' / '.join(f'{r:,.0f}' for r in setting.rates)} |" in line]
-        assert (f"| **{setting.median:,.0f}** [{rates[0]:,.0f}-{rates[-1]:,.0f}] | "
-                f"**{setting.median / ceiling_rps:.2f}** |") in row
+    _rows_read_back(docs, (texts, tokens), ceiling_rps, rounds=3)
     assert texts.median / ceiling_rps >= 0.5  # the target met here
     hosts = [{s.name: s for s in summarize(ROOT / "docs" / "benchmarks" / name)}["texts"]
              for name in ("h100-third-host-minilm", "h100-minilm-tokens-http", "h100-slower-host-minilm")]
@@ -541,12 +547,7 @@ def test_the_fourth_h100s_texts_over_http_read_as_the_docs_say() -> None:
     ceiling_rps = _ceiling_from_consoles("h100-fourth-host-minilm-http")
     docs, runs = _minilm_call("h100-fourth-host-minilm-http", ceiling_rps)
     texts, http = runs["texts"], runs["texthttp"]
-    assert not any(r.floor for s in (texts, http) for r in s.runs) and len(texts.runs) == len(http.runs) == 6
-    for setting in (texts, http):
-        rates = sorted(setting.rates)
-        (row,) = [line for line in docs.splitlines() if f"| {' / '.join(f'{r:,.0f}' for r in setting.rates)} |" in line]
-        assert (f"| **{setting.median:,.0f}** [{rates[0]:,.0f}-{rates[-1]:,.0f}] | "
-                f"**{setting.median / ceiling_rps:.2f}** |") in row
+    _rows_read_back(docs, (texts, http), ceiling_rps, rounds=6)
     wins = sum(h.rps > t.rps for h, t in zip(http.by_round, texts.by_round, strict=True))
     said = " ".join(docs.split())
     assert wins == 5 and f"higher in five rounds of six, by {100 * (http.median / texts.median - 1):.0f} % (medians)" in said
