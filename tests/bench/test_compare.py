@@ -81,12 +81,16 @@ def _quoted(setting: Setting) -> str:
     return f"{setting.median:,.0f} req/s [{rates[0]:,.0f}-{rates[-1]:,.0f}]"
 
 
+def _ceiling_median(folder: Path, model: str = "minilm") -> float:
+    """The median of the three ceiling runs under ``folder``/ceiling, from their bench.json."""
+    return statistics.median(
+        json.loads((folder / "ceiling" / f"run-{i}" / "bench.json").read_text())["models"][model]["systems"]["ceiling"]["best_rps"]
+        for i in (1, 2, 3))
+
+
 def _h100_minilm_ceiling() -> float:
     """The median of the three ceiling runs of the H100 MiniLM call (2026-12-06)."""
-    folder = ROOT / "docs" / "benchmarks" / "h100-minilm-tokens-http" / "ceiling"
-    return statistics.median(
-        json.loads((folder / f"run-{i}" / "bench.json").read_text())["models"]["minilm"]["systems"]["ceiling"]["best_rps"]
-        for i in (1, 2, 3))
+    return _ceiling_median(ROOT / "docs" / "benchmarks" / "h100-minilm-tokens-http")
 
 
 def _ceiling_from_consoles(name: str) -> float:
@@ -568,3 +572,46 @@ def test_no_tritonserver_thread_was_saturated_at_the_fourth_h100s_failing_rungs(
     assert len(busiest) >= 12
     said = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
     assert f"busiest tritonserver thread read {min(busiest):.2f}-{max(busiest):.2f} of a core at every level that failed" in said
+
+
+def _knee_and_next(run: Path) -> tuple[dict, dict]:
+    """A run's knee (its highest passed level) and the lowest level above it, from its bench.json."""
+    steps = next(iter(json.loads((run / "bench.json").read_text())["models"].values()))["systems"]["bundle"]["sweep"]["steps"]
+    knee = max((s for s in steps if s["passed"]), key=lambda s: s["achieved_rps"])
+    return knee, min((s for s in steps if s["offered_rps"] > knee["offered_rps"]), key=lambda s: s["offered_rps"])
+
+
+def test_the_fifth_h100_measures_every_target_on_one_host() -> None:
+    """docs/benchmarks.md, "A fifth H100", and the README's targets table: both models' rows, ceilings and
+    peers read back from the runs; BERT-base's knees with the GPU busy and its next rungs missed on p99."""
+    folder = ROOT / "docs" / "benchmarks" / "h100-fifth-host"
+    docs = (ROOT / "docs" / "benchmarks.md").read_text()
+    said, readme = " ".join(docs.split()), " ".join((ROOT / "README.md").read_text().split())
+    ratios = {}
+    for model, key, rounds in (("bert-base", "bert_base", 3), ("minilm", "minilm", 5)):
+        ceiling_rps = _ceiling_median(folder / model, key)
+        runs = {s.name: s for s in summarize(folder / model)}
+        assert (folder / model / "summary.md").read_text() == markdown(list(runs.values()))
+        _rows_read_back(docs, (runs["texts"], runs["texthttp"]), ceiling_rps, rounds)
+        low, peer, high = sorted(
+            json.loads((folder / "peer" / f"{model}-{i}" / "bench.json").read_text())["models"][key]["systems"]["peer"]["best_rps"]
+            for i in (1, 2, 3))
+        assert f"median **{ceiling_rps:,.0f}**" in said and f"median **{peer:,.0f}**" in said
+        texts = runs["texts"].median
+        ratios[model] = (texts / ceiling_rps, texts / peer, texts / high, texts / low)
+    (bert, bert_peer, bert_lo, bert_hi), (mini, mini_peer, mini_lo, mini_hi) = ratios["bert-base"], ratios["minilm"]
+    assert bert < 0.75 and bert_peer < 10 and mini >= 0.5 and mini_peer >= 10
+    assert f"| **{bert:.2f}, not met** (0.77 of" in said and f"| **{mini:.2f}, met** (texts over gRPC) |" in said
+    assert f"| **{bert_peer:.1f}, not met** [{bert_lo:.1f}-{bert_hi:.1f}] |" in said
+    assert f"| **{mini_peer:.1f}**, met [{mini_lo:.1f}-{mini_hi:.1f}] |" in said
+    assert f"**{bert:.2f}, not met** (14,135 [14,128-14,786], three rounds" in readme
+    assert f"**{bert_peer:.1f}, not met** (14,135 against 1,602 [1,128-1,602]" in readme
+    assert f"**{mini_peer:.1f}** on the fifth H100 (40,464 against 2,222 [1,328-2,725])" in readme
+    per_batch = [json.loads((folder / "bert-base" / "ceiling" / f"run-{i}" / "bench.json").read_text())
+                 ["models"]["bert_base"]["systems"]["ceiling"]["per_batch"] for i in (1, 2, 3)]
+    at_64 = statistics.median(b["requests_per_s"] for runs in per_batch for b in runs if b["batch"] == 64)
+    assert f"at the bundle's batch cap of 64: {at_64:,.0f})" in said and round(14_135 / at_64, 2) == 0.77
+    knees = [_knee_and_next(folder / "bert-base" / f"texts-{i}") for i in (1, 2, 3)]
+    busy = sorted(round(knee["extra"]["gpu_util_mean"]) for knee, _ in knees)
+    assert f"At every knee the GPU read {busy[0]}-{busy[-1]} % busy (gRPC;" in said
+    assert all(nxt["failed"] == 0 and nxt["p99_ms"] > 50 for _, nxt in knees)
