@@ -4,20 +4,25 @@ N processes, each one engine as one of the bundle's folded encoder instances hol
 the bundle's padding targets and batch buckets, packing on, fp16), embed calls of ``--rows`` chat-like
 rows back to back for ``--seconds``, all at once; for each N in ``--procs``, one JSON line: the rows per
 second of all of them together, each process's calls, the mean call, and the GPU's utilisation over the
-window. Everything an instance does in the server besides ``Engine.embed`` (reading requests,
-tokenizing, responding, Triton's hand-over) is left out.
+window, and the engine's own per-call statistics (GPU time by CUDA events, waiting, launches, computed
+per useful token, as bench.md reports them for the bundle's encoder). Everything an instance does in the
+server besides ``Engine.embed`` (reading requests, tokenizing, responding, Triton's hand-over) is left out.
 
 Why: on the fifth H100 (docs/benchmarks.md, "A fifth H100") BERT-base's bundle reached 14,135 req/s
 with the GPU 92-95 % busy and 7.1-8.1 ms of each 11.5-12.8 ms call waiting for it, where the ceiling
 (one process, launches timed back to back) does 18,276 at batch 64: 0.064-0.066 ms of busy GPU per
-request against 0.055. If eight processes here also stop near 14-15k, splitting the GPU across
-processes is what costs the difference (and fewer processes, or lanes in one, are the lever); if they
-reach the ceiling, the loss is in the server's part of the call.
+request against 0.055. Read N = 8 against N = 1 of the same run (the ceiling's figure is an accounting
+of full, unpacked launches timed back to back, which real mixed-length calls do not make): if one
+process already spends ~0.064 ms of busy GPU per row, the cost is in how calls become launches; if the
+GPU per row grows with N and eight processes stop near the bundle's saturated 15.1-15.9k, splitting the
+GPU across processes costs it (fewer processes are the lever); if eight processes go well past that, the
+loss is in the server's part of the call.
 
-Run THERE (the GPU machine), after ``scripts/device_bench.sh install``; the weights are the recipe's
-(BERT-base: random, seed 0), written to a temporary folder:
+Run THERE (the GPU machine: torch, transformers, safetensors and nvidia-ml-py are already installed);
+the weights are the recipe's (BERT-base: random, seed 0), written to a temporary folder:
 
-    python3 scripts/sharing_gpu_check.py --procs 1,2,4,8 --seconds 15 --mps
+    python3 scripts/sharing_gpu_check.py --procs 1,2,4,8 --seconds 15 --mps --out $OUT/sharing.jsonl \\
+        > $OUT/sharing.log 2>&1; cat $OUT/sharing.jsonl
 
 ``--mps`` starts a private CUDA MPS daemon for the processes (tritonbundle.gpu_sharing), as the bench
 does under ``TRITONBUNDLE_GPU_SHARING=mps``. On a machine without a GPU ``--device cpu`` runs the same
@@ -30,6 +35,7 @@ import argparse
 import contextlib
 import json
 import multiprocessing as mp
+import queue
 import sys
 import tempfile
 import time
@@ -47,7 +53,7 @@ from tritonbundle import recipes, traffic  # noqa: E402
 TARGETS = "22,32,41,50,59,71,85,102,121,143,169,199,241,299,384,512"
 BUCKETS = "1,2,3,4,6,8,10,12,14,16,20,24,28,32,40,48,56,64"
 #: A process that has not reported this long after its window ended is stuck: the run fails.
-GRACE_S = 120.0
+GRACE_S = 30.0
 
 
 def write_weights(recipe: str, folder: Path) -> Path:
@@ -78,11 +84,15 @@ def calls(rows: int, count: int, seed: int) -> list[tuple[np.ndarray, np.ndarray
     return out
 
 
-def worker(index: int, options: dict[str, Any], barrier: Any, results: Any) -> None:
-    """One instance's engine: prepare, wait for the others, embed calls back to back for the window."""
+def worker(index: int, options: dict[str, Any], go: Any, results: Any) -> None:
+    """One instance's engine: prepare, say it is ready, wait for the start, embed calls back to back for
+    the window, report what it did (the engine's own per-call statistics, as the served model keeps them)."""
     try:
+        import gc
+
         from tritonbundle.runtimes.pytorch.engine import Engine
         from tritonbundle.runtimes.pytorch.launch import used_lengths
+        from tritonbundle.runtimes.stats import new_stats
 
         t0 = time.monotonic()
         engine = Engine(options["weights"], device=options["device"], precision=options["precision"],
@@ -91,67 +101,99 @@ def worker(index: int, options: dict[str, Any], barrier: Any, results: Any) -> N
         work = calls(options["rows"], options["calls"], seed=index)
         for ids, masks in work[:2]:  # the first calls of a process pay for lazy set-up
             engine.embed(ids, masks, used_lengths(masks))
-        prepare_s = time.monotonic() - t0
-        barrier.wait(timeout=options["prepare_timeout_s"])
+        gc.freeze()  # as the served model does after its start-up (runtimes/pytorch/model.py)
+        results.put({"index": index, "ready": True, "graphs": len(engine.graphs), "graph_error": engine.graph_error,
+                     "prepare_s": round(time.monotonic() - t0, 1)})
+        if not go.wait(timeout=options["prepare_timeout_s"]):
+            return
+        stats = new_stats()
         done = rows = 0
         start = time.perf_counter()
         stop = time.monotonic() + options["seconds"]
         while time.monotonic() < stop:
             ids, masks = work[done % len(work)]
-            engine.embed(ids, masks, used_lengths(masks))
+            engine.embed(ids, masks, used_lengths(masks), stats)
             done += 1
             rows += int(ids.shape[0])
-        wall = time.perf_counter() - start
-        results.put({"index": index, "calls": done, "rows": rows, "seconds": wall, "prepare_s": round(prepare_s, 1),
-                     "graphs": len(engine.graphs)})
+        results.put({"index": index, "calls": done, "rows": rows, "seconds": time.perf_counter() - start,
+                     "stats": {k: v for k, v in stats.items() if not k.startswith("h_")}})
     except Exception as e:  # noqa: BLE001 - reported to the parent, which fails the run
-        with contextlib.suppress(Exception):
-            barrier.abort()
         results.put({"index": index, "error": f"{type(e).__name__}: {e}"})
 
 
-def measure(procs: int, options: dict[str, Any]) -> dict[str, Any]:
-    """``procs`` workers at once: their reports summed, and the GPU's utilisation over the window."""
+def _collect(results: Any, workers: list[Any], want: str, count: int, deadline: float) -> tuple[dict[int, dict], str]:
+    """Messages carrying ``want`` from ``count`` workers, until ``deadline``; the first error, a worker
+    that exited without its message (a crash, a kill) or the deadline ends it early, and says so."""
+    got: dict[int, dict[str, Any]] = {}
+    while len(got) < count:
+        with contextlib.suppress(queue.Empty):
+            message = results.get(timeout=0.5)
+            if "error" in message:
+                return got, f"process {message['index']}: {message['error']}"
+            if want in message:
+                got[message["index"]] = message
+                continue
+        dead = [(i, w.exitcode) for i, w in enumerate(workers) if w.exitcode is not None and i not in got]
+        if dead and results.empty():
+            return got, "; ".join(f"process {i} exited with code {code} before it reported" for i, code in dead)
+        if time.monotonic() > deadline:
+            return got, f"{count - len(got)} process(es) did not report within the time allowed"
+    return got, ""
+
+
+def measure(procs: int, options: dict[str, Any], mps_servers: Any = None) -> dict[str, Any]:
+    """``procs`` workers at once: their reports summed, and the GPU over the window (its first second
+    left out: the utilisation NVML reports covers the second before each sample)."""
     from tritonbundle.measure.probes import GpuSampler
 
     ctx = mp.get_context("spawn")  # CUDA cannot be used in a forked child
-    barrier, results = ctx.Barrier(procs + 1), ctx.Queue()
-    workers = [ctx.Process(target=worker, args=(i, options, barrier, results), daemon=True) for i in range(procs)]
+    go, results = ctx.Event(), ctx.Queue()
+    workers = [ctx.Process(target=worker, args=(i, options, go, results), daemon=True) for i in range(procs)]
     for w in workers:
         w.start()
     sampler = GpuSampler().start() if options["device"] == "cuda" else None
-    reports: list[dict[str, Any]] = []
+    line: dict[str, Any] = {"procs": procs, "ok": False}
     try:
-        barrier.wait(timeout=options["prepare_timeout_s"])
-        window = (time.monotonic(), time.monotonic() + options["seconds"])
-    except Exception:  # noqa: BLE001 - a worker failed or never got ready: its report says why
-        window = None
-    deadline = time.monotonic() + options["seconds"] + GRACE_S
-    while len(reports) < procs and time.monotonic() < deadline:
-        with contextlib.suppress(Exception):
-            reports.append(results.get(timeout=1.0))
-        if window is None and not any(w.is_alive() for w in workers) and results.empty():
-            break
-    gpu = sampler.window(*window) if sampler is not None and window is not None else {}
-    if sampler is not None:
-        sampler.stop()
-    for w in workers:
-        w.join(timeout=5)
-        if w.is_alive():
-            w.kill()
-    errors = list(dict.fromkeys(r["error"] for r in reports if "error" in r))
-    if errors or len(reports) < procs or window is None:
-        return {"procs": procs, "ok": False,
-                "error": "; ".join(errors) or f"{procs - len(reports)} process(es) did not report"}
+        ready, error = _collect(results, workers, "ready", procs, time.monotonic() + options["prepare_timeout_s"])
+        expected = len(options["targets"]) * len(options["buckets"]) if options["device"] == "cuda" else 0
+        short = {i: r for i, r in ready.items() if r["graphs"] != expected}
+        if not error and short:
+            error = "; ".join(f"process {i} captured {r['graphs']} of {expected} CUDA graphs ({r['graph_error'] or 'no error'})"
+                              for i, r in short.items())
+        if error:
+            return {**line, "error": error}
+        go.set()
+        t0 = time.monotonic()
+        servers = mps_servers() if mps_servers is not None else None
+        done, error = _collect(results, workers, "calls", procs, t0 + options["seconds"] + GRACE_S)
+        if error:
+            return {**line, "error": f"during the window: {error}"}
+        if mps_servers is not None and not servers:
+            return {**line, "error": "no MPS server ran: the processes did not reach the MPS daemon"}
+        gpu = sampler.window(t0 + 1.0, t0 + options["seconds"]) if sampler is not None else {}
+    finally:
+        if sampler is not None:
+            sampler.stop()
+        for w in workers:
+            w.join(timeout=10)
+            if w.is_alive():
+                w.kill()
+    reports = [done[i] for i in sorted(done)]
     rows_per_s = sum(r["rows"] / r["seconds"] for r in reports)
-    ms_per_call = [1000.0 * r["seconds"] / max(1, r["calls"]) for r in reports]
-    return {"procs": procs, "ok": True, "rows_per_s": round(rows_per_s, 1),
-            "calls": [r["calls"] for r in sorted(reports, key=lambda r: r["index"])],
-            "ms_per_call_mean": round(sum(ms_per_call) / len(ms_per_call), 3), "rows_per_call": options["rows"],
-            "gpu_ms_per_row": (round(gpu["gpu_util_mean"] / 100.0 * 1000.0 / rows_per_s, 4)
-                               if gpu.get("gpu_util_mean") is not None and rows_per_s else None),
-            "gpu_util_mean": gpu.get("gpu_util_mean"), "prepare_s_max": max(r["prepare_s"] for r in reports),
-            "graphs": reports[0]["graphs"]}
+    total = {k: sum(r["stats"][k] for r in reports) for k in reports[0]["stats"]}
+    n_calls = max(1, sum(r["calls"] for r in reports))
+    util = gpu.get("gpu_util_mean")
+    return {**line, "ok": True, "rows_per_s": round(rows_per_s, 1), "calls": [r["calls"] for r in reports],
+            "rows_per_call": options["rows"],
+            "ms_per_call_mean": round(1000.0 * sum(r["seconds"] for r in reports) / n_calls, 3),
+            "gpu_ms_per_call": round(1000.0 * total["gpu_s"] / n_calls, 3) if total.get("gpu_s") else None,
+            "wait_ms_per_call": round(1000.0 * total["t_wait_s"] / n_calls, 3),
+            "launches_per_call": round(total["launches"] / n_calls, 2),
+            "computed_per_useful": round(total["computed_tokens"] / total["useful_tokens"], 3) if total["useful_tokens"] else None,
+            "busy_gpu_ms_per_row": round(util / 100.0 * 1000.0 / rows_per_s, 4) if util is not None and rows_per_s else None,
+            **{k: gpu.get(k) for k in ("gpu_util_mean", "gpu_samples", "gpu_sm_mhz_mean", "gpu_slowed_share")},
+            "mps_servers": servers, "prepare_s_max": max(r["prepare_s"] for r in ready.values()),
+            "graphs": expected}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,8 +209,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--buckets", default=BUCKETS, help="batch buckets (comma-separated)")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--precision", default="fp16", choices=("fp16", "bf16", "fp32"))
-    parser.add_argument("--prepare-timeout-s", type=float, default=240.0)
+    parser.add_argument("--prepare-timeout-s", type=float, default=150.0,
+                        help="how long the processes may take to be ready (8 x 288 CUDA graphs: ~30-35 s)")
     parser.add_argument("--mps", action="store_true", help="start a private CUDA MPS daemon for the processes")
+    parser.add_argument("--out", type=Path, help="also append each JSON line to this file (the device tool "
+                        "returns only the tail of the output, where the workers' warnings land too)")
     args = parser.parse_args(argv)
     counts = [int(n) for n in args.procs.split(",")]
     if any(n < 1 for n in counts):
@@ -187,12 +232,20 @@ def main(argv: list[str] | None = None) -> int:
             daemon = MpsDaemon()
             os.environ.update(daemon.start(die_with_parent=True))  # the spawned workers inherit it
             stack.callback(daemon.stop)
-        failed = False
+        servers = None
+        if args.mps:
+            servers = daemon.servers
         for n in counts:
-            line = {"weights": str(args.weights) if args.weights else args.recipe, "mps": args.mps, **measure(n, options)}
-            print(json.dumps(line), flush=True)
-            failed |= not line["ok"]
-    return 1 if failed else 0
+            line = {"weights": str(args.weights) if args.weights else args.recipe, "mps": args.mps,
+                    **measure(n, options, servers)}
+            text = json.dumps(line)
+            print(text, flush=True)
+            if args.out is not None:
+                with args.out.open("a") as f:
+                    f.write(text + "\n")
+            if not line["ok"]:
+                return 1  # a larger count would fail the same way, or worse (out of memory): stop here
+    return 0
 
 
 if __name__ == "__main__":

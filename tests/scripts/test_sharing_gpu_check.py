@@ -4,10 +4,14 @@ run by name. Its figures are the script's output on the GPU machine, not asserte
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import queue
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -31,7 +35,8 @@ def test_each_process_count_runs_every_process_through_the_window() -> None:
     for line in lines:
         assert len(line["calls"]) == line["procs"] and min(line["calls"]) >= 1
         assert line["rows_per_s"] > 0 and line["rows_per_call"] == 4 and line["graphs"] == 0  # eager on the CPU
-        assert line["gpu_util_mean"] is None and line["gpu_ms_per_row"] is None
+        assert line["gpu_util_mean"] is None and line["busy_gpu_ms_per_row"] is None and line["gpu_ms_per_call"] is None
+        assert line["launches_per_call"] >= 1 and line["computed_per_useful"] >= 1 and line["mps_servers"] is None
 
 
 @pytest.mark.timeout(120)
@@ -46,3 +51,39 @@ def test_a_process_count_below_one_is_refused() -> None:
     proc = subprocess.run([sys.executable, str(SCRIPT), "--procs", "0,2"], capture_output=True, text=True,
                           timeout=60, cwd=ROOT, check=False)
     assert proc.returncode == 2 and "--procs" in proc.stderr
+
+
+def _script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("sharing_gpu_check", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class _Process:
+    """What the wait reads of a worker process: its exit code (None while it runs)."""
+
+    def __init__(self, exitcode: int | None) -> None:
+        self.exitcode = exitcode
+
+
+def test_a_process_that_dies_without_a_word_ends_the_wait_at_once() -> None:
+    """A worker killed before it reports (a crash, the OOM killer) must not hold the run for the whole
+    start-up allowance: the wait sees its exit code and says which process ended how."""
+    results: queue.Queue[dict] = queue.Queue()
+    results.put({"index": 0, "ready": True, "graphs": 0})
+    start = time.monotonic()
+    got, error = _script()._collect(results, [_Process(None), _Process(-9)], "ready", 2, time.monotonic() + 60)
+    assert time.monotonic() - start < 5
+    assert list(got) == [0] and error == "process 1 exited with code -9 before it reported"
+
+
+def test_the_wait_ends_at_its_deadline_and_at_the_first_error() -> None:
+    collect = _script()._collect
+    got, error = collect(queue.Queue(), [_Process(None)], "calls", 1, time.monotonic() + 1)
+    assert got == {} and error == "1 process(es) did not report within the time allowed"
+    results: queue.Queue[dict] = queue.Queue()
+    results.put({"index": 1, "error": "OutOfMemoryError: CUDA out of memory"})
+    got, error = collect(results, [_Process(None), _Process(None)], "calls", 2, time.monotonic() + 60)
+    assert error == "process 1: OutOfMemoryError: CUDA out of memory"
