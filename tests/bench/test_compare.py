@@ -233,18 +233,24 @@ def _template(into: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("deadline", ["480", "-1"])
-def test_the_device_script_interleaves_the_settings_and_sums_them_up(tmp_path: Path, deadline: str) -> None:
+def _device_ab(tmp_path: Path, *args: str, timeout: int = 60) -> subprocess.CompletedProcess[str]:
+    """scripts/device_ab.sh copied beside the stand-in bench (FAKE_BENCH), run with ``args``; the stand-in
+    appends each run it is asked for to ``tmp_path/calls.txt``, reports go to ``tmp_path/out``."""
     (tmp_path / "scripts").mkdir()
     shutil.copy(ROOT / "scripts" / "device_ab.sh", tmp_path / "scripts" / "device_ab.sh")
     (tmp_path / "scripts" / "device_bench.sh").write_text(FAKE_BENCH)
-    calls, out = tmp_path / "calls.txt", tmp_path / "out"
-    env = {**os.environ, "OUT": str(out), "CALLS": str(calls), "PYTHONPATH": str(ROOT),
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "CALLS": str(tmp_path / "calls.txt"), "PYTHONPATH": str(ROOT),
            "TEMPLATE": str(_template(tmp_path))}
     env.pop("TRITONBUNDLE_GPU_SHARING", None)
-    done = subprocess.run(["bash", str(tmp_path / "scripts" / "device_ab.sh"), "--rounds", "2", "--deadline", deadline,
-                           "--budget", "90", "a=x.json", "b=y.json+AB_KNOB=7+--load-procs=4"], env=env, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(["bash", str(tmp_path / "scripts" / "device_ab.sh"), *args], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("deadline", ["480", "-1"])
+def test_the_device_script_interleaves_the_settings_and_sums_them_up(tmp_path: Path, deadline: str) -> None:
+    calls, out = tmp_path / "calls.txt", tmp_path / "out"
+    done = _device_ab(tmp_path, "--rounds", "2", "--deadline", deadline, "--budget", "90", "a=x.json",
+                      "b=y.json+AB_KNOB=7+--load-procs=4", timeout=120)
     assert done.returncode == 0, done.stderr
     if deadline == "-1":
         assert not calls.exists() and "a-1: not started (deadline -1 s)" in done.stdout
@@ -266,26 +272,14 @@ def test_the_device_script_interleaves_the_settings_and_sums_them_up(tmp_path: P
 
 
 def test_the_device_script_refuses_a_setting_item_it_cannot_place(tmp_path: Path) -> None:
-    (tmp_path / "scripts").mkdir()
-    shutil.copy(ROOT / "scripts" / "device_ab.sh", tmp_path / "scripts" / "device_ab.sh")
-    (tmp_path / "scripts" / "device_bench.sh").write_text(FAKE_BENCH)
-    env = {**os.environ, "OUT": str(tmp_path / "out"), "CALLS": str(tmp_path / "calls.txt"), "PYTHONPATH": str(ROOT),
-           "TEMPLATE": str(_template(tmp_path))}
-    done = subprocess.run(["bash", str(tmp_path / "scripts" / "device_ab.sh"), "--rounds", "1", "a=x.json+--load-procs"],
-                          env=env, capture_output=True, text=True, timeout=60)
+    done = _device_ab(tmp_path, "--rounds", "1", "a=x.json+--load-procs")
     assert done.returncode == 2 and "'--load-procs' is neither VAR=VALUE nor --flag=VALUE" in done.stderr
     assert not (tmp_path / "calls.txt").exists()
 
 
 def test_the_device_script_refuses_a_first_round_past_the_last(tmp_path: Path) -> None:
     """``--first 4 --rounds 3`` ran no round and spent a device call (twenty-fourth session): refused, naming the fix."""
-    (tmp_path / "scripts").mkdir()
-    shutil.copy(ROOT / "scripts" / "device_ab.sh", tmp_path / "scripts" / "device_ab.sh")
-    (tmp_path / "scripts" / "device_bench.sh").write_text(FAKE_BENCH)
-    env = {**os.environ, "OUT": str(tmp_path / "out"), "CALLS": str(tmp_path / "calls.txt"), "PYTHONPATH": str(ROOT),
-           "TEMPLATE": str(_template(tmp_path))}
-    done = subprocess.run(["bash", str(tmp_path / "scripts" / "device_ab.sh"), "--first", "4", "--rounds", "3", "a=x.json"],
-                          env=env, capture_output=True, text=True, timeout=60)
+    done = _device_ab(tmp_path, "--first", "4", "--rounds", "3", "a=x.json")
     assert done.returncode == 2 and "--first 4 is past --rounds 3" in done.stderr and "give --rounds 6" in done.stderr
     assert not (tmp_path / "calls.txt").exists()
 
