@@ -48,10 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tritonbundle import recipes, traffic  # noqa: E402
 
-#: The hand-picked BERT-base settings' engine (docs/tuning/h200-handpicked/bert-base-fused8-t4-buckets18.json,
-#: and the padding targets the bench planned for them from the chat traffic: bench.md, "repository").
-TARGETS = "22,32,41,50,59,71,85,102,121,143,169,199,241,299,384,512"
-BUCKETS = "1,2,3,4,6,8,10,12,14,16,20,24,28,32,40,48,56,64"
+#: The hand-picked BERT-base settings whose batch buckets the engines take (``--tuned``).
+TUNED = Path(__file__).resolve().parent.parent / "docs" / "tuning" / "h200-handpicked" / "bert-base-fused8-t4-buckets18.json"
 #: A process that has not reported this long after its window ended is stuck: the run fails.
 GRACE_S = 30.0
 
@@ -64,6 +62,14 @@ def write_weights(recipe: str, folder: Path) -> Path:
     save_file({k: v.detach().contiguous() for k, v in state.items()}, str(folder / recipes.WEIGHTS_FILE))
     (folder / recipes.CONFIG_FILE).write_text(json.dumps(config))
     return folder
+
+
+def bench_targets(buckets: int = 16) -> list[int]:
+    """The padding targets the bench plans for the bundle: the planner's edges over the bench's chat
+    sample (10,000 requests, seed 0, clipped to 512), ``--sequence-buckets`` of them."""
+    from tritonbundle.plan import choose_edges
+
+    return list(choose_edges(traffic.synthetic("chat", n=10_000, seed=0).clipped(512).row_lengths(), buckets, 512))
 
 
 def calls(rows: int, count: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -205,8 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recipe", default="bert-base-random", choices=sorted(recipes.RECIPES))
     parser.add_argument("--weights", type=Path, help="a folder with config.json + model.safetensors (a built "
                         "encoder's version folder) instead of the recipe's weights")
-    parser.add_argument("--targets", default=TARGETS, help="padding targets (comma-separated)")
-    parser.add_argument("--buckets", default=BUCKETS, help="batch buckets (comma-separated)")
+    parser.add_argument("--targets", help="padding targets (comma-separated; default: the bench's 16 for the chat traffic)")
+    parser.add_argument("--buckets", help="batch buckets (comma-separated; default: those of --tuned)")
+    parser.add_argument("--tuned", type=Path, default=TUNED, help="the settings file whose batch buckets to take")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--precision", default="fp16", choices=("fp16", "bf16", "fp32"))
     parser.add_argument("--prepare-timeout-s", type=float, default=150.0,
@@ -222,8 +229,11 @@ def main(argv: list[str] | None = None) -> int:
         weights = args.weights or write_weights(args.recipe, Path(tmp))
         options = {"weights": str(weights), "device": args.device,
                    "precision": args.precision, "rows": args.rows, "calls": args.calls, "seconds": args.seconds,
-                   "targets": [int(t) for t in args.targets.split(",")],
-                   "buckets": [int(b) for b in args.buckets.split(",")], "prepare_timeout_s": args.prepare_timeout_s}
+                   "targets": [int(t) for t in args.targets.split(",")] if args.targets else bench_targets(),
+                   "buckets": ([int(b) for b in args.buckets.split(",")] if args.buckets else
+                               json.loads(args.tuned.read_text())["winner"]["config"]["batch_buckets"]),
+                   "prepare_timeout_s": args.prepare_timeout_s}
+        servers = None
         if args.mps:
             import os
 
@@ -232,8 +242,6 @@ def main(argv: list[str] | None = None) -> int:
             daemon = MpsDaemon()
             os.environ.update(daemon.start(die_with_parent=True))  # the spawned workers inherit it
             stack.callback(daemon.stop)
-        servers = None
-        if args.mps:
             servers = daemon.servers
         for n in counts:
             line = {"weights": str(args.weights) if args.weights else args.recipe, "mps": args.mps,
