@@ -317,10 +317,13 @@ def test_minilms_knees_fell_where_its_instances_calls_were_full_and_busy() -> No
     assert len(earlier) == 8 and all(c is not None and (c.fill or 1) <= 0.76 for c in earlier)
 
 
+def _steps(run: Path) -> list[dict]:
+    """The bundle's levels in the one-model report ``run/bench.json``."""
+    return next(iter(json.loads((run / "bench.json").read_text())["models"].values()))["systems"]["bundle"]["sweep"]["steps"]
+
+
 def _levels(run: Path) -> dict[int, dict]:
-    report = json.loads((run / "bench.json").read_text())
-    steps = report["models"]["minilm"]["systems"]["bundle"]["sweep"]["steps"]
-    return {round(s["offered_rps"]): s for s in steps}
+    return {round(s["offered_rps"]): s for s in _steps(run)}
 
 
 def test_twelve_minilm_instances_answered_more_and_knee_d_lower_as_the_docs_say() -> None:
@@ -427,12 +430,9 @@ def test_the_third_h100s_tail_is_the_servers_not_the_sends_as_the_docs_say() -> 
     """docs/benchmarks.md ("One run with that reading..."): at every level the p99 from each send is the p99
     from the schedule less at most 2 ms, no load generator's collector paused 2 ms, and the levels whose
     p99 is over 40 ms hold 8-16 encoder calls over 15 ms against 0-1 at those under 16 ms."""
-    import json
-
     from tritonbundle.runtimes.stats import HISTOGRAM_EDGES_MS
 
-    data = json.loads((ROOT / "docs/benchmarks/h100-from-send-bert-base/handpicked-1/bench.json").read_text())
-    steps = next(iter(data["models"].values()))["systems"]["bundle"]["sweep"]["steps"]
+    steps = _steps(ROOT / "docs/benchmarks/h100-from-send-bert-base/handpicked-1")
     over_15 = HISTOGRAM_EDGES_MS.index(15.0) + 1  # buckets past 15 ms
     rows = [(round(s["offered_rps"]), s["p99_ms"], s["extra"]["p99_from_send_ms"], s["extra"]["client_gc_max_ms"],
              sum(s["extra"]["encoder"].get(f"h_execute_ms_{i}", 0) for i in range(over_15, len(HISTOGRAM_EDGES_MS) + 1)))
@@ -557,11 +557,9 @@ def test_the_fourth_h100s_texts_over_http_read_as_the_docs_say() -> None:
 def test_no_tritonserver_thread_was_saturated_at_the_fourth_h100s_failing_rungs() -> None:
     """docs/benchmarks.md, "A fourth H100": the busiest tritonserver thread at every failing level of the
     twelve runs, from each level's per-thread CPU in bench.json."""
-    import json
-
     busiest = []
     for path in sorted((ROOT / "docs" / "benchmarks" / "h100-fourth-host-minilm-http").glob("text*/bench.json")):
-        steps = next(iter(json.loads(path.read_text())["models"].values()))["systems"]["bundle"]["sweep"]["steps"]
+        steps = _steps(path.parent)
         busiest += [max(c for _, c in s["extra"]["cpu_threads"]["server:tritonserver"]) for s in steps if not s["passed"]]
     assert len(busiest) >= 12
     said = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
@@ -570,7 +568,7 @@ def test_no_tritonserver_thread_was_saturated_at_the_fourth_h100s_failing_rungs(
 
 def _knee_and_next(run: Path) -> tuple[dict, dict]:
     """A run's knee (its highest passed level) and the lowest level above it, from its bench.json."""
-    steps = next(iter(json.loads((run / "bench.json").read_text())["models"].values()))["systems"]["bundle"]["sweep"]["steps"]
+    steps = _steps(run)
     knee = max((s for s in steps if s["passed"]), key=lambda s: s["achieved_rps"])
     return knee, min((s for s in steps if s["offered_rps"] > knee["offered_rps"]), key=lambda s: s["offered_rps"])
 
