@@ -90,3 +90,41 @@ def test_a_run_asked_to_stop_is_sent_sigterm_once_and_not_counted_hung(tmp_path:
     code, output, hung = runner._run_locust([sys.executable, "-c", POLITE], {}, 30.0, tmp_path / "locust.log", stop)
     assert (code, hung) == (0, False) and output.split() == ["started", "terminated"]
     assert time.monotonic() - t0 < 10, "it stopped when asked, not at its 30-s budget"
+
+
+#: Writes its summary (as the gates do), then hangs as Locust did at exit in a CI run (a gRPC channel
+#: closed from a client's __del__ under gevent).
+WRITES_THEN_HANGS = """
+import sys, time
+open(sys.argv[1], "w").write("{}")
+print("written", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_run_that_hangs_after_writing_its_summary_is_killed_after_the_exit_grace(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    monkeypatch.setattr(runner, "EXIT_GRACE_S", 1.0)
+    summary = tmp_path / "summary.json"
+    t0 = time.monotonic()
+    code, output, hung = runner._run_locust([sys.executable, "-c", WRITES_THEN_HANGS, str(summary)], {}, 300.0,
+                                            tmp_path / "locust.log", summary=summary)
+    assert hung and "written" in output
+    assert time.monotonic() - t0 < 20, "killed a grace after the summary, not at its 300-s budget"
+
+
+@pytest.mark.timeout(60)
+def test_a_summary_older_than_the_run_does_not_shorten_its_wait(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import time
+
+    monkeypatch.setattr(runner, "EXIT_GRACE_S", 0.5)
+    summary = tmp_path / "summary.json"
+    summary.write_text("{}")
+    os.utime(summary, (time.time() - 60, time.time() - 60))  # a previous run's
+    code, output, hung = runner._run_locust([sys.executable, "-c", "import time; time.sleep(3); print('done')"], {},
+                                            30.0, tmp_path / "locust.log", summary=summary)
+    assert (code, hung) == (0, False) and output.strip() == "done"

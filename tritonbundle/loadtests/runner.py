@@ -73,8 +73,8 @@ def run(settings: LoadSettings, stop: threading.Event | None = None) -> RunResul
     budget = settings.duration_s + STARTUP_GRACE_S + settings.timeout_s + SHUTDOWN_GRACE_S
     LOG.debug("$ %s", " ".join(argv))
     log = report_dir / "locust.log"
-    returncode, output, hung = _run_locust(argv, env, budget, log, stop)
     summary_path = report_dir / "summary.json"
+    returncode, output, hung = _run_locust(argv, env, budget, log, stop, summary_path)
     if not summary_path.exists():
         tail = "\n".join(output.strip().splitlines()[-15:])
         if hung:
@@ -83,7 +83,8 @@ def run(settings: LoadSettings, stop: threading.Event | None = None) -> RunResul
         raise TritonBundleError(f"locust exited with code {returncode} and wrote no summary:\n{tail}")
     summary = json.loads(summary_path.read_text())
     if hung:  # the gates ran (they write the summary): only Locust's own shutdown did not finish
-        LOG.warning("locust wrote its summary but did not exit within %.0f s; killed it (stacks in %s)", budget, log)
+        LOG.warning("locust wrote its summary but did not exit (within %.0f s of writing it, or of its %.0f-s "
+                    "budget); killed it (stacks in %s)", EXIT_GRACE_S, budget, log)
         returncode = 0 if summary["gates"]["passed"] else 1
     files = [*charts.write_pngs(report_dir, summary), write_timeline_csv(report_dir / "timeline.csv", summary),
              htmlreport.write(report_dir / "report.html", summary)]
@@ -111,13 +112,19 @@ CONSOLE_PREFIX = "loadtest:"
 #: Before killing a Locust run that outlived its budget, ask it for its greenlets' and threads' stacks
 #: (the locustfile's signal handlers print them into locust.log) and give it this long to write them.
 STACKS_GRACE_S = 2.0
+#: Once the gates have written this run's summary, how long Locust gets to exit before it is killed as
+#: hung (the report no longer needs it). A gRPC channel closed from a client's ``__del__`` during the
+#: interpreter's last garbage collection can deadlock under gevent: a CI run's locust.log ended in
+#: grpc/_channel.py ``close`` under "Garbage-collecting", ~3.5 minutes after the summary was written.
+EXIT_GRACE_S = 15.0
 
 
 def _run_locust(argv: list[str], env: dict[str, str], budget_s: float, log: Path,
-                stop: threading.Event | None = None) -> tuple[int, str, bool]:
+                stop: threading.Event | None = None, summary: Path | None = None) -> tuple[int, str, bool]:
     """Run Locust, keeping its whole output in ``log`` and echoing the lines meant for the console (the
     progress lines, the first failure) as they come; SIGTERM it once ``stop`` is set. Returns the exit
-    code, the output, and whether it had to be killed for outliving ``budget_s``."""
+    code, the output, and whether it had to be killed for outliving ``budget_s``, or ``EXIT_GRACE_S``
+    past writing ``summary``."""
     lines: list[str] = []
     hung = False
     with log.open("w") as out:
@@ -134,7 +141,7 @@ def _run_locust(argv: list[str], env: dict[str, str], budget_s: float, log: Path
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
         try:
-            _wait(proc, budget_s, stop)
+            _wait(proc, budget_s, stop, summary)
         except subprocess.TimeoutExpired:
             hung = True
             for sig in (signal.SIGUSR2, signal.SIGUSR1):
@@ -146,12 +153,13 @@ def _run_locust(argv: list[str], env: dict[str, str], budget_s: float, log: Path
     return proc.returncode, "".join(lines), hung
 
 
-def _wait(proc: subprocess.Popen[str], budget_s: float, stop: threading.Event | None) -> None:
-    """``proc.wait(budget_s)``, sending ``proc`` SIGTERM once when ``stop`` is set before it exits."""
-    if stop is None:
-        proc.wait(timeout=budget_s)
-        return
-    deadline, signalled = time.monotonic() + budget_s, False
+def _wait(proc: subprocess.Popen[str], budget_s: float, stop: threading.Event | None,
+          summary: Path | None = None) -> None:
+    """``proc.wait(budget_s)``, sending ``proc`` SIGTERM once when ``stop`` is set before it exits, and
+    waiting at most ``EXIT_GRACE_S`` more once ``summary`` is written (a file older than the process is
+    not this run's). Raises ``subprocess.TimeoutExpired`` past the deadline."""
+    started = time.time()
+    deadline, signalled, written = time.monotonic() + budget_s, False, False
     while True:
         try:
             proc.wait(timeout=max(0.0, min(0.25, deadline - time.monotonic())))
@@ -159,9 +167,11 @@ def _wait(proc: subprocess.Popen[str], budget_s: float, stop: threading.Event | 
         except subprocess.TimeoutExpired:
             if time.monotonic() >= deadline:
                 raise
-            if stop.is_set() and not signalled:  # once: Locust's handler then drains and exits by itself
+            if stop is not None and stop.is_set() and not signalled:  # once: Locust's handler drains and exits
                 proc.send_signal(signal.SIGTERM)
                 signalled = True
+            if summary is not None and not written and summary.exists() and summary.stat().st_mtime >= started:
+                deadline, written = min(deadline, time.monotonic() + EXIT_GRACE_S), True
 
 
 def describe(summary: dict[str, Any]) -> str:
