@@ -1,7 +1,8 @@
-"""The client unregisters a shared-memory region until the server no longer lists it: Triton answers
-an unregister with success while a request still holds the region and then only marks it
-(src/shared_memory_manager.cc, ``UnregisterHelper``). The double below keeps listing the region for
-as many unregisters as it is told, as Triton does while the finished request's reference lingers;
+"""The client unregisters a shared-memory region until the server no longer lists it. While a request
+still holds the region, Triton 2.53+ answers an unregister with success and only marks it, and Triton
+2.51-2.52 (the CPU server here) refuses it with "it is currently in use" (src/shared_memory_manager.cc,
+``UnregisterHelper``). The double below keeps listing the region for as many unregisters as it is
+told, answering either way, as Triton does while the finished request's reference lingers;
 tests/clients/test_clients.py checks the real server lists nothing after real calls."""
 
 from __future__ import annotations
@@ -15,13 +16,17 @@ from tritonbundle.clients import shm
 
 
 class MarkingServer:
-    """Unregister succeeds, but the region stays listed for the first ``held`` unregisters."""
+    """The region stays listed for the first ``held`` unregisters, which succeed (2.53+) or, with
+    ``refuses``, fail as in use (2.51-2.52)."""
 
-    def __init__(self, held: int, protocol: str) -> None:
-        self.held, self.protocol, self.unregisters = held, protocol, 0
+    def __init__(self, held: int, protocol: str, refuses: bool = False) -> None:
+        self.held, self.protocol, self.refuses, self.unregisters = held, protocol, refuses, 0
 
     def unregister_system_shared_memory(self, name: str, headers: Any = None) -> None:
         self.unregisters += 1
+        if self.refuses and self.unregisters <= self.held:
+            raise InferenceServerException(
+                f"[StatusCode.INTERNAL] Cannot unregister shared memory region '{name}', it is currently in use.")
 
     def get_system_shared_memory_status(self, region_name: str = "", headers: Any = None) -> Any:
         if self.unregisters > self.held:
@@ -35,13 +40,25 @@ class MarkingServer:
         return Status()
 
 
+@pytest.mark.parametrize("refuses", [False, True], ids=["marks", "refuses"])
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_a_region_still_held_is_unregistered_again_until_it_is_gone(protocol: str,
+def test_a_region_still_held_is_unregistered_again_until_it_is_gone(protocol: str, refuses: bool,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shm.time, "sleep", lambda s: None)
-    server = MarkingServer(held=2, protocol=protocol)
+    server = MarkingServer(held=2, protocol=protocol, refuses=refuses)
     shm.unregister(server, "r", {})
     assert server.unregisters == 3
+
+
+def test_any_other_unregister_error_is_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shm.time, "sleep", lambda s: None)
+
+    class Forbidden(MarkingServer):
+        def unregister_system_shared_memory(self, name: str, headers: Any = None) -> None:
+            raise InferenceServerException("[StatusCode.PERMISSION_DENIED] This API is restricted")
+
+    with pytest.raises(InferenceServerException, match="restricted"):
+        shm.unregister(Forbidden(held=0, protocol="grpc"), "r", {})
 
 
 def test_a_region_that_stays_listed_is_reported_not_raised(monkeypatch: pytest.MonkeyPatch,

@@ -4,13 +4,15 @@ The input tensors are copied into one POSIX shared-memory region, which is regis
 server, used by the request, then unregistered and destroyed, on success and on error alike. The
 registration API is one of the restricted ones: the client's ``api_key`` unlocks it.
 
-Triton answers an unregister with success even while a request still holds the region, and then
-only marks it (src/shared_memory_manager.cc, ``UnregisterHelper``: ``use_count() > 1`` ->
-``awaiting_unregister_``); nothing drops it later. The gRPC frontend can still hold the finished
-request's reference when the client already has the answer (two clean-clone CI runs left a region
-registered for good), so the client asks for the region's status after unregistering and unregisters
-again, briefly backing off, until the server no longer lists it: otherwise every such call would
-leave the server one more mapped region.
+The gRPC frontend can still hold the finished request's reference to the region when the client
+already has the answer, and Triton then refuses to drop it (src/shared_memory_manager.cc,
+``UnregisterHelper``, ``use_count() > 1``). Triton 2.51-2.52 (the CPU server here, inside
+nvidia-pytriton 0.7.0) answers such an unregister with INTERNAL "Cannot unregister shared memory
+region '...', it is currently in use." (server commit edd0ac1b0); 2.53 and later (the NGC images)
+answer success and only mark the region ``awaiting_unregister_`` (a861e56fb), and nothing drops it
+later (two clean-clone CI runs left a region registered for good). Either way the client asks for the
+region's status after unregistering and unregisters again, briefly backing off, until the server no
+longer lists it: otherwise every such call would leave the server one more mapped region.
 """
 
 from __future__ import annotations
@@ -78,15 +80,24 @@ class SharedMemoryInputs:
             shm.destroy_shared_memory_region(handle)
 
 
+#: What Triton 2.51-2.52 answers to an unregister of a region a request still holds.
+IN_USE = "it is currently in use"
+
 #: Pauses before each unregister of a region the server still lists (about 1 s in all).
 UNREGISTER_BACKOFF_S = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.3)
 
 
 def unregister(triton: Any, name: str, headers: Mapping[str, str]) -> None:
     """Unregister ``name`` until the server no longer lists it (see the module's note on Triton)."""
+    from tritonclient.utils import InferenceServerException
+
     for pause in UNREGISTER_BACKOFF_S:
         time.sleep(pause)
-        triton.unregister_system_shared_memory(name, headers=headers)
+        try:
+            triton.unregister_system_shared_memory(name, headers=headers)
+        except InferenceServerException as e:
+            if IN_USE not in str(e):
+                raise
         if not _listed(triton, name, headers):
             return
     LOG.warning("the server still lists shared-memory region %s after %d unregisters", name,
