@@ -72,6 +72,11 @@ SAMPLE = _sample(SETTINGS)
 #: Every request's latency or failure (the summary's percentiles come from here).
 RECORDER = Recorder()
 _user_ids = itertools.count()
+#: The users' clients not yet closed. Locust runs no on_stop for a user whose on_start failed or that
+#: it killed, and a gRPC client left to the garbage collector closes its channel at interpreter exit,
+#: where gevent can deadlock (a CI run's Locust hung there, in grpc's ``_channel.close`` from
+#: tritonclient's ``__del__``): whatever is left is closed on Locust's quit event, before it exits.
+OPEN_CLIENTS: set[Any] = set()
 _first_failure: list[str] = []
 
 
@@ -104,16 +109,26 @@ class TritonUser(User):
             connect_timeout_s=30, retry=RetryPolicy(max_attempts=max(1, self.settings.retries)),
             pool_size=min(64, self.settings.max_in_flight) if self.settings.mode == "open" else 1,
         )
-        info = self.client.model_info(self.settings.model)
-        kinds = ["auto", "tokens"] if self.settings.input == "both" else \
-            ["tokens" if self.settings.input == "tokens" else "auto"]
-        recorded = Path(self.settings.inputs) if self.settings.inputs else None
-        self.requests = [for_model(info, SAMPLE, seed=self.settings.seed + self.uid, max_batch=self.settings.max_batch,
-                                   kind=kind, recorded=recorded) for kind in kinds]
+        OPEN_CLIENTS.add(self.client)
+        try:
+            info = self.client.model_info(self.settings.model)
+            kinds = ["auto", "tokens"] if self.settings.input == "both" else \
+                ["tokens" if self.settings.input == "tokens" else "auto"]
+            recorded = Path(self.settings.inputs) if self.settings.inputs else None
+            self.requests = [for_model(info, SAMPLE, seed=self.settings.seed + self.uid,
+                                       max_batch=self.settings.max_batch, kind=kind, recorded=recorded)
+                             for kind in kinds]
+        except BaseException:  # Locust runs no on_stop after a failed on_start
+            self._close_client()
+            raise
         self.sources = itertools.cycle(self.requests)
 
     def on_stop(self) -> None:
+        self._close_client()
+
+    def _close_client(self) -> None:
         if self.client is not None:
+            OPEN_CLIENTS.discard(self.client)
             self.client.close()
 
     def one_request(self) -> None:
@@ -201,11 +216,14 @@ class OpenModel(TritonUser):
         gevent.spawn(self._tracked)
 
     def on_stop(self) -> None:
-        # Let requests already sent finish (bounded by their deadline) before closing the client.
+        # Let requests already sent finish (bounded by their deadline) before closing the client; Locust
+        # kills a user still here after its --stop-timeout, and the client is closed then too.
         deadline = time.monotonic() + self.settings.timeout_s
-        while self.in_flight and time.monotonic() < deadline:
-            gevent.sleep(0.05)
-        super().on_stop()
+        try:
+            while self.in_flight and time.monotonic() < deadline:
+                gevent.sleep(0.05)
+        finally:
+            super().on_stop()
 
     def _tracked(self) -> None:
         try:
@@ -339,6 +357,21 @@ def _gate(environment: Environment, **_: Any) -> None:
     environment.process_exit_code = 0 if gates["passed"] else 1
 
 
+def close_open_clients(**_: Any) -> None:
+    """Close the clients users left open (see :data:`OPEN_CLIENTS`), saying how many."""
+    if not OPEN_CLIENTS:
+        return
+    print(f"loadtest: closing {len(OPEN_CLIENTS)} client(s) whose user did not close them", file=sys.stderr,
+          flush=True)
+    while OPEN_CLIENTS:
+        client = OPEN_CLIENTS.pop()
+        try:
+            client.close()
+        except Exception as e:  # noqa: BLE001 - the rest are still closed
+            print(f"loadtest: closing a client failed: {e}", file=sys.stderr, flush=True)
+
+
 events.test_start.add_listener(_on_test_start)  # type: ignore[no-untyped-call]
 events.test_stopping.add_listener(_on_test_stopping)  # type: ignore[no-untyped-call]
 events.quitting.add_listener(_gate)  # type: ignore[no-untyped-call]
+events.quit.add_listener(close_open_clients)  # type: ignore[no-untyped-call]
