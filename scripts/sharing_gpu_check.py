@@ -5,7 +5,8 @@ the bundle's padding targets and batch buckets, packing on, fp16), embed calls o
 rows back to back for ``--seconds``, all at once; for each N in ``--procs``, one JSON line: the rows per
 second of all of them together, each process's calls, the mean call, and the GPU's utilisation over the
 window, and the engine's own per-call statistics (GPU time by CUDA events, waiting, launches, computed
-per useful token, as bench.md reports them for the bundle's encoder). Everything an instance does in the
+per useful token, as bench.md reports them for the bundle's encoder), and ``alone_gpu_ms_per_row``: what
+the launches made take on the GPU alone, each shape's replay time as the engine timed it at start-up. Everything an instance does in the
 server besides ``Engine.embed`` (reading requests, tokenizing, responding, Triton's hand-over) is left out.
 
 Why: on the fifth H100 (docs/benchmarks.md, "A fifth H100") BERT-base's bundle reached 14,135 req/s
@@ -16,7 +17,8 @@ of full, unpacked launches timed back to back, which real mixed-length calls do 
 process already spends ~0.064 ms of busy GPU per row, the cost is in how calls become launches; if the
 GPU per row grows with N and eight processes stop near the bundle's saturated 15.1-15.9k, splitting the
 GPU across processes costs it (fewer processes are the lever); if eight processes go well past that, the
-loss is in the server's part of the call.
+loss is in the server's part of the call. ``alone_gpu_ms_per_row`` against ``busy_gpu_ms_per_row`` says
+the same from each line alone: the first is what the launch mix costs, the gap what sharing adds.
 
 Run THERE (the GPU machine: torch, transformers, safetensors and nvidia-ml-py are already installed);
 the weights are the recipe's (BERT-base: random, seed 0), written to a temporary folder:
@@ -193,6 +195,8 @@ def measure(procs: int, options: dict[str, Any], mps_servers: Any = None) -> dic
             "rows_per_call": options["rows"],
             "ms_per_call_mean": round(1000.0 * sum(r["seconds"] for r in reports) / n_calls, 3),
             "gpu_ms_per_call": round(1000.0 * total["gpu_s"] / n_calls, 3) if total.get("gpu_s") else None,
+            "alone_gpu_ms_per_row": round(1000.0 * total["gpu_alone_s"] / max(1, sum(r["rows"] for r in reports)), 4)
+            if total.get("gpu_alone_s") else None,
             "wait_ms_per_call": round(1000.0 * total["t_wait_s"] / n_calls, 3),
             "launches_per_call": round(total["launches"] / n_calls, 2),
             "computed_per_useful": round(total["computed_tokens"] / total["useful_tokens"], 3) if total["useful_tokens"] else None,

@@ -261,6 +261,44 @@ def test_instances_whose_calls_are_full_and_busy_are_read_as_the_limit() -> None
     assert no_stubs.encoder_cycle is None and "encoder_cycle" not in no_stubs.to_json()
 
 
+@pytest.mark.parametrize("alone_s, reading", [
+    (1.80, "the GPU is 95 % busy and its 0.0642 ms per row is what the launches cost alone (0.0608): the launch mix"),
+    (1.30, "the GPU is 95 % busy, 0.0642 ms per row, where the same launches take 0.0439 alone: 32% of its time is "
+           "the instances sharing it"),
+])
+def test_the_gpus_time_per_row_is_read_against_what_the_launches_take_alone(tmp_path: Path, alone_s: float,
+                                                                            reading: str) -> None:
+    """A level like the fifth H100's BERT-base knee (texts-3: 14,786 answered/s, GPU 95 % busy): 29,600 rows
+    in 2 s is 0.0642 ms of busy GPU per row. Launches that take 1.80 s alone are all of it; 1.30 s leaves a
+    third to the instances sharing the GPU. A report from before the engine counted it reads as it did."""
+    from tritonbundle.bench.breakdown import breakdown
+    from tritonbundle.recipes import BENCH_MODELS
+    from tritonbundle.runtimes.stats import new_stats
+
+    recipe, options = BENCH_MODELS["bert-base"], bench_options.BenchOptions(out=Path("."))
+
+    def level(util: float, **counters: float) -> st.StepResult:
+        enc = {**new_stats(), "executes": 470, "requests": 29600, "rows": 29600, **counters}
+        return st.step_result(15000, 2.0, [30.0] * 100, 0, extra={"encoder": enc, "gpu_util_mean": util,
+                                                                   "step_wall_s": 2.0})
+
+    b = breakdown(recipe, level(95.0, gpu_alone_s=alone_s), options)
+    assert b.gpu_busy_ms_per_row == pytest.approx(0.06419, abs=1e-5)
+    assert b.gpu_alone_ms_per_row == pytest.approx(1000 * alone_s / 29600)
+    assert [h for h in b.hints if h.startswith("the GPU is 95 % busy")] == [next(h for h in b.hints if reading in h)]
+    assert Breakdown.from_json(b.to_json()) == b
+    result = _result()
+    bundle = result.models["minilm"].systems["bundle"]
+    assert isinstance(bundle, BundleResult) and bundle.breakdown is not None
+    result.models["minilm"].systems["bundle"] = dataclasses.replace(bundle, breakdown=b)
+    assert "; busy 0.0642 ms per row, the same launches alone 0.0" in report.markdown(result)
+    idle = breakdown(recipe, level(40.0, gpu_alone_s=alone_s), options)
+    assert not [h for h in idle.hints if "ms per row" in h]  # a GPU 40 % busy holds nothing
+    old = breakdown(recipe, level(95.0, gpu_alone_s=0.0), options)
+    assert old.gpu_alone_ms_per_row is None and "gpu_alone_ms_per_row" not in old.to_json()
+    assert not [h for h in old.hints if "ms per row" in h]
+
+
 def test_the_report_says_how_each_instance_timed_its_launch_costs_and_how_far_they_disagree(tmp_path: Path) -> None:
     def instance(name: str, ms: float, **timing: object) -> dict[str, object]:
         return {"instance": name, "device": "cuda:0", "precision": "fp16", "cuda_graphs": True, "graphs": 2,

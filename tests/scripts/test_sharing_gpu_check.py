@@ -36,6 +36,7 @@ def test_each_process_count_runs_every_process_through_the_window() -> None:
         assert len(line["calls"]) == line["procs"] and min(line["calls"]) >= 1
         assert line["rows_per_s"] > 0 and line["rows_per_call"] == 4 and line["graphs"] == 0  # eager on the CPU
         assert line["gpu_util_mean"] is None and line["busy_gpu_ms_per_row"] is None and line["gpu_ms_per_call"] is None
+        assert line["alone_gpu_ms_per_row"] is None  # no shape is timed on the CPU
         assert line["launches_per_call"] >= 1 and line["computed_per_useful"] >= 1 and line["mps_servers"] is None
 
 

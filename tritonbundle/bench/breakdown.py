@@ -70,6 +70,7 @@ def breakdown(recipe: Recipe, s: StepResult, options: BenchOptions, batch_caps: 
             tokenizer_call_ms={"execute_ms": {f"p{round(100 * q)}": quantile_ms(tok, "execute_ms", q) for q in (0.5, 0.99)}},
             tokenizer_outside_ms=_outside_ms(roles.get("tokenizer"), tok),
         )
+    busy, alone = gpu_per_row(enc, s.extra.get("gpu_util_mean"), s.extra.get("step_wall_s"))
     out = Breakdown(
         at_offered_rps=s.offered_rps, achieved_rps=s.achieved_rps, client_mean_ms=s.mean_ms, client_p99_ms=s.p99_ms,
         client_lag_mean_ms=s.extra.get("client_lag_mean_ms"), ensemble_request_ms=ensemble_ms,
@@ -82,8 +83,18 @@ def breakdown(recipe: Recipe, s: StepResult, options: BenchOptions, batch_caps: 
         cpu_cores=s.extra.get("cpu_cores", {}), cpu_processes=s.extra.get("cpu_processes", {}),
         cpu_threads=s.extra.get("cpu_threads"),
         gpu_util_mean=s.extra.get("gpu_util_mean"), gpu_clocks=_clocks(s.extra),
+        gpu_busy_ms_per_row=busy, gpu_alone_ms_per_row=alone,
     )
     return dataclasses.replace(out, hints=hints(out, options))
+
+
+def gpu_per_row(enc: dict[str, float], util: float | None, wall_s: float | None) -> tuple[float | None, float | None]:
+    """The GPU's busy time per row the encoder ran at one level, and the same launches' time alone
+    (``gpu_alone_s``: each launch's shape timed at the engine's start-up), ms; None where the level lacks it."""
+    rows = enc.get("rows") or 0
+    busy = 1000.0 * util / 100.0 * wall_s / rows if rows and util is not None and wall_s else None
+    alone = 1000.0 * enc["gpu_alone_s"] / rows if rows and enc.get("gpu_alone_s") else None
+    return busy, alone
 
 
 def instance_cycle(view: dict[str, Any] | None, instances: int | None, batch_cap: int | None, *,
@@ -112,6 +123,9 @@ def instance_cycle(view: dict[str, Any] | None, instances: int | None, batch_cap
 
 #: From these shares of the batch cap and of the cycle, the instances count as the limit.
 FULL_CALLS, BUSY_INSTANCES = 0.85, 0.75
+#: From this utilisation (%) the GPU counts as full; from this share of its busy time per row, the
+#: launches' own cost (timed alone: the fastest replays, a floor) counts as all of it.
+GPU_FULL, LAUNCHES_OWN = 85.0, 0.9
 
 
 def hints(b: Breakdown, options: BenchOptions) -> list[str]:
@@ -146,6 +160,16 @@ def hints(b: Breakdown, options: BenchOptions) -> list[str]:
     gpu = b.gpu_util_mean
     if gpu is not None and gpu < 50:
         out.append(f"GPU busy only {gpu:.0f}% of the time: the limit is on the CPU side (server, Python, client), not kernels")
+    busy, alone = b.gpu_busy_ms_per_row, b.gpu_alone_ms_per_row
+    if gpu is not None and gpu >= GPU_FULL and busy and alone:
+        if alone >= LAUNCHES_OWN * busy:
+            out.append(f"the GPU is {gpu:.0f} % busy and its {busy:.4f} ms per row is what the launches cost alone "
+                       f"({alone:.4f}): the launch mix holds the rate (fuller launches, less padding), not the "
+                       "instances sharing the GPU")
+        else:
+            out.append(f"the GPU is {gpu:.0f} % busy, {busy:.4f} ms per row, where the same launches take "
+                       f"{alone:.4f} alone: {1 - alone / busy:.0%} of its time is the instances sharing it "
+                       "(fewer processes, or MPS, would move the knee)")
     pad = b.padding.get("computed_per_useful")
     seq = b.padding.get("seq_padded_per_useful")
     if pad is not None and pad > 1.15:

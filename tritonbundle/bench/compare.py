@@ -3,7 +3,8 @@ writes ``runs/<setting>-<round>/bench.json``), grouped by setting, as the median
 setting's knee with what explains it at the knee: reading and tokenizing per row, the Python stubs'
 CPU time per answered request, the cores busy at the knee in all (against what the host did with all its
 CPUs busy, where the run measured it), the busiest single thread there (a thread near a whole core is a
-serial limit the total hides), computed/useful tokens, and the host's speed (``measure/host.py``) and the
+serial limit the total hides), the GPU's busy time per row against what the launches take alone (the gap:
+the instances sharing the GPU), computed/useful tokens, and the host's speed (``measure/host.py``) and the
 server's start-up time beside each run.
 
 On the H200 the knee moves 15-35 % from one run to the next (docs/benchmarks.md), so a setting is
@@ -23,7 +24,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tritonbundle.bench.breakdown import encoder_model, instance_cycle
+from tritonbundle.bench.breakdown import encoder_model, gpu_per_row, instance_cycle
 from tritonbundle.bench.records import BundleResult, InstanceCycle, ServedResult
 from tritonbundle.bench.result import BenchResult
 from tritonbundle.measure import host
@@ -68,6 +69,10 @@ class Run:
     #: requests (compute_input), the stub's side of its round trip outside execute() (the rest), Triton
     #: creating and sending the responses (compute_output).
     handover_parts: tuple[float, float, float] | None = None
+    #: The GPU's busy time per row at the knee, and what the same launches take alone, ms (reports from
+    #: 2026-12-06 on): their gap is the encoder instances sharing the GPU.
+    gpu_busy_per_row: float | None = None
+    gpu_alone_per_row: float | None = None
     #: Tokens computed per useful token over the run, and the server's start-up, s.
     computed_per_useful: float | None = None
     startup_s: float | None = None
@@ -115,6 +120,11 @@ def read_run(path: Path) -> Run:
         run.tokenize_per_row = phases["tokenize"] / rows if "tokenize" in phases else None
     if b.cpu_cores:
         run.cores_busy = sum(b.cpu_cores.values())
+    run.gpu_busy_per_row, run.gpu_alone_per_row = b.gpu_busy_ms_per_row, b.gpu_alone_ms_per_row
+    best = bundle.sweep.best if bundle.sweep is not None else None
+    if run.gpu_busy_per_row is None and best is not None:  # a report from before 2026-12-06: read again at the knee
+        run.gpu_busy_per_row = gpu_per_row(best.extra.get("encoder") or {}, best.extra.get("gpu_util_mean"),
+                                           best.extra.get("step_wall_s"))[0]
     run.cycle = c = b.encoder_cycle or _cycle_again(name, bundle)
     handover = c.handover_ms(phases.get("execute")) if c is not None else None
     if c is not None and handover is not None and c.requests_per_call:
@@ -203,8 +213,9 @@ def markdown(settings: list[Setting]) -> str:
              "| stubs' CPU per request (ms) | load generators' CPU per request (ms) | computed/useful "
              "| cores busy at the knee (host's capacity) | busiest thread at the knee (core) "
              "| the encoder's calls at the knee: requests (of the cap), each instance's cycle, busy "
-             "| hand-over per request (ms) | host workload (ms) | start-up (s) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| hand-over per request (ms) | GPU per row at the knee: busy / the launches alone (ms) "
+             "| host workload (ms) | start-up (s) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in settings:
         rates = s.rates
         rounds = " / ".join(f"{r.rps or 0:,.0f}{'+' if r.floor else ''}" for r in s.by_round)
@@ -214,6 +225,7 @@ def markdown(settings: list[Setting]) -> str:
             f"| {_span([r.stub_ms_per_request for r in s.runs])} | {_span([r.load_ms_per_request for r in s.runs])} "
             f"| {_span([r.computed_per_useful for r in s.runs], 2)} | {_cores(s.runs)} | {_busiest(s.runs)} "
             f"| {_calls(s.runs)} | {_handover(s.runs)} "
+            f"| {_span([r.gpu_busy_per_row for r in s.runs], 4)} / {_span([r.gpu_alone_per_row for r in s.runs], 4)} "
             f"| {_span([r.host_ms for r in s.runs], 1)} "
             f"| {_span([r.startup_s for r in s.runs], 0)} |")
     if any(r.floor for s in settings for r in s.runs):

@@ -317,13 +317,18 @@ class Breakdown:
     #: in (power cap, heat) over the level: ``gpu_sm_mhz_mean``, ``gpu_sm_mhz_min``, ``gpu_power_w_mean``,
     #: ``gpu_slowed_share``; None in reports from before they were sampled.
     gpu_clocks: dict[str, float | None] | None = None
+    #: The GPU's busy time per row the encoder ran (utilisation over the level's wall time), and what the
+    #: same launches take alone (each launch's shape as the engine timed it at start-up), ms; their gap
+    #: is the instances sharing the GPU. None in reports from before 2026-12-06, or on the CPU.
+    gpu_busy_ms_per_row: float | None = None
+    gpu_alone_ms_per_row: float | None = None
     hints: list[str] = field(default_factory=list)
 
     OPTIONAL = ("client_grpc_ms", "client_lag_p99_ms", "client_loop_lag_p99_ms", "client_p99_from_send_ms",
                 "tokenizer", "encoder", "encoder_execute_ms", "encoder_rows_per_execute", "encoder_launches_per_execute",
                 "encoder_execute_ms_per_request", "encoder_call_ms", "tokenizer_execute_ms",
                 "tokenizer_texts_per_execute", "tokenizer_call_ms", "tokenizer_outside_ms", "encoder_cycle", "cpu_processes",
-                "cpu_threads", "gpu_clocks")
+                "cpu_threads", "gpu_clocks", "gpu_busy_ms_per_row", "gpu_alone_ms_per_row")
 
     def to_json(self) -> Json:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

@@ -299,7 +299,9 @@ def _bundle_lines(bundle: BundleResult, capacity: float | None = None) -> list[s
                       + (_against_capacity(sum(cores.values()), capacity) if capacity is not None else ""))
         if b.cpu_threads:
             md.append("- busiest threads, share of one core (thread name): " + _threads(b.cpu_threads))
-        md.append(f"- GPU utilisation {_f(b.gpu_util_mean, '.0f')} %" + _clocks(b.gpu_clocks))
+        per_row = "" if b.gpu_busy_ms_per_row is None else (f"; busy {b.gpu_busy_ms_per_row:.4f} ms per row, the same "
+                   f"launches alone {_f(b.gpu_alone_ms_per_row, '.4f')} (each shape as the engine timed it at start-up)")
+        md.append(f"- GPU utilisation {_f(b.gpu_util_mean, '.0f')} %" + _clocks(b.gpu_clocks) + per_row)
         for h in b.hints or []:
             md.append(f"- reading: {h}")
     return md
@@ -478,9 +480,7 @@ def write_all(result: BenchResult, out: Path, work: Path) -> list[Path]:
 
 
 def print_summary(result: BenchResult) -> None:
-    print()
-    print(console_table(result))
-    print()
+    print(f"\n{console_table(result)}\n")
     for line in ratio_lines(result):
         print(line)
 

@@ -82,6 +82,7 @@ def test_the_engine_matches_the_encoder_run_row_by_row_unpadded(weights: Path) -
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
     assert stats["useful_tokens"] == lengths.sum()
     assert stats["computed_tokens"] >= stats["seq_tokens"] >= stats["useful_tokens"]
+    assert stats["gpu_alone_s"] == 0.0  # no shape is timed on the CPU
 
 
 class _EagerGraph:
@@ -110,6 +111,7 @@ def test_the_graph_path_pads_batches_to_buckets_and_returns_rows_in_order(weight
     engine.lane_graphs[0] = {(b, s): _EagerGraph(engine, b, s) for b in buckets for s in targets}  # type: ignore[misc]
     cost = {(b, s): 1e-3 + 1e-6 * b * s for b in buckets for s in targets}
     engine.planner = LaunchPlanner(targets, buckets, cost)
+    engine.timings = {shape: 10 * t for shape, t in cost.items()}  # as prepare() times them on a GPU
     lengths = [5, 16, 17, 40, 63, 200, 3, 9, 9, 9, 12, 33]
     rows, masks, arr = _rows(lengths, seed=3)
     stats = new_stats()
@@ -120,6 +122,10 @@ def test_the_graph_path_pads_batches_to_buckets_and_returns_rows_in_order(weight
     launches = engine.planner.plan_packed(arr)[1] if packing else engine.planner.plan(arr)
     assert stats["computed_tokens"] == launch_tokens(launches)
     assert stats["launches"] == len(launches)
+    assert stats["gpu_alone_s"] == pytest.approx(sum(engine.timings[(b, t)] for b, t, _ in launches))
+    engine.shape_timing, concurrent = "concurrent", new_stats()  # timed beside the other instances: not alone
+    engine.embed(*stack_rows(rows, masks), arr, concurrent)
+    assert concurrent["launches"] == len(launches) and concurrent["gpu_alone_s"] == 0.0
     if packing:  # the short rows share rows of a launch: fewer tokens computed than one text per row
         assert launch_tokens(launches) < launch_tokens(engine.planner.plan(arr))
 

@@ -369,6 +369,12 @@ class Engine:
             stats["t_wait_s"] += t_wait
             if events:
                 stats["gpu_s"] += events[0].elapsed_time(events[1]) / 1000.0
+            # What these launches take on the GPU alone: each shape's replay time, timed at prepare()
+            # ("Launch costs"). Against the GPU's busy time it tells the launches' own cost apart from
+            # the instances sharing the GPU. Nothing on the CPU, where no shape is timed, nor where the
+            # shapes were timed concurrently with the other instances (not alone).
+            if self.shape_timing == "alone":
+                stats["gpu_alone_s"] += sum(self.timings.get((b, t), 0.0) for b, t, _ in launches)
         return out
 
     def _fetch(self, result: Any) -> npt.NDArray[Any]:

@@ -1,8 +1,9 @@
 """A served model's statistics: cumulative counters written as JSON for the benchmark.
 
 The encoder (pytorch runtime): rows, useful / padded / computed tokens, time per execute phase (read
-the requests, tokenize their texts when it tokenizes itself, plan, fill, launch, wait, respond) and GPU
-time, and histograms of the time one call takes and of its GPU time (:data:`HISTOGRAMS`: the tail the
+the requests, tokenize their texts when it tokenizes itself, plan, fill, launch, wait, respond), GPU
+time (``gpu_s``, other processes' work time-sliced in included) and what the same launches take on the
+GPU alone (``gpu_alone_s``: each launch's shape timed at start-up, summed), and histograms of the time one call takes and of its GPU time (:data:`HISTOGRAMS`: the tail the
 sums hide). The tokenizer model: texts, time per execute phase (read, tokenize, respond) and the
 histogram of the time one call takes (:data:`KEYS`). Each instance writes
 ``$TRITONBUNDLE_STATS_DIR/<model>.<pid>.json`` every 0.25 s when that variable is set, nothing
@@ -38,7 +39,7 @@ def _histograms(*names: str) -> tuple[str, ...]:
 #: Counters per kind of served model.
 KEYS = {
     "encoder": ("executes", "requests", "errors", "rows", "launches", "useful_tokens", "seq_tokens", "computed_tokens",
-                "t_execute_s", *(f"t_{phase}_s" for phase in PHASES), "gpu_s",
+                "t_execute_s", *(f"t_{phase}_s" for phase in PHASES), "gpu_s", "gpu_alone_s",
                 *_histograms(*HISTOGRAMS)),
     # t_execute_by_request_s: each call's time once per request it held, as Triton counts its compute.
     "tokenizer": ("executes", "requests", "errors", "texts", "t_execute_s", "t_read_s", "t_tokenize_s", "t_respond_s",
