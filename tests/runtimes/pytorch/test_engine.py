@@ -111,7 +111,8 @@ def test_the_graph_path_pads_batches_to_buckets_and_returns_rows_in_order(weight
     engine.lane_graphs[0] = {(b, s): _EagerGraph(engine, b, s) for b in buckets for s in targets}  # type: ignore[misc]
     cost = {(b, s): 1e-3 + 1e-6 * b * s for b in buckets for s in targets}
     engine.planner = LaunchPlanner(targets, buckets, cost)
-    engine.timings = {shape: 10 * t for shape, t in cost.items()}  # as prepare() times them on a GPU
+    engine.timings = {shape: 10 * t for shape, t in cost.items()}  # as prepare() times them on a GPU, in
+    engine.timing_turn.held = True  # the GPU's turn
     lengths = [5, 16, 17, 40, 63, 200, 3, 9, 9, 9, 12, 33]
     rows, masks, arr = _rows(lengths, seed=3)
     stats = new_stats()
@@ -123,7 +124,13 @@ def test_the_graph_path_pads_batches_to_buckets_and_returns_rows_in_order(weight
     assert stats["computed_tokens"] == launch_tokens(launches)
     assert stats["launches"] == len(launches)
     assert stats["gpu_alone_s"] == pytest.approx(sum(engine.timings[(b, t)] for b, t, _ in launches))
-    engine.shape_timing, concurrent = "concurrent", new_stats()  # timed beside the other instances: not alone
+    engine.timing_turn.held, unheld = False, new_stats()  # the turn timed out: timed beside the others
+    engine.embed(*stack_rows(rows, masks), arr, unheld)
+    assert unheld["launches"] == len(launches) and unheld["gpu_alone_s"] == 0.0
+    engine.timings_shared, shared = True, new_stats()  # read from the instance that timed them in its turn
+    engine.embed(*stack_rows(rows, masks), arr, shared)
+    assert shared["gpu_alone_s"] == pytest.approx(stats["gpu_alone_s"])
+    engine.shape_timing, concurrent = "concurrent", new_stats()  # timed concurrently on purpose
     engine.embed(*stack_rows(rows, masks), arr, concurrent)
     assert concurrent["launches"] == len(launches) and concurrent["gpu_alone_s"] == 0.0
     if packing:  # the short rows share rows of a launch: fewer tokens computed than one text per row

@@ -371,11 +371,17 @@ class Engine:
                 stats["gpu_s"] += events[0].elapsed_time(events[1]) / 1000.0
             # What these launches take on the GPU alone: each shape's replay time, timed at prepare()
             # ("Launch costs"). Against the GPU's busy time it tells the launches' own cost apart from
-            # the instances sharing the GPU. Nothing on the CPU, where no shape is timed, nor where the
-            # shapes were timed concurrently with the other instances (not alone).
-            if self.shape_timing == "alone":
+            # the instances sharing the GPU. Nothing where no table was timed alone (:attr:`timed_alone`).
+            if self.timed_alone:
                 stats["gpu_alone_s"] += sum(self.timings.get((b, t), 0.0) for b, t, _ in launches)
         return out
+
+    @property
+    def timed_alone(self) -> bool:
+        """Whether the launches run captured graphs whose replay times were timed alone: in this process's
+        turn on the GPU, or read from the instance that timed them in its turn (not on the CPU, not after
+        falling back to eager launches, not timed concurrently or when the turn timed out)."""
+        return self.use_graphs and self.shape_timing == "alone" and (self.timing_turn.held or self.timings_shared)
 
     def _fetch(self, result: Any) -> npt.NDArray[Any]:
         """The launches' results on the host, once the GPU is done (module docstring: how it waits)."""
