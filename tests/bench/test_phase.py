@@ -15,7 +15,7 @@ import pytest
 from tritonbundle.bench.options import BenchOptions, Clock
 from tritonbundle.bench.phase import Context, NoLevelMeasured, sweep
 from tritonbundle.measure.latency import step_result
-from tritonbundle.measure.levels import MAX_RESTARTS, Probes, SystemDown
+from tritonbundle.measure.levels import MAX_RESTARTS, Probes, SystemDown, sending_s
 from tritonbundle.server import ServerOptions, TritonServer
 from tritonbundle.traffic import synthetic
 
@@ -25,9 +25,11 @@ class Pool:
 
     def __init__(self) -> None:
         self.rates: list[float] = []
+        self.sending: list[float] = []
 
-    def step(self, rate: float, **_: Any) -> Any:
+    def step(self, rate: float, *, warmup_s: float, window_s: float, **_: Any) -> Any:
         self.rates.append(rate)
+        self.sending.append(warmup_s + window_s)
         return step_result(rate, 1.0, [5.0] * int(rate), 0, sent=int(rate))
 
 
@@ -59,6 +61,18 @@ def test_a_level_that_crashes_the_system_fails_and_the_search_goes_on_below_it(t
     assert pool.rates[:3] == [10, 20, 40] and len(pool.rates) == 5 and all(20 < r < 40 for r in pool.rates[3:]), \
         "the bisection goes on between the last pass and the crash"
     assert result.best is not None and result.best.offered_rps > 20
+
+
+def test_each_level_records_how_long_it_sent_for_the_gpus_time_per_row(tmp_path: Path) -> None:
+    """The encoder's counters cover the warm-up and the window; the GPU's utilisation is sampled over the
+    window: the busy time per row is the utilisation over the span the level sent in. Reports from
+    before it was recorded assume the timing rule's warm-up."""
+    pool = Pool()
+    result = sweep(_context(tmp_path), pool, time.monotonic() + 60, "bundle", Probes())  # type: ignore[arg-type]
+    assert result.steps and [sending_s(s) for s in result.steps] == pool.sending
+    assert all(s.extra["sending_s"] == spent for s, spent in zip(result.steps, pool.sending))
+    older = step_result(14201.9, 3.1174, [30.0] * 10, 0)  # the fifth H100's texts-1 knee: 0.78 s of warm-up
+    assert sending_s(older) == pytest.approx(0.25 * 3.1174 + 3.1174)
 
 
 def test_a_system_that_keeps_going_down_fails_the_phase_after_the_restart_limit(tmp_path: Path) -> None:

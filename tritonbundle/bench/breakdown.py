@@ -11,6 +11,7 @@ from tritonbundle.bench.accounting import tokens_ratio
 from tritonbundle.bench.options import BenchOptions
 from tritonbundle.bench.records import Breakdown, InstanceCycle
 from tritonbundle.measure.latency import StepResult
+from tritonbundle.measure.levels import sending_s
 from tritonbundle.measure.probes import CLOCK_KEYS
 from tritonbundle.recipes import Recipe
 from tritonbundle.runtimes.stats import HISTOGRAMS, quantile_ms
@@ -70,7 +71,7 @@ def breakdown(recipe: Recipe, s: StepResult, options: BenchOptions, batch_caps: 
             tokenizer_call_ms={"execute_ms": {f"p{round(100 * q)}": quantile_ms(tok, "execute_ms", q) for q in (0.5, 0.99)}},
             tokenizer_outside_ms=_outside_ms(roles.get("tokenizer"), tok),
         )
-    busy, alone = gpu_per_row(enc, s.extra.get("gpu_util_mean"), s.extra.get("step_wall_s"))
+    busy, alone = gpu_per_row(enc, s.extra.get("gpu_util_mean"), sending_s(s))
     out = Breakdown(
         at_offered_rps=s.offered_rps, achieved_rps=s.achieved_rps, client_mean_ms=s.mean_ms, client_p99_ms=s.p99_ms,
         client_lag_mean_ms=s.extra.get("client_lag_mean_ms"), ensemble_request_ms=ensemble_ms,
@@ -88,11 +89,13 @@ def breakdown(recipe: Recipe, s: StepResult, options: BenchOptions, batch_caps: 
     return dataclasses.replace(out, hints=hints(out, options))
 
 
-def gpu_per_row(enc: dict[str, float], util: float | None, wall_s: float | None) -> tuple[float | None, float | None]:
-    """The GPU's busy time per row the encoder ran at one level, and the same launches' time alone
-    (``gpu_alone_s``: each launch's shape timed at the engine's start-up), ms; None where the level lacks it."""
+def gpu_per_row(enc: dict[str, float], util: float | None, sent_s: float) -> tuple[float | None, float | None]:
+    """The GPU's busy time per row the encoder ran at one level (its utilisation over the ``sent_s``
+    seconds the level sent the rows in: :func:`~tritonbundle.measure.levels.sending_s`), and the same
+    launches' time alone (``gpu_alone_s``: each launch's shape timed at the engine's start-up), ms; None
+    where the level lacks it."""
     rows = enc.get("rows") or 0
-    busy = 1000.0 * util / 100.0 * wall_s / rows if rows and util is not None and wall_s else None
+    busy = 1000.0 * util / 100.0 * sent_s / rows if rows and util is not None else None
     alone = 1000.0 * enc["gpu_alone_s"] / rows if rows and enc.get("gpu_alone_s") else None
     return busy, alone
 
@@ -162,7 +165,7 @@ def hints(b: Breakdown, options: BenchOptions) -> list[str]:
         out.append(f"GPU busy only {gpu:.0f}% of the time: the limit is on the CPU side (server, Python, client), not kernels")
     busy, alone = b.gpu_busy_ms_per_row, b.gpu_alone_ms_per_row
     if gpu is not None and gpu >= GPU_FULL and busy and alone:
-        if alone >= LAUNCHES_OWN * busy:
+        if alone >= LAUNCHES_OWN * busy:  # under MPS the instances' kernels overlap: alone may exceed busy
             out.append(f"the GPU is {gpu:.0f} % busy and its {busy:.4f} ms per row is what the launches cost alone "
                        f"({alone:.4f}): the launch mix holds the rate (fuller launches, less padding), not the "
                        "instances sharing the GPU")

@@ -28,6 +28,7 @@ from tritonbundle.bench.breakdown import encoder_model, gpu_per_row, instance_cy
 from tritonbundle.bench.records import BundleResult, InstanceCycle, ServedResult
 from tritonbundle.bench.result import BenchResult
 from tritonbundle.measure import host
+from tritonbundle.measure.levels import sending_s
 
 _RUN = re.compile(r"^(?P<setting>.+)-(?P<round>\d+)$")
 
@@ -124,7 +125,7 @@ def read_run(path: Path) -> Run:
     best = bundle.sweep.best if bundle.sweep is not None else None
     if run.gpu_busy_per_row is None and best is not None:  # a report from before 2026-12-06: read again at the knee
         run.gpu_busy_per_row = gpu_per_row(best.extra.get("encoder") or {}, best.extra.get("gpu_util_mean"),
-                                           best.extra.get("step_wall_s"))[0]
+                                           sending_s(best))[0]
     run.cycle = c = b.encoder_cycle or _cycle_again(name, bundle)
     handover = c.handover_ms(phases.get("execute")) if c is not None else None
     if c is not None and handover is not None and c.requests_per_call:

@@ -317,9 +317,9 @@ class Breakdown:
     #: in (power cap, heat) over the level: ``gpu_sm_mhz_mean``, ``gpu_sm_mhz_min``, ``gpu_power_w_mean``,
     #: ``gpu_slowed_share``; None in reports from before they were sampled.
     gpu_clocks: dict[str, float | None] | None = None
-    #: The GPU's busy time per row the encoder ran (utilisation over the level's wall time), and what the
-    #: same launches take alone (each launch's shape as the engine timed it at start-up), ms; their gap
-    #: is the instances sharing the GPU. None in reports from before 2026-12-06, or on the CPU.
+    #: The GPU's busy time per row the encoder ran (utilisation over the span the level sent in), and
+    #: what the same launches take alone (each launch's shape as the engine timed it at start-up), ms;
+    #: busy past alone is the instances sharing the GPU. None in reports from before 2026-12-06, or on the CPU.
     gpu_busy_ms_per_row: float | None = None
     gpu_alone_ms_per_row: float | None = None
     hints: list[str] = field(default_factory=list)

@@ -33,6 +33,18 @@ MAX_RESTARTS = 3
 GC_PAUSE_SHOWN_MS = 5.0
 
 
+def warmup_for(window_s: float) -> float:
+    """A level's warm-up before a window of ``window_s`` seconds (:meth:`Timing.for_window`)."""
+    return max(0.5, 0.25 * window_s)
+
+
+def sending_s(step: StepResult) -> float:
+    """How long a level sent requests (warm-up and window): the span the served system's own counters
+    (rows, launches) cover, where the GPU's utilisation is sampled over the window alone. Recorded from
+    2026-12-06 on (``extra["sending_s"]``); before, the rule's warm-up is assumed."""
+    return float(step.extra.get("sending_s") or warmup_for(step.window_s) + step.window_s)
+
+
 @dataclass(frozen=True)
 class Timing:
     """Seconds per load level: unmeasured warm-up, the measured window, then grace for the answers to
@@ -46,7 +58,7 @@ class Timing:
     def for_window(cls, window_s: float, slo_p99_ms: float) -> Timing:
         """The one rule: a quarter of the window to warm up (at least 0.5 s), and grace for four SLOs
         (1-2 s), enough for the late answers that decide a p99."""
-        return cls(warmup_s=max(0.5, 0.25 * window_s), window_s=window_s,
+        return cls(warmup_s=warmup_for(window_s), window_s=window_s,
                    grace_s=min(2.0, max(1.0, 4 * slo_p99_ms / 1000.0)))
 
     @property
@@ -121,6 +133,7 @@ def measure_rates(pool: LoadPool, *, system: str, slo: Slo, timing: Timing, ladd
         if probes.observe and probes.finish:
             result.extra.update(probes.finish(before, probes.observe()))
         result.extra["drain_s"] = round(drained, 2)
+        result.extra["sending_s"] = timing.warmup_s + timing.window_s
         why = probes.down() if probes.down else ""
         if why:
             what = f"{system} went down during the level at {rate:.1f} req/s ({result.completed} of " \
