@@ -1,9 +1,10 @@
 """What the pytorch runtime's launch planner does with a set of batch buckets, offline: computed/useful
 tokens, GPU time per row and launches per ``execute()``, for calls of ``--rows`` rows (Poisson, at most
 ``--max-rows``) drawn from the chat traffic, planned as the runtime plans them (``LaunchPlanner.plan_packed``: packing tried,
-the cheaper plan kept) with launch costs measured on the H200: a bench report's ceiling (graph replay
-times per batch x padding target) or a tune report's engine timings (``launch_ms_by_shape``: what the
-serving planner prices launches with). Batch sizes not timed are interpolated linearly between the
+the cheaper plan kept, each launch priced at its graph's time plus the engine's ``LAUNCH_OVERHEAD_S``)
+with launch costs measured on a GPU: a bench report's ceiling (graph replay times per batch x padding
+target), its bundle's engine table, or a tune report's engine timings (``launch_ms_by_shape``: what the
+serving planner prices launches with). The GPU time per row sums the graphs' times alone. Batch sizes not timed are interpolated linearly between the
 nearest that were: an assumption (on BERT-base's engine timings, interpolating 2, 4 and 16 from 1, 8 and
 32 lands within -3 % to +7 % of their measured times), so the figures are estimates, not measurements.
 
@@ -22,6 +23,7 @@ import json
 
 import numpy as np
 
+from tritonbundle.runtimes.pytorch.engine import LAUNCH_OVERHEAD_S
 from tritonbundle.runtimes.pytorch.launch import LaunchPlanner, launch_tokens
 from tritonbundle.traffic import synthetic
 
@@ -99,8 +101,8 @@ def main() -> None:
     lengths = np.array(synthetic("chat", n=20_000, seed=1).clipped(max(targets)).lengths)
     for spec in args.buckets or ["1,2,4,8,16,32,64"]:
         buckets = [int(b) for b in spec.split(",")]
-        planner = LaunchPlanner(targets, buckets, {(b, s): shape_cost(b, s, timed, measured)
-                                                   for b in buckets for s in targets})
+        gpu_s = {(b, s): shape_cost(b, s, timed, measured) for b in buckets for s in targets}
+        planner = LaunchPlanner(targets, buckets, {shape: t + LAUNCH_OVERHEAD_S for shape, t in gpu_s.items()})
         for mean in (int(r) for r in args.rows.split(",")):
             rng = np.random.default_rng(0)
             useful = computed = launches = rows = 0
@@ -110,7 +112,7 @@ def main() -> None:
                 _units, plan = planner.plan_packed(call)
                 useful += int(call.sum())
                 computed += launch_tokens(plan)
-                cost = planner.launch_cost(plan)
+                cost = sum(gpu_s[(batch, target)] for batch, target, _ in plan)
                 gpu, worst = gpu + cost, max(worst, cost)
                 launches += len(plan)
                 rows += call.size
