@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,18 +14,6 @@ from tritonbundle.errors import ConfigError
 from tritonbundle.loadtests.report import best_level, evaluate_gates
 from tritonbundle.loadtests.settings import LoadSettings, shape_users
 from tritonbundle.measure.latency import Slo
-
-
-@pytest.fixture
-def fresh_locust_events() -> Iterator[Any]:
-    """Snapshot Locust's global event hooks and restore them, so listeners added by one test
-    (ours are added when the locustfile is imported) never leak into the next."""
-    import locust
-
-    saved = {name: list(hook._handlers) for name, hook in vars(locust.events).items() if hasattr(hook, "_handlers")}
-    yield locust.events
-    for name, handlers in saved.items():
-        getattr(locust.events, name)._handlers = handlers
 
 
 def test_step_shape_climbs_in_four_steps_and_ends() -> None:

@@ -14,15 +14,13 @@ from typing import Any
 import gevent
 import pytest
 
-from tests.loadtests.test_loadtest import fresh_locust_events  # noqa: F401 - a fixture
 from tritonbundle.errors import ConfigError
 from tritonbundle.loadtests import locustfile
 from tritonbundle.loadtests.settings import LoadSettings
 
 
 @pytest.fixture
-def env(server: Any, tmp_path: Path, fresh_locust_events: Any,  # noqa: F811 - the fixture imported above
-        monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+def env(server: Any, tmp_path: Path, fresh_locust_events: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     from locust.env import Environment
 
     monkeypatch.setattr(locustfile, "SETTINGS", LoadSettings(http_url=server.http_url, grpc_url=server.grpc_url,

@@ -217,7 +217,8 @@ class OpenModel(TritonUser):
 
     def on_stop(self) -> None:
         # Let requests already sent finish (bounded by their deadline) before closing the client; Locust
-        # kills a user still here after its --stop-timeout, and the client is closed then too.
+        # kills a user still here after its --stop-timeout, and the client is closed then too (a request
+        # still in flight then fails: it is past its deadline or Locust's).
         deadline = time.monotonic() + self.settings.timeout_s
         try:
             while self.in_flight and time.monotonic() < deadline:
