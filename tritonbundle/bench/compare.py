@@ -121,11 +121,10 @@ def read_run(path: Path) -> Run:
         run.tokenize_per_row = phases["tokenize"] / rows if "tokenize" in phases else None
     if b.cpu_cores:
         run.cores_busy = sum(b.cpu_cores.values())
-    run.gpu_busy_per_row, run.gpu_alone_per_row = b.gpu_busy_ms_per_row, b.gpu_alone_ms_per_row
     best = bundle.sweep.best if bundle.sweep is not None else None
-    if run.gpu_busy_per_row is None and best is not None:  # a report from before 2026-12-06: read again at the knee
-        run.gpu_busy_per_row = gpu_per_row(best.extra.get("encoder") or {}, best.extra.get("gpu_util_mean"),
-                                           sending_s(best))[0]
+    if best is not None:  # read at the knee, as the breakdown does: reports from before it kept them too
+        run.gpu_busy_per_row, run.gpu_alone_per_row = gpu_per_row(
+            best.extra.get("encoder") or {}, best.extra.get("gpu_util_mean"), sending_s(best))
     run.cycle = c = b.encoder_cycle or _cycle_again(name, bundle)
     handover = c.handover_ms(phases.get("execute")) if c is not None else None
     if c is not None and handover is not None and c.requests_per_call:
