@@ -19,9 +19,9 @@ from tritonbundle.gpu_sharing import servers_words
 from tritonbundle.log import LOG
 from tritonbundle.measure import triton_metrics
 from tritonbundle.measure.latency import Slo
-from tritonbundle.measure.levels import Ladder, Probes, Timing, measure_rates, wait_idle
+from tritonbundle.measure.levels import Ladder, Probes, Sampler, Timing, measure_rates, wait_idle
 from tritonbundle.measure.loadgen import LoadPool
-from tritonbundle.measure.probes import CpuMeter, GpuSampler
+from tritonbundle.measure.probes import CpuMeter
 from tritonbundle.measure.search import Sweep
 from tritonbundle.runtimes.stacks import STACKS_SIGNAL
 from tritonbundle.runtimes.stats import STATS_DIR_ENV, read_stats, read_stats_info
@@ -207,11 +207,11 @@ class ServedRepository:
         return f"{written} Python stub(s) wrote every thread's stack to {log}"
 
     def measure(self, *, system: str, slo: Slo, timing: Timing, ladder: Ladder, deadline: float, seed: int,
-                gpu: GpuSampler | None = None) -> Sweep:
+                samplers: Sequence[Sampler] = ()) -> Sweep:
         """The rate search on this server (:func:`tritonbundle.measure.levels.measure_rates`)."""
         assert self._pool is not None, "connect() first"
         return measure_rates(self._pool, system=system, slo=slo, timing=timing, ladder=ladder, probes=self.probes(),
-                             deadline=deadline, seed=seed, gpu=gpu)
+                             deadline=deadline, seed=seed, samplers=samplers)
 
 
 def stub_instance(pid: int) -> str:

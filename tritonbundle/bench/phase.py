@@ -14,10 +14,11 @@ from tritonbundle.bench.options import BenchOptions, Clock, expected_steps, step
 from tritonbundle.errors import TritonBundleError
 from tritonbundle.log import LOG
 from tritonbundle.measure.latency import Slo
-from tritonbundle.measure.levels import Ladder, Probes, measure_rates
+from tritonbundle.measure.levels import Ladder, Probes, Sampler, measure_rates
 from tritonbundle.measure.loadgen import LoadPool
 from tritonbundle.measure.probes import GpuSampler
 from tritonbundle.measure.search import TIME_BUDGET, Sweep
+from tritonbundle.measure.stalls import StallProbe
 
 
 @dataclass
@@ -31,8 +32,14 @@ class Context:
     tokenizer: Path
     gpu: GpuSampler | None
     save: Callable[[], None]
+    stalls: StallProbe | None = None
     #: model name -> (texts, FP32 reference embeddings)
     references: dict[str, tuple[list[str], Any]] = field(default_factory=dict)
+
+    @property
+    def samplers(self) -> tuple[Sampler, ...]:
+        """What every level records over its window: the GPU's use (on a GPU) and the host's stalls."""
+        return tuple(s for s in (self.gpu, self.stalls) if s is not None)
 
     @property
     def slo(self) -> Slo:
@@ -50,7 +57,7 @@ def sweep(ctx: Context, pool: LoadPool, phase_deadline: float, system: str, prob
     ladder = Ladder(start=o.start_rate(system), factor=o.ladder_factor, refine=o.refine, max_rate=o.max_rate)
     left_s = phase_deadline - time.monotonic()
     result = measure_rates(pool, system=system, slo=ctx.slo, timing=timing, ladder=ladder, probes=probes,
-                           deadline=phase_deadline, seed=o.seed * 100, gpu=ctx.gpu)
+                           deadline=phase_deadline, seed=o.seed * 100, samplers=ctx.samplers)
     if not result.steps:  # a phase that measured nothing has no rate to report: it failed, and says why
         if result.stopped == TIME_BUDGET:
             why = (f"{max(0.0, left_s):.0f} s of the phase were left after the system started, and one level takes "

@@ -39,6 +39,7 @@ from tritonbundle.files import write_json
 from tritonbundle.log import LOG, step
 from tritonbundle.measure import probes
 from tritonbundle.measure.host import HostWatch
+from tritonbundle.measure.stalls import StallProbe
 from tritonbundle.recipes import BENCH_MODELS, Recipe
 
 PHASES: dict[str, Callable[[Context, Built, Recipe, float], SystemResult]] = {
@@ -72,6 +73,7 @@ def run_bench(options: BenchOptions) -> BenchResult:
     gpu = probes.GpuSampler().start() if options.device == "cuda" else None
     if gpu is not None:
         result.environment["gpu_sampler"] = gpu.source
+    stalls = StallProbe().start()  # after HostWatch's capacity reading: it would take a little of it
     try:
         step("traffic")
         if options.traffic:
@@ -80,7 +82,7 @@ def run_bench(options: BenchOptions) -> BenchResult:
             sample = traffic_mod.synthetic("chat", n=10_000, seed=options.seed)
         traffic_path = traffic_mod.dump(sample, work / "traffic.jsonl")
         result.traffic = {"source": sample.source, **sample.clipped(512).summary()}
-        ctx = Context(options, clock, work, logs, traffic_path, sample, tokenizer_file(), gpu, save)
+        ctx = Context(options, clock, work, logs, traffic_path, sample, tokenizer_file(), gpu, save, stalls)
         save()
         for index, key in enumerate(options.models):
             model_deadline = time.monotonic() + max(10.0, (clock.left() - 15.0) / (len(options.models) - index))
@@ -96,6 +98,7 @@ def run_bench(options: BenchOptions) -> BenchResult:
     finally:
         if gpu is not None:
             gpu.stop()
+        stalls.stop()
         if result.status == "running":  # SIGTERM or Ctrl-C: what was measured is still written
             result.status = "interrupted"
         result.environment["host_speed"] = watch.finish().to_json()

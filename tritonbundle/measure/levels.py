@@ -7,19 +7,25 @@ one :class:`~tritonbundle.measure.latency.Slo`, and searched by the open-model r
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from tritonbundle.errors import TritonBundleError
 from tritonbundle.log import LOG
 from tritonbundle.measure.latency import Slo, StepResult, judge
 from tritonbundle.measure.loadgen import LoadPool
-from tritonbundle.measure.probes import GpuSampler
 from tritonbundle.measure.search import Sweep, search_rate
 
 Observe = Callable[[], dict[str, Any]]
 Finish = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]
+
+
+class Sampler(Protocol):
+    """Something sampled through the whole run (the GPU, the host's stalls) that summarises a span of
+    it (monotonic seconds) into keys of a level's record."""
+
+    def window(self, start: float, end: float) -> dict[str, float | None]: ...
 
 
 class SystemDown(TritonBundleError):
@@ -110,7 +116,7 @@ def wait_idle(probe: Callable[[], float], max_s: float, threshold: float) -> flo
 
 
 def measure_rates(pool: LoadPool, *, system: str, slo: Slo, timing: Timing, ladder: Ladder, probes: Probes,
-                  deadline: float, seed: int, gpu: GpuSampler | None = None) -> Sweep:
+                  deadline: float, seed: int, samplers: Sequence[Sampler] = ()) -> Sweep:
     """The highest rate at which ``system`` meets ``slo``, searched with levels that end before
     ``deadline`` (monotonic). Level ``n`` draws its arrivals from ``seed + n``: the same stream for
     every system measured with the same seed. A level during which the system went down fails (its
@@ -128,8 +134,8 @@ def measure_rates(pool: LoadPool, *, system: str, slo: Slo, timing: Timing, ladd
         t0 = time.monotonic()
         result = pool.step(rate, warmup_s=timing.warmup_s, window_s=timing.window_s, grace_s=timing.grace_s,
                            seed=seed + level[0])
-        if gpu is not None:
-            result.extra.update(gpu.window(t0 + timing.warmup_s, t0 + timing.warmup_s + timing.window_s))
+        for sampler in samplers:  # over the window the level is judged on
+            result.extra.update(sampler.window(t0 + timing.warmup_s, t0 + timing.warmup_s + timing.window_s))
         if probes.observe and probes.finish:
             result.extra.update(probes.finish(before, probes.observe()))
         result.extra["drain_s"] = round(drained, 2)
@@ -150,10 +156,13 @@ def measure_rates(pool: LoadPool, *, system: str, slo: Slo, timing: Timing, ladd
         judge(result, slo)
         gpu_util, sm_mhz = result.extra.get("gpu_util_mean"), result.extra.get("gpu_sm_mhz_mean")
         from_send, gc_ms = result.extra.get("p99_from_send_ms"), result.extra.get("client_gc_max_ms") or 0.0
-        LOG.info("    %s @ %8.1f req/s offered: %8.1f answered/s, p50 %7.1f ms, p99 %7.1f ms%s%s, failed %d%s%s: %s",
+        long_stalls = result.extra.get("host_long_stalls") or 0
+        LOG.info("    %s @ %8.1f req/s offered: %8.1f answered/s, p50 %7.1f ms, p99 %7.1f ms%s%s%s, failed %d%s%s: %s",
                  system, rate, result.achieved_rps, result.p50_ms, result.p99_ms,
                  f" ({from_send:.1f} from the send)" if from_send is not None else "",
-                 f", a load generator's collector paused {gc_ms:.1f} ms" if gc_ms >= GC_PAUSE_SHOWN_MS else "", result.failed,
+                 f", a load generator's collector paused {gc_ms:.1f} ms" if gc_ms >= GC_PAUSE_SHOWN_MS else "",
+                 f", the host stalled a bystander {long_stalls} times (up to {result.extra['host_stall_max_ms']:.0f} ms)"
+                 if long_stalls else "", result.failed,
                  f", GPU {gpu_util:.0f}%" if gpu_util is not None else "",
                  f" at {sm_mhz:.0f} MHz" if sm_mhz is not None else "",
                  "PASS" if result.passed else f"FAIL ({result.reason})")

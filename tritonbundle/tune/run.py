@@ -17,7 +17,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +28,10 @@ from tritonbundle.log import LOG, step
 from tritonbundle.manifest import ModelSpec
 from tritonbundle.measure.host import python_ms
 from tritonbundle.measure.latency import Slo
-from tritonbundle.measure.levels import Ladder, Timing
+from tritonbundle.measure.levels import Ladder, Sampler, Timing
 from tritonbundle.measure.loadgen import LoadError, LoadPool
 from tritonbundle.measure.probes import GpuSampler
+from tritonbundle.measure.stalls import StallProbe
 from tritonbundle.measure.wire import sender
 from tritonbundle.served import ServedRepository
 from tritonbundle.tune import report
@@ -94,6 +95,8 @@ def run_tune(options: TuneOptions) -> TuneResult:
         points.extend(resumed_points(options.resume, result))
         result.resumed_from = str(options.resume)
     gpu = GpuSampler().start() if spec.target == "gpu" else None
+    stalls = StallProbe().start()
+    samplers = tuple(s for s in (gpu, stalls) if s is not None)
     pool = LoadPool(options.load_procs, work / "logs", "tune").start()
 
     def save() -> None:
@@ -105,7 +108,7 @@ def run_tune(options: TuneOptions) -> TuneResult:
         # measured again (search.confirm), else the best any point sustained (ladder_for).
         own = [p.score for p in points if key(p.config) == key(config) and p.score]
         centre = max(own) if own else max((p.score for p in points), default=0.0)
-        point = _measure(label, config, options, base, spec, Path(traffic_path), work, pool, gpu, clock, len(points),
+        point = _measure(label, config, options, base, spec, Path(traffic_path), work, pool, samplers, clock, len(points),
                          centre)
         point.detail["seconds"] = round(time.monotonic() - t0, 1)
         point.detail["run"] = run_name  # search.compare: a resumed run's points are compared within a run
@@ -163,6 +166,7 @@ def run_tune(options: TuneOptions) -> TuneResult:
         pool.stop()
         if gpu is not None:
             gpu.stop()
+        stalls.stop()
         save()
         winner = result.winner
         if winner and options.tuned_manifest is not None:
@@ -218,7 +222,7 @@ def _time_for_a_point(points: list[Point], clock: _Clock, reserve_points: int = 
 
 
 def _measure(label: str, config: Config, options: TuneOptions, base: BuildOptions, spec: ModelSpec, traffic_path: Path,
-             work: Path, pool: LoadPool, gpu: GpuSampler | None, clock: _Clock, index: int, centre: float) -> Point:
+             work: Path, pool: LoadPool, samplers: Sequence[Sampler], clock: _Clock, index: int, centre: float) -> Point:
     folder = work / f"point-{index}"
     detail: PointDetail = {"status": "ok"}
     try:
@@ -241,7 +245,7 @@ def _measure(label: str, config: Config, options: TuneOptions, base: BuildOption
             # Unmeasured traffic first: the first requests after a start pay for lazy initialisation
             # (sessions, shapes, stubs), which would otherwise land in the first level's p99.
             pool.step(ladder.start, warmup_s=max(1.0, options.window_s / 2), window_s=0.5, grace_s=1.0, seed=index)
-            sweep = served.measure(system=label, slo=slo, timing=timing, gpu=gpu, seed=index * 1000,
+            sweep = served.measure(system=label, slo=slo, timing=timing, samplers=samplers, seed=index * 1000,
                                    deadline=clock.deadline - 5.0, ladder=ladder)
         except (TritonBundleError, LoadError) as e:
             detail["status"] = f"failed: {(str(e).splitlines() or [type(e).__name__])[0]}"

@@ -1,0 +1,72 @@
+"""The host-stall probe: a real child process that sleeps 1 ms at a time; a stall is made by stopping it
+(SIGSTOP) for a known time, as a hypervisor that takes the machine's cores away would."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tritonbundle.measure import stalls
+from tritonbundle.measure.stalls import STALL_KEYS, Stall, StallProbe
+
+
+def _wait_for_beats(probe: StallProbe, n: int, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len(probe.beats) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(probe.beats) >= n, f"the probe said it was alive {len(probe.beats)} times in {timeout_s} s"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="SIGSTOP and CLOCK_MONOTONIC across processes: Linux")
+def test_a_process_stopped_for_a_known_time_is_seen_as_a_stall_of_about_that_long() -> None:
+    probe = StallProbe(max_s=60).start()
+    try:
+        assert probe._proc is not None
+        _wait_for_beats(probe, 2)
+        t0 = time.monotonic()
+        os.kill(probe._proc.pid, signal.SIGSTOP)
+        time.sleep(0.08)
+        os.kill(probe._proc.pid, signal.SIGCONT)
+        _wait_for_beats(probe, len(probe.beats) + 3)
+        t1 = time.monotonic()
+    finally:
+        probe.stop()
+    seen = probe.window(t0, t1)
+    assert seen["host_probe_s"] is not None and seen["host_probe_s"] > 0.5
+    assert seen["host_long_stalls"] is not None and seen["host_long_stalls"] >= 1
+    # stopped for 80 ms: the wake-up after it is that late (the machine may add a little, never less)
+    assert seen["host_stall_max_ms"] is not None and 70.0 <= seen["host_stall_max_ms"] <= 2000.0
+    assert probe._proc is not None and probe._proc.poll() is not None  # stop() ended the child
+
+
+def test_a_window_the_probe_did_not_watch_has_no_figures() -> None:
+    probe = StallProbe()
+    assert probe.window(0.0, 1e9) == dict.fromkeys(STALL_KEYS)  # never started
+    probe.beats = [100.0, 100.5, 101.0]
+    assert probe.window(200.0, 204.0) == dict.fromkeys(STALL_KEYS)  # it had died before the window
+    assert stalls.describe(probe.window(200.0, 204.0)) == ""
+
+
+def test_a_window_counts_the_stalls_inside_it_and_the_long_ones_apart() -> None:
+    probe = StallProbe()
+    probe.beats = [10.0 + 0.5 * i for i in range(20)]  # alive from 10 s to 19.5 s
+    probe.stalls = [Stall(9.0, 50.0), Stall(11.0, 2.5), Stall(12.0, 5.0), Stall(13.0, 17.25), Stall(19.9, 80.0)]
+    seen = probe.window(10.5, 18.0)
+    assert seen == {"host_stalls": 3, "host_long_stalls": 2, "host_stall_max_ms": 17.25, "host_stalled_ms": 24.8,
+                    "host_probe_s": 7.5}
+    assert stalls.describe(seen) == ("the probe woke 2+ ms late 3 times (2 of them 5+ ms, the longest 17.2 ms, "
+                                     "25 ms in all) in 7.5 s")
+    quiet = probe.window(14.0, 16.0)
+    assert quiet["host_stalls"] == 0 and quiet["host_stall_max_ms"] == 0.0
+    assert stalls.describe(quiet).startswith("no wake-up of the probe was 2 ms late or more in 2.0 s")
+
+
+def test_the_probe_alone_prints_what_it_saw() -> None:
+    out = subprocess.run([sys.executable, "-m", "tritonbundle.measure.stalls", "--seconds", "1.5"],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "the probe woke" in out or "no wake-up of the probe" in out, out
