@@ -438,3 +438,23 @@ def test_the_per_call_line_names_each_phase_a_call_ran_and_skips_those_none_did(
     line = next(x for x in report.markdown(result).splitlines() if x.startswith("- encoder per call"))
     assert "execute 5 / 50" in line and "read 0.5 / 0.5" in line and "launch 2 / 50" in line, line
     assert "tokenize" not in line and "gpu" not in line and "- / -" not in line, line
+
+
+def test_levels_the_host_stalled_are_marked_and_counted_either_side_of_the_knee() -> None:
+    """The H100 A/B of the 27th session: the same settings' knee moved from 8,479 to 14,806 req/s between
+    rounds while p50 barely moved; a level's record says whether a bystander process was stalled in it."""
+    result = _result()
+    bundle = result.models["minilm"].systems["bundle"]
+    assert isinstance(bundle, BundleResult) and bundle.sweep is not None
+    quiet = {"host_stalls": 1, "host_long_stalls": 0, "host_stall_max_ms": 2.4, "host_stalled_ms": 2.4, "host_probe_s": 4.0}
+    for step in bundle.sweep.steps:  # 50, 200 and 800 passed, 3200 missed (best 800)
+        step.extra.update(quiet)
+    bundle.sweep.steps[1].extra.update(host_stalls=9, host_long_stalls=4, host_stall_max_ms=11.6)
+    bundle.sweep.steps[3].extra.update(host_stalls=30, host_long_stalls=12, host_stall_max_ms=38.2)
+    md = report.markdown(result)
+    assert "| 200 | 10.0 / 10.0; 200.0 | - | 10.0 / 10.0; 200.0; host 4x, 12 ms |" in md
+    assert "| 3200 | - | - | 80.0 / 80.0; 3200.0 (missed); host 12x, 38 ms |" in md
+    assert "| 50 | 10.0 / 10.0; 50.0 | - | 10.0 / 10.0; 50.0 |" in md  # stalls under 5 ms are not marked
+    assert ("- bundle: 1 of the 3 passing levels up to its rate at the SLO (the longest 12 ms); 1 of the 1 missed "
+            "levels past it (the longest 38 ms)") in md
+    assert "- naive:" not in md.split("Host stalls")[1]  # the probe did not watch naive's levels: no line

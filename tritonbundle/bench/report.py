@@ -8,32 +8,21 @@ from __future__ import annotations
 import dataclasses
 import io
 import math
-import re
 import tarfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tritonbundle.bench.levels_md import fmt as _f
+from tritonbundle.bench.levels_md import level_lines
+from tritonbundle.bench.levels_md import shown_ms as _ms
 from tritonbundle.bench.records import BundleResult, CeilingResult, PeerResult, ServedResult, Spread
 from tritonbundle.bench.result import BenchResult, ModelResult, Ratios
-from tritonbundle.errors import QUEUE_FULL
 from tritonbundle.files import write_json
 from tritonbundle.measure import host
-from tritonbundle.measure.latency import StepResult
 
 MAX_LOG_BYTES = 4 << 20
-
-
-def _f(value: Any, spec: str = ".1f", none: str = "-") -> str:
-    if value is None:
-        return none
-    if value == "inf" or (isinstance(value, float) and math.isinf(value)):
-        return "inf"
-    try:
-        return format(float(value), spec)
-    except (TypeError, ValueError):
-        return str(value)
 
 
 @dataclass(frozen=True)
@@ -51,11 +40,6 @@ class Row:
     error: str | None
     range: str
     note: str = ""
-
-
-def _ms(value: float) -> float | None:
-    """A level's latency as the report shows it: NaN (nothing answered) is missing, inf stays."""
-    return None if math.isnan(value) else value
 
 
 def summary_rows(result: BenchResult) -> list[Row]:
@@ -178,7 +162,7 @@ def _model_lines(entry: ModelResult, capacity: float | None = None) -> list[str]
                   f"plan's computed/useful (sequence padding) {_f(build.plan_computed_per_useful, '.3f')}")
     else:
         md.append(f"- build failed: {build.failure.error if build is not None and build.failure else None}")
-    md += _fixed_loads(entry)
+    md += level_lines(entry)
     ceiling = entry.system("ceiling", CeilingResult)
     if ceiling is not None and ceiling.per_batch:
         md += ["", f"Engine ceiling per batch size ({ceiling.mode}; every launch full, rows at their "
@@ -328,57 +312,6 @@ def _threads(threads: Mapping[str, Sequence[Sequence[Any]]]) -> str:
         cores, name = max(loads)
         parts.append(f"load generators {cores:.2f} ({name})")
     return "; ".join(parts)
-
-
-def _fixed_loads(entry: ModelResult) -> list[str]:
-    served = {system: entry.system(system, ServedResult) for system in ("naive", "peer", "bundle")}
-    sweeps = {system: result.sweep for system, result in served.items() if result is not None}
-    levels: dict[float, dict[str, StepResult]] = {}
-    for system, sweep in sweeps.items():
-        for s in sweep.steps:
-            levels.setdefault(round(float(s.offered_rps), 1), {})[system] = s
-    if not levels:
-        return []
-    out = ["", "Latency at each offered load (p50 / p99 ms; answered req/s):", "",
-           "| offered req/s | naive | peer | bundle |", "|---:|---|---|---|"]
-    for rate in sorted(levels):
-        cells = []
-        for system in ("naive", "peer", "bundle"):
-            level = levels[rate].get(system)
-            cells.append(f"{_f(_ms(level.p50_ms))} / {_f(_ms(level.p99_ms))}; {_f(level.achieved_rps)}"
-                         f"{'' if level.passed else ' (missed)'}" if level else "-")
-        out.append(f"| {rate:g} | {cells[0]} | {cells[1]} | {cells[2]} |")
-    failed = [(system, level) for rate in sorted(levels) for system, level in levels[rate].items() if level.failed]
-    if failed:
-        out += ["", "Failed requests (refused, timed out or unanswered), by level:", ""]
-        out += [f"- {system} at {level.offered_rps:,.0f} req/s offered: {level.failed:,} of {level.sent:,} "
-                f"({100 * level.error_ratio:.1f} %): " + "; ".join(
-                    f"{n:,} {_REQUEST_ID.sub('', why)}" for why, n in (level.extra.get("errors") or {}).items())
-                for system, level in failed]
-    for system, sweep in sweeps.items():
-        refused = _refused_past_the_knee(sweep.steps, sweep.best_rps)
-        if refused is not None:
-            out.append(f"\n{system}: the first level past its rate at the SLO ({refused.offered_rps:,.0f} req/s) missed "
-                       f"on refusals: the server refused {100 * refused.error_ratio:.1f} % of its requests for a full "
-                       f"queue ({QUEUE_FULL}): the queue's bound (`max_queue_size`, by default two full batches per "
-                       "instance) was reached, by a burst or by more requests than the instances served; a larger "
-                       "bound passes the level only in the first case")
-    return out
-
-
-#: Triton's request id in its error texts ("[request id: <id_unknown>] "), left out of the report.
-_REQUEST_ID = re.compile(r"\[request id: [^\]]*\] ")
-
-
-def _refused_past_the_knee(steps: Sequence[StepResult], best_rps: float | None) -> StepResult | None:
-    """The lowest missed level above the best passing rate, when failures decided its miss (at least 1 %
-    failed, so its p99 is infinite) and most of them are refusals for a full queue; none when its p99 of
-    answered requests missed (a few refusals under 1 % do not decide it)."""
-    past = sorted((s for s in steps if not s.passed and s.offered_rps > (best_rps or 0.0)), key=lambda s: s.offered_rps)
-    if not past or not past[0].failed or not math.isinf(past[0].p99_ms):
-        return None
-    errors = past[0].extra.get("errors") or {}
-    return past[0] if 2 * sum(n for why, n in errors.items() if QUEUE_FULL in why) > past[0].failed else None
 
 
 def plot(result: BenchResult, path: Path) -> Path | None:
