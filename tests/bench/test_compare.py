@@ -31,10 +31,10 @@ def test_the_plain_text_ab_sums_up_as_the_docs_say() -> None:
     # computed/useful, cores busy at the knee (no host capacity then), busiest thread (not recorded then),
     # requests per call at the knee (read again: the stubs counted, the cap from the instances' buckets),
     # the Python backend's hand-over per request, the GPU's busy time per row (read again at the knee; what
-    # the launches take alone was not counted then), host workload, start-up
+    # the launches take alone was not counted then), host stalls (not probed then), host workload, start-up
     assert table.rstrip().endswith(
         "| 1.10-1.11 | 9.1-9.4 | - | 57.5-60.1 of 64, every 35.6-36.3 ms, busy 64-65 % | 0.085-0.103 "
-        "| 0.0665-0.0671 / - | - | 26-29 |"), table
+        "| 0.0665-0.0671 / - | - | - | 26-29 |"), table
 
 
 def test_the_tenth_sessions_abs_sum_up_as_the_docs_say() -> None:
@@ -267,7 +267,7 @@ def test_the_device_script_interleaves_the_settings_and_sums_them_up(tmp_path: P
     summary = (out / "summary.md").read_text()
     assert ("| b | 1,007 / 2,007 | **1,507** [1,007-2,007] | 0.100-0.100 | 0.200-0.200 | 0.250-0.250 | 0.500-0.500 "
             "| 1.11-1.11 | 0.8-0.8 (10.2-10.2) | 0.62-0.62 (tritonserver) | 57.7-57.7 of 64, every 36.3-36.3 ms, busy 65-65 % "
-            "| - | 0.0666-0.0666 / - | 41.5-41.5 | 29-29 |") in summary
+            "| - | 0.0666-0.0666 / - | - | 41.5-41.5 | 29-29 |") in summary
     assert json.loads((out / "runs" / "a-2" / "bench.json").read_text())["models"]["bert_base"]["systems"]["bundle"][
         "best_rps"] == 2000
     assert (out / "runs.tgz").stat().st_size > 0
@@ -609,3 +609,25 @@ def test_the_fifth_h100_measures_every_target_on_one_host() -> None:
     busy = sorted(round(knee["extra"]["gpu_util_mean"]) for knee, _ in knees)
     assert f"At every knee the GPU read {busy[0]}-{busy[-1]} % busy (gRPC;" in said
     assert all(nxt["failed"] == 0 and nxt["p99_ms"] > 50 for _, nxt in knees)
+
+
+def test_the_host_stalls_at_the_knee_and_past_it_are_read_where_the_probe_watched(tmp_path: Path) -> None:
+    """Reports from 2026-12-06 on record the host-stall probe per level: the column gives the wake-ups 5+ ms
+    late at the knee and at the first missed level past it; older reports print "-"."""
+    data = json.loads((ROOT / "docs/benchmarks/h100-instances/i8-1/bench.json").read_text())
+    sweep = data["models"]["minilm"]["systems"]["bundle"]["sweep"]
+    best = sweep["best"]["offered_rps"]
+    past = min(s["offered_rps"] for s in sweep["steps"] if not s["passed"] and s["offered_rps"] > best)
+    for step in [*sweep["steps"], sweep["best"]]:
+        long_n = 2 if step["offered_rps"] == best else 7 if step["offered_rps"] == past else 0
+        step["extra"].update(host_stalls=long_n + 1, host_long_stalls=long_n, host_stall_max_ms=3.0 + 4 * long_n,
+                             host_stalled_ms=10.0, host_probe_s=4.0)
+    (tmp_path / "probed-1").mkdir()
+    (tmp_path / "probed-1" / "bench.json").write_text(json.dumps(data))
+    shutil.copytree(ROOT / "docs/benchmarks/h100-instances/i8-1", tmp_path / "before-1")
+    runs = {s.name: s.runs[0] for s in summarize(tmp_path)}
+    assert runs["probed"].stalls_at_knee == (2, 11.0) and runs["probed"].stalls_past_it == (7, 31.0)
+    assert runs["before"].stalls_at_knee is None and runs["before"].stalls_past_it is None
+    rows = {line.split(" | ")[0].strip("| "): line for line in markdown(summarize(tmp_path)).splitlines()[2:]}
+    assert "| 2-2 / 7-7 (longest 31 ms) |" in rows["probed"]
+    assert rows["before"].count("| - |") >= 1 and "longest" not in rows["before"]

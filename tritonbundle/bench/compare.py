@@ -5,7 +5,8 @@ CPU time per answered request, the cores busy at the knee in all (against what t
 CPUs busy, where the run measured it), the busiest single thread there (a thread near a whole core is a
 serial limit the total hides), the GPU's busy time per row against what the launches take alone (the gap:
 the instances sharing the GPU), computed/useful tokens, and the host's speed (``measure/host.py``) and the
-server's start-up time beside each run.
+server's start-up time beside each run, and how often the host stalled a bystander process 5+ ms at the
+knee and past it (``measure/stalls.py``).
 
 On the H200 the knee moves 15-35 % from one run to the next (docs/benchmarks.md), so a setting is
 judged by the median of interleaved rounds; the per-row and per-request figures say whether a
@@ -28,7 +29,9 @@ from tritonbundle.bench.breakdown import encoder_model, gpu_per_row, instance_cy
 from tritonbundle.bench.records import BundleResult, InstanceCycle, ServedResult
 from tritonbundle.bench.result import BenchResult
 from tritonbundle.measure import host
+from tritonbundle.measure.latency import StepResult
 from tritonbundle.measure.levels import sending_s
+from tritonbundle.measure.search import Sweep
 
 _RUN = re.compile(r"^(?P<setting>.+)-(?P<round>\d+)$")
 
@@ -74,6 +77,10 @@ class Run:
     #: 2026-12-06 on): their gap is the encoder instances sharing the GPU.
     gpu_busy_per_row: float | None = None
     gpu_alone_per_row: float | None = None
+    #: The host-stall probe's wake-ups 5+ ms late (how many, the longest, ms) at the knee and at the first
+    #: level past it (reports from 2026-12-06 on; ``measure/stalls.py``).
+    stalls_at_knee: tuple[int, float] | None = None
+    stalls_past_it: tuple[int, float] | None = None
     #: Tokens computed per useful token over the run, and the server's start-up, s.
     computed_per_useful: float | None = None
     startup_s: float | None = None
@@ -110,6 +117,7 @@ def read_run(path: Path) -> Run:
         run.computed_per_useful = bundle.computed_per_useful
     if isinstance(bundle, ServedResult):
         run.floor = bundle.sweep.is_floor
+        run.stalls_at_knee, run.stalls_past_it = _stalls(bundle.sweep)
     if isinstance(bundle, BundleResult):
         run.startup_s = bundle.startup_s
     if not isinstance(bundle, BundleResult) or bundle.breakdown is None:
@@ -155,6 +163,29 @@ def _cycle_again(name: str, bundle: BundleResult) -> InstanceCycle | None:
     return instance_cycle(b.encoder, (b.cpu_processes or {}).get(f"server:stub[{encoder}]"),
                           max(buckets) if buckets else None,
                           wall_s=best.extra.get("step_wall_s") if best is not None else None, achieved_rps=b.achieved_rps)
+
+
+def _stalls(sweep: Sweep) -> tuple[tuple[int, float] | None, tuple[int, float] | None]:
+    """The probe's long stalls at the knee and at the lowest missed level past it (None where unwatched)."""
+    past = sorted((s for s in sweep.steps if not s.passed and s.offered_rps > (sweep.best_rps or 0.0)),
+                  key=lambda s: s.offered_rps)
+
+    def of(step: StepResult | None) -> tuple[int, float] | None:
+        if step is None or step.extra.get("host_probe_s") is None:
+            return None
+        return int(step.extra.get("host_long_stalls") or 0), float(step.extra.get("host_stall_max_ms") or 0.0)
+
+    return of(sweep.best), of(past[0] if past else None)
+
+
+def _stall_cells(runs: list[Run]) -> str:
+    """Over the runs: the long stalls at the knee / past it, and the longest of either."""
+    knee = [r.stalls_at_knee for r in runs if r.stalls_at_knee is not None]
+    past = [r.stalls_past_it for r in runs if r.stalls_past_it is not None]
+    if not knee and not past:
+        return "-"
+    longest = max((ms for _, ms in knee + past), default=0.0)
+    return f"{_span([n for n, _ in knee], 0)} / {_span([n for n, _ in past], 0)} (longest {longest:.0f} ms)"
 
 
 def _calls(runs: list[Run]) -> str:
@@ -214,8 +245,8 @@ def markdown(settings: list[Setting]) -> str:
              "| cores busy at the knee (host's capacity) | busiest thread at the knee (core) "
              "| the encoder's calls at the knee: requests (of the cap), each instance's cycle, busy "
              "| hand-over per request (ms) | GPU per row at the knee: busy / the launches alone (ms) "
-             "| host workload (ms) | start-up (s) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| host stalls 5+ ms at the knee / the first level past it | host workload (ms) | start-up (s) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in settings:
         rates = s.rates
         rounds = " / ".join(f"{r.rps or 0:,.0f}{'+' if r.floor else ''}" for r in s.by_round)
@@ -226,7 +257,7 @@ def markdown(settings: list[Setting]) -> str:
             f"| {_span([r.computed_per_useful for r in s.runs], 2)} | {_cores(s.runs)} | {_busiest(s.runs)} "
             f"| {_calls(s.runs)} | {_handover(s.runs)} "
             f"| {_span([r.gpu_busy_per_row for r in s.runs], 4)} / {_span([r.gpu_alone_per_row for r in s.runs], 4)} "
-            f"| {_span([r.host_ms for r in s.runs], 1)} "
+            f"| {_stall_cells(s.runs)} | {_span([r.host_ms for r in s.runs], 1)} "
             f"| {_span([r.startup_s for r in s.runs], 0)} |")
     if any(r.floor for s in settings for r in s.runs):
         lines += ["", "\\+ a floor of the knee: no level above it missed (the ladder reached --max-rate, or the run's "
