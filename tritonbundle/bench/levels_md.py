@@ -46,8 +46,9 @@ def level_lines(entry: ModelResult) -> list[str]:
             levels.setdefault(round(float(s.offered_rps), 1), {})[system] = s
     if not levels:
         return []
-    out = ["", "Latency at each offered load (p50 / p99 ms; answered req/s; where the host stalled the probe "
-           f"{stalls.LONG_STALL_MS:g}+ ms: how often, the longest):", "",
+    probed = any(s.extra.get("host_probe_s") is not None for by_system in levels.values() for s in by_system.values())
+    marks = f"; where the host stalled the probe {stalls.LONG_STALL_MS:g}+ ms: how often, the longest" if probed else ""
+    out = ["", f"Latency at each offered load (p50 / p99 ms; answered req/s{marks}):", "",
            "| offered req/s | naive | peer | bundle |", "|---:|---|---|---|"]
     for rate in sorted(levels):
         cells = []
