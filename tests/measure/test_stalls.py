@@ -64,6 +64,9 @@ def test_a_window_counts_the_stalls_inside_it_and_the_long_ones_apart() -> None:
     quiet = probe.window(14.0, 16.0)
     assert quiet["host_stalls"] == 0 and quiet["host_stall_max_ms"] == 0.0
     assert stalls.describe(quiet).startswith("no wake-up of the probe was 2 ms late or more in 2.0 s")
+    # a window of 1 s (the bench's levels on a short budget) between two beats is watched whole
+    assert probe.window(14.2, 15.2)["host_probe_s"] == 1.0
+    assert probe.window(19.0, 21.0)["host_probe_s"] == 0.5  # the probe's last beat came at 19.5 s
 
 
 def test_the_probe_alone_prints_what_it_saw() -> None:

@@ -17,7 +17,6 @@ on an idle machine to see whether the host itself stalls.
 from __future__ import annotations
 
 import argparse
-import bisect
 import contextlib
 import subprocess
 import sys
@@ -106,8 +105,9 @@ class StallProbe:
         the longest and their sum (ms), and the seconds the probe was seen alive in it; all None when it
         was not (not started, or died)."""
         beats = list(self.beats)
-        lo, hi = bisect.bisect_left(beats, start), bisect.bisect_right(beats, end)
-        watched = (min(beats[hi - 1], end) - max(beats[lo], start)) if hi - lo >= 2 else 0.0
+        # the probe lives from its first heartbeat to its last (it is never restarted): the part of the span
+        # inside that life was watched (a beat every HEARTBEAT_S, so the last may be up to that short of ``end``)
+        watched = min(end, beats[-1]) - max(start, beats[0]) if beats else 0.0
         if watched <= 0:
             return dict.fromkeys(STALL_KEYS)
         inside = [s.late_ms for s in list(self.stalls) if start <= s.t <= end]
