@@ -56,3 +56,27 @@ def test_the_levels_that_missed_below_a_full_gpu_held_slow_host_phases() -> None
     assert max(_slow_host_phases(s) for s in clean) == 7
     first_miss = next(s for s in clean if not s["passed"])
     assert round(first_miss["offered_rps"]) == 15717 and first_miss["extra"]["gpu_util_mean"] > 97
+
+
+def test_on_the_seventh_h100_the_probe_saw_a_quiet_host_and_the_knee_where_the_gpu_filled() -> None:
+    """The same settings with the stall probe in every level: at most one wake-up 5+ ms late in any level,
+    at most 7 slow host phases, and both knees at 99 % GPU; levels of 1 s against the sixth host's 4 s."""
+    said = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
+    folder = ROOT / "docs" / "benchmarks" / "h100-seventh-host-stall-probe"
+    settings = {s.name: s for s in summarize(folder)}
+    assert (folder / "summary.md").read_text() == markdown(list(settings.values()))
+    ceiling = statistics.median(json.loads((FOLDER / "ceiling" / f"run-{i}" / "bench.json").read_text())
+                                ["models"]["bert_base"]["systems"]["ceiling"]["best_rps"] for i in (1, 2, 3))
+    for run, most_phases in (("b64-1", 7), ("b64-2", 5)):
+        data = json.loads((folder / "runs" / run / "bench.json").read_text())["models"]["bert_base"]["systems"]["bundle"]
+        steps = data["sweep"]["steps"]
+        assert all(s["extra"]["host_probe_s"] is not None for s in steps)  # the probe watched every level
+        assert all(1.0 <= s["window_s"] <= 1.5 for s in steps)  # levels of 1-1.5 s: the budget of 100 s
+        assert max(s["extra"]["host_stalls"] for s in steps) <= 7
+        assert sum(1 for s in steps if s["extra"]["host_long_stalls"]) == (1 if run == "b64-1" else 0)
+        assert max(_slow_host_phases(s) for s in steps) == most_phases
+        knee = data["sweep"]["best"]
+        assert knee["extra"]["gpu_util_mean"] >= 98.5
+        assert f"| {run} | {data['best_rps']:,.0f} | 99 % |" in said
+    assert f"{settings['b64'].rates[0] / ceiling:.2f} of the sixth host's ceiling (19,705;" in said
+    assert all(4.0 <= s["window_s"] <= 4.8 for run in ("b64-1", "b64-2", "b64-3") for s in _levels(run))  # 130 s
