@@ -28,6 +28,16 @@ from tritonbundle.errors import CommandError
 from tritonbundle.log import LOG
 
 
+def python_child_env() -> dict[str, str]:
+    """The environment of a Python child process that imports this checkout of tritonbundle (``-m
+    tritonbundle...`` from any working directory), its output unbuffered."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
 def quote(argv: Sequence[str | os.PathLike[str]]) -> str:
     return " ".join(shlex.quote(str(a)) for a in argv)
 

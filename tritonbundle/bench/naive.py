@@ -18,7 +18,7 @@ from tritonbundle.bench.answers import check_answers, references
 from tritonbundle.bench.options import client_timeout_s, setup_timeout_s
 from tritonbundle.bench.phase import Context, sweep
 from tritonbundle.bench.records import NaiveResult
-from tritonbundle.bench.workspace import Built, child_env
+from tritonbundle.bench.workspace import Built
 from tritonbundle.errors import TritonBundleError
 from tritonbundle.measure.levels import Probes, wait_idle
 from tritonbundle.measure.loadgen import LoadPool
@@ -31,7 +31,7 @@ from tritonbundle.recipes import Recipe
 def http_server(module: str, args: list[str], log: Path, timeout_s: float, what: str) -> Iterator[tuple[str, int]]:
     """Run ``python -m module ARGS --port P`` in its own process group until it answers /health."""
     port = free_port()
-    server = proc.start_group([sys.executable, "-m", module, *args, "--port", str(port)], log=log, env=child_env())
+    server = proc.start_group([sys.executable, "-m", module, *args, "--port", str(port)], log=log, env=proc.python_child_env())
     try:
         try:
             proc.wait_until(lambda: proc.http_ok(f"http://127.0.0.1:{port}/health", timeout_s=1), timeout_s=timeout_s,

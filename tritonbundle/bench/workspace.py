@@ -95,15 +95,6 @@ def build_repository(recipe: Recipe, options: BenchOptions, work: Path, traffic_
     return Built(spec, plan_model(spec, build_options), repo, repo / spec.encoder_name / "1", manifest_path)
 
 
-def child_env() -> dict[str, str]:
-    """The environment of a Python child process that imports this checkout of tritonbundle."""
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
 def prepare_process_env() -> None:
     """Environment the servers and Python stubs inherit: this interpreter first on PATH (the stubs run
     isolated and find their packages through the ``python3`` on PATH), or ``$TRITONBUNDLE_STUB_BIN``

@@ -36,6 +36,7 @@ from typing import Any
 from tritonbundle.measure.gcpause import GcPauses
 from tritonbundle.measure.latency import StepResult, percentile, step_result
 from tritonbundle.measure.wire import SENDER_ENV, HttpSender, Sender, WireSender, capture, sender
+from tritonbundle.proc import python_child_env
 
 #: The load generators' event-loop watch: a timer this often, its lateness sampled (2 ms: ~500 wake-ups a
 #: second, a small cost beside thousands of requests).
@@ -300,9 +301,7 @@ class LoadPool:
 
     def start(self) -> LoadPool:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+        env = python_child_env()
         for i in range(self.processes):
             log = open(self.log_dir / f"loadgen-{self.name}-{i}.log", "w")  # noqa: SIM115 - closed in stop()
             self._logs.append(log)
