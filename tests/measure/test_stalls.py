@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -73,3 +74,26 @@ def test_the_probe_alone_prints_what_it_saw() -> None:
     out = subprocess.run([sys.executable, "-m", "tritonbundle.measure.stalls", "--seconds", "1.5"],
                          capture_output=True, text=True, timeout=60, check=True).stdout
     assert "the probe woke" in out or "no wake-up of the probe" in out, out
+
+
+def test_the_probe_runs_from_any_working_directory_and_says_why_when_it_cannot(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # not the checkout: the child finds tritonbundle through its PYTHONPATH
+    probe = StallProbe(max_s=30).start()
+    try:
+        _wait_for_beats(probe, 2)
+    finally:
+        probe.stop()
+    assert probe.error == ""
+    # an interpreter that cannot run it (as one without the package would fail its import)
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\necho 'Traceback (most recent call last):' >&2\n"
+                      "echo \"ModuleNotFoundError: No module named 'tritonbundle'\" >&2\nexit 1\n")
+    python.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(python))
+    broken = StallProbe(max_s=30).start()
+    assert broken._thread is not None
+    broken._thread.join(timeout=30)
+    broken.stop()
+    assert broken.error == "ModuleNotFoundError: No module named 'tritonbundle'"
+    assert broken.window(0.0, 1e12) == dict.fromkeys(STALL_KEYS)

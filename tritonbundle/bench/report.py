@@ -119,6 +119,7 @@ def markdown(result: BenchResult) -> str:
         + (f" ({env['physical_cores']} physical cores)" if env.get("physical_cores") else ""),
         *([f"- GPU sharing (the bundle's instances): {env['gpu_sharing']}"] if env.get("gpu_sharing") else []),
         *([f"- host speed: {speed.describe()}"] if env.get("host_speed") else []),
+        *([f"- the host-stall probe did not run: {env['stall_probe_error']}"] if env.get("stall_probe_error") else []),
         *([f"- the bundle's load generators send gRPC requests: {env['load_sender']} (TRITONBUNDLE_LOAD_SENDER)"
            if env["load_sender"] != "http" else
            "- the bundle's load generators send HTTP requests, built once (TRITONBUNDLE_LOAD_SENDER=http)"]

@@ -99,6 +99,8 @@ def run_bench(options: BenchOptions) -> BenchResult:
         if gpu is not None:
             gpu.stop()
         stalls.stop()
+        if stalls.error:  # the report says the probe did not run, rather than look like one from before it
+            result.environment["stall_probe_error"] = stalls.error
         if result.status == "running":  # SIGTERM or Ctrl-C: what was measured is still written
             result.status = "interrupted"
         result.environment["host_speed"] = watch.finish().to_json()

@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass
 from typing import IO
 
+from tritonbundle.proc import python_child_env
+
 #: The probe's sleep per tick.
 TICK_S = 0.001
 #: A wake-up at least this late (ms) is a stall, reported to the parent with its time.
@@ -44,12 +46,14 @@ def probe(seconds: float, out: IO[str]) -> None:
     its own windows."""
     end = time.monotonic() + seconds
     ticks, beat = 0, time.monotonic()
+    before = beat
     while True:
-        before = time.monotonic()
         time.sleep(TICK_S)
         now = time.monotonic()
         ticks += 1
+        # from the last wake-up, not from after this loop's own writes: a pause there counts too
         late_ms = (now - before - TICK_S) * 1000.0
+        before = now
         if late_ms >= STALL_MS:
             out.write(f"{now:.6f} {late_ms:.3f}\n")
         if now - beat >= HEARTBEAT_S or now >= end:
@@ -74,7 +78,9 @@ class StallProbe:
         self.max_s = max_s
         self.stalls: list[Stall] = []
         self.beats: list[float] = []
+        #: Why the probe is not running ("" while it runs, or before it starts).
         self.error = ""
+        self._stopping = False
         self._proc: subprocess.Popen[str] | None = None
         self._thread: threading.Thread | None = None
 
@@ -82,7 +88,7 @@ class StallProbe:
         try:
             self._proc = subprocess.Popen(  # noqa: S603 - this interpreter, this module
                 [sys.executable, "-m", "tritonbundle.measure.stalls", "--seconds", str(self.max_s), "--raw"],
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=python_child_env())
         except OSError as e:  # a reading, not the run: the run goes on without it
             self.error = f"{type(e).__name__}: {e}"
             return self
@@ -91,7 +97,7 @@ class StallProbe:
         return self
 
     def _read(self) -> None:
-        assert self._proc is not None and self._proc.stdout is not None
+        assert self._proc is not None and self._proc.stdout is not None and self._proc.stderr is not None
         for line in self._proc.stdout:
             with contextlib.suppress(ValueError, IndexError):
                 if line.startswith("#"):
@@ -99,6 +105,10 @@ class StallProbe:
                 else:
                     t, late = line.split()
                     self.stalls.append(Stall(float(t), float(late)))
+        # its output ended: it was stopped, or it failed (a traceback on stderr, e.g. an import error)
+        why = [line.strip() for line in self._proc.stderr.read().splitlines() if line.strip()]
+        if not self._stopping and why:
+            self.error = why[-1]
 
     def window(self, start: float, end: float) -> dict[str, float | None]:
         """The span's stalls: how many (>= :data:`STALL_MS` late), how many long (>= :data:`LONG_STALL_MS`),
@@ -116,6 +126,7 @@ class StallProbe:
                 "host_probe_s": round(watched, 2)}
 
     def stop(self) -> None:
+        self._stopping = True
         if self._proc is not None and self._proc.poll() is None:
             self._proc.terminate()
             with contextlib.suppress(subprocess.TimeoutExpired):

@@ -94,10 +94,11 @@ def run_tune(options: TuneOptions) -> TuneResult:
     if options.resume is not None:
         points.extend(resumed_points(options.resume, result))
         result.resumed_from = str(options.resume)
+    pool = LoadPool(options.load_procs, work / "logs", "tune").start()
+    # after the pool (its start may fail), stopped in the search's ``finally`` before it
     gpu = GpuSampler().start() if spec.target == "gpu" else None
     stalls = StallProbe().start()
     samplers = tuple(s for s in (gpu, stalls) if s is not None)
-    pool = LoadPool(options.load_procs, work / "logs", "tune").start()
 
     def save() -> None:
         report.write(result, options.out)
@@ -163,10 +164,10 @@ def run_tune(options: TuneOptions) -> TuneResult:
         result.status = "interrupted"
         raise
     finally:
-        pool.stop()
         if gpu is not None:
             gpu.stop()
         stalls.stop()
+        pool.stop()
         save()
         winner = result.winner
         if winner and options.tuned_manifest is not None:
