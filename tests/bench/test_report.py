@@ -457,4 +457,11 @@ def test_levels_the_host_stalled_are_marked_and_counted_either_side_of_the_knee(
     assert "| 50 | 10.0 / 10.0; 50.0 | - | 10.0 / 10.0; 50.0 |" in md  # stalls under 5 ms are not marked
     assert ("- bundle: 1 of the 3 passing levels up to its rate at the SLO (the longest 12 ms); 1 of the 1 missed "
             "levels past it (the longest 38 ms)") in md
+    # the knee's level counts among the passing ones whatever its answered rate (here below the offered)
+    bundle.sweep.steps[2].achieved_rps = 799.0  # the knee, offered 800
+    assert "1 of the 3 passing levels" in report.markdown(result)
     assert "- naive:" not in md.split("Host stalls")[1]  # the probe did not watch naive's levels: no line
+    assert "the host-stall probe did not run" not in md
+    result.environment["stall_probe_error"] = "ModuleNotFoundError: No module named 'tritonbundle'"
+    assert "- the host-stall probe did not run: ModuleNotFoundError: No module named 'tritonbundle'\n" in \
+        report.markdown(result)

@@ -167,8 +167,8 @@ def _cycle_again(name: str, bundle: BundleResult) -> InstanceCycle | None:
 
 def _stalls(sweep: Sweep) -> tuple[tuple[int, float] | None, tuple[int, float] | None]:
     """The probe's long stalls at the knee and at the lowest missed level past it (None where unwatched)."""
-    past = sorted((s for s in sweep.steps if not s.passed and s.offered_rps > (sweep.best_rps or 0.0)),
-                  key=lambda s: s.offered_rps)
+    knee = sweep.best.offered_rps if sweep.best is not None else 0.0
+    past = sorted((s for s in sweep.steps if not s.passed and s.offered_rps > knee), key=lambda s: s.offered_rps)
 
     def of(step: StepResult | None) -> tuple[int, float] | None:
         if step is None or step.extra.get("host_probe_s") is None:
@@ -179,13 +179,14 @@ def _stalls(sweep: Sweep) -> tuple[tuple[int, float] | None, tuple[int, float] |
 
 
 def _stall_cells(runs: list[Run]) -> str:
-    """Over the runs: the long stalls at the knee / past it, and the longest of either."""
+    """Over the runs: the long stalls at the knee / past it, and the longest of them."""
     knee = [r.stalls_at_knee for r in runs if r.stalls_at_knee is not None]
     past = [r.stalls_past_it for r in runs if r.stalls_past_it is not None]
     if not knee and not past:
         return "-"
-    longest = max((ms for _, ms in knee + past), default=0.0)
-    return f"{_span([n for n, _ in knee], 0)} / {_span([n for n, _ in past], 0)} (longest {longest:.0f} ms)"
+    longest = max((ms for n, ms in knee + past if n), default=None)  # the longest of the 5+ ms ones
+    return f"{_span([n for n, _ in knee], 0)} / {_span([n for n, _ in past], 0)}" + (
+        f" (longest {longest:.0f} ms)" if longest is not None else "")
 
 
 def _calls(runs: list[Run]) -> str:

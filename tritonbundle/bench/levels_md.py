@@ -72,7 +72,7 @@ def level_lines(entry: ModelResult) -> list[str]:
                        f"queue ({QUEUE_FULL}): the queue's bound (`max_queue_size`, by default two full batches per "
                        "instance) was reached, by a burst or by more requests than the instances served; a larger "
                        "bound passes the level only in the first case")
-    stalled = [line for system, sweep in sweeps.items() if (line := host_stall_line(system, sweep.steps, sweep.best_rps))]
+    stalled = [line for system, sweep in sweeps.items() if (line := host_stall_line(system, sweep.steps))]
     if stalled:
         out += ["", f"Host stalls (a process of its own that sleeps 1 ms at a time and is late only when no core "
                 f"was given to it: `tritonbundle/measure/stalls.py`), levels with a wake-up {stalls.LONG_STALL_MS:g}+ ms "
@@ -85,15 +85,17 @@ def _stalled(level: StepResult) -> str:
     return f"; host {n}x, {level.extra.get('host_stall_max_ms', 0):.0f} ms" if n else ""
 
 
-def host_stall_line(system: str, steps: Sequence[StepResult], best_rps: float | None) -> str:
-    """How many of the system's levels at or below its best rate, and past it, saw the probe stalled
-    (long stalls); ``""`` when the probe watched none of them. Missed levels past the knee with stalls, and
-    passing ones without, say the knee moved with the host; stalls on every level say nothing either way."""
+def host_stall_line(system: str, steps: Sequence[StepResult]) -> str:
+    """How many of the system's passing levels (all at or below its knee) and of its missed levels past
+    the knee saw the probe stalled (long stalls); ``""`` when the probe watched none of them. Missed levels
+    past the knee with stalls, and passing ones without, say the knee moved with the host; stalls on every
+    level say nothing either way. (The knee by offered rate: its answered rate may read a little lower.)"""
     watched = [s for s in steps if s.extra.get("host_probe_s") is not None]
     if not watched:
         return ""
-    below = [s for s in watched if s.passed and s.offered_rps <= (best_rps or 0.0)]
-    past = [s for s in watched if not s.passed and s.offered_rps > (best_rps or 0.0)]
+    knee = max((s.offered_rps for s in steps if s.passed), default=0.0)
+    below = [s for s in watched if s.passed]
+    past = [s for s in watched if not s.passed and s.offered_rps > knee]
 
     def part(levels: list[StepResult], what: str) -> str:
         hit = [s for s in levels if s.extra.get("host_long_stalls")]
