@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
@@ -36,6 +37,16 @@ def python_child_env() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     env["PYTHONUNBUFFERED"] = "1"
     return env
+
+
+def stop_reader(process: subprocess.Popen[str] | None, thread: threading.Thread | None) -> None:
+    """Stop a sampling child (terminate, wait up to 5 s) and join the thread that reads its output."""
+    if process is not None and process.poll() is None:
+        process.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=5)
+    if thread is not None:
+        thread.join(timeout=2)
 
 
 def quote(argv: Sequence[str | os.PathLike[str]]) -> str:

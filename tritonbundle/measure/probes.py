@@ -19,6 +19,7 @@ from typing import Any
 
 from tritonbundle.gpu_sharing import sharing_from_env
 from tritonbundle.measure.wire import sender
+from tritonbundle.proc import stop_reader
 
 LIBRARIES = (
     "torch", "transformers", "tokenizers", "safetensors", "numpy", "tritonclient", "grpcio", "protobuf",
@@ -212,12 +213,7 @@ class GpuSampler:
 
     def stop(self) -> None:
         self._stop.set()
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(timeout=5)
-        if self._thread is not None:
-            self._thread.join(timeout=2)
+        stop_reader(self._proc, self._thread)
 
 
 class CpuMeter:

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import IO
 
-from tritonbundle.proc import python_child_env
+from tritonbundle.proc import python_child_env, stop_reader
 
 #: The probe's sleep per tick.
 TICK_S = 0.001
@@ -127,12 +127,7 @@ class StallProbe:
 
     def stop(self) -> None:
         self._stopping = True
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(timeout=5)
-        if self._thread is not None:
-            self._thread.join(timeout=2)
+        stop_reader(self._proc, self._thread)
 
 
 def describe(window: dict[str, float | None]) -> str:
