@@ -7,7 +7,7 @@
 # request, the host's speed). Results docs/benchmarks.md, "H200: the plain-text tokenizer", used it.
 #
 # usage: bash scripts/device_ab.sh [--install] [--rounds N] [--first N] [--model bert-base|minilm]
-#            [--deadline S] [--budget S] NAME=TUNED_JSON[+VAR=VALUE...] ...
+#            [--deadline S] [--budget S] [--reference ceiling|peer ...] NAME=TUNED_JSON[+VAR=VALUE...] ...
 #   --install   install what the call carries first (scripts/device_bench.sh install)
 #   --rounds    the last round's number (default 3); --first: the first round's number (a later call
 #               goes on: --first 4 --rounds 6 runs rounds 4-6; --first past --rounds is refused)
@@ -16,6 +16,10 @@
 #   --budget    each run's --budget-s (default 75; a run is killed 40 s past it): more for settings
 #               whose instances take longer to start (more CUDA graphs: the 18 batch buckets start in
 #               52-55 s, and at 95 the budget cut all three ladders of an A/B: give 120, with --deadline 420)
+#   --reference a system measured once per round after the settings, into runs/<system>-<round>
+#               (ceiling: the model alone, --budget-s 60; peer: LitServe, --budget-s 55, carry
+#               .device/peer): the summary puts each setting's median over the reference's, and round
+#               by round (the bundle/ceiling and bundle/peer targets ask for the same host, >= 3 runs)
 #   NAME=FILE   a setting: its --tuned file; +VAR=VALUE sets an environment variable for its runs only,
 #               +--flag=VALUE passes a flag of the bench (e.g. +--load-procs=4; values without '+')
 # e.g. (carry .device/server, .device/stubs; ~440 s with the install):
@@ -30,7 +34,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 T0=$(date +%s)
 OUT=${OUT:-$PWD/reports/ab}
-install=0 rounds=3 first=1 model=bert-base deadline=480 budget=75 settings=()
+install=0 rounds=3 first=1 model=bert-base deadline=480 budget=75 settings=() references=()
 while [ $# -gt 0 ]; do
   case $1 in
     --install) install=1 ;;
@@ -39,7 +43,9 @@ while [ $# -gt 0 ]; do
     --model) model=$2; shift ;;
     --deadline) deadline=$2; shift ;;
     --budget) budget=$2; shift ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    --reference) case $2 in ceiling|peer) references+=("$2") ;;
+      *) echo "device_ab: --reference ceiling or peer, not $2" >&2; exit 2 ;; esac; shift ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     *=*) settings+=("$1") ;;
     *) echo "device_ab: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -53,6 +59,13 @@ case $model in
   *) echo "device_ab: --model bert-base or minilm, not $model" >&2; exit 2 ;;
 esac
 mkdir -p "$OUT/runs"
+best() {  # REPORT SYSTEM: the system's status and its best rate, from the run's bench.json
+  python3 -c "
+import json, sys
+m = json.load(open(sys.argv[1]))['models']
+b = next(iter(m.values()))['systems'][sys.argv[2]]
+print(b['status'], b.get('best_rps'), 'req/s' + (' at the SLO' if sys.argv[2] != 'ceiling' else ''))" "$1" "$2" 2>&1 | tail -1
+}
 if [ "$install" = 1 ]; then
   bash scripts/device_bench.sh install > "$OUT/install.log" 2>&1; tail -3 "$OUT/install.log"
 fi
@@ -71,11 +84,17 @@ for i in $(seq "$first" "$rounds"); do
       --tuned "$file" ${flags[@]+"${flags[@]}"} \
       > /dev/null 2>&1
     rc=$?
-    echo "$name-$i: exit $rc, $(($(date +%s) - now)) s, $(python3 -c "
-import json, sys
-m = json.load(open(sys.argv[1]))['models']
-b = next(iter(m.values()))['systems']['bundle']
-print(b['status'], b.get('best_rps'), 'req/s at the SLO')" "$OUT/runs/$name-$i/bench.json" 2>&1 | tail -1)"
+    echo "$name-$i: exit $rc, $(($(date +%s) - now)) s, $(best "$OUT/runs/$name-$i/bench.json" bundle)"
+    (cd "$OUT" && tar czf runs.tgz runs install.log 2>/dev/null)
+  done
+  for system in ${references[@]+"${references[@]}"}; do
+    now=$(date +%s)
+    if [ $((now - T0)) -gt "$deadline" ]; then echo "$system-$i: not started (deadline ${deadline} s)"; continue; fi
+    seconds=60; [ "$system" = peer ] && seconds=55
+    OUT="$OUT/runs/$system-$i" timeout $((seconds + 40)) bash scripts/device_bench.sh run \
+      --models "$model" --systems "$system" --budget-s "$seconds" --input text > /dev/null 2>&1
+    rc=$?
+    echo "$system-$i: exit $rc, $(($(date +%s) - now)) s, $(best "$OUT/runs/$system-$i/bench.json" "$system")"
     (cd "$OUT" && tar czf runs.tgz runs install.log 2>/dev/null)
   done
 done

@@ -211,10 +211,13 @@ FAKE_BENCH = """#!/usr/bin/env bash
 # stands in for scripts/device_bench.sh: records its call, writes a report whose knee is the round's
 echo "$1 ${OUT##*/} ${AB_KNOB:-unset} $*" >> "$CALLS"
 mkdir -p "$OUT"
-python3 - "$TEMPLATE" "$OUT/bench.json" $(( ${OUT##*-} * 1000 + ${AB_KNOB:-0} )) <<'PY'
+python3 - "$TEMPLATE" "$OUT/bench.json" $(( ${OUT##*-} * 1000 + ${AB_KNOB:-0} )) "$*" <<'PY'
 import json, sys
 report = json.load(open(sys.argv[1]))
 report["models"]["bert_base"]["systems"]["bundle"]["best_rps"] = int(sys.argv[3])
+for system, times in (("ceiling", 2), ("peer", 0.1)):  # a reference: twice a round's knee, a tenth of it
+    if f"--systems {system}" in sys.argv[4]:
+        report["models"]["bert_base"]["systems"] = {system: {"status": "ok", "best_rps": int(sys.argv[3]) * times}}
 json.dump(report, open(sys.argv[2], "w"))
 PY
 """
@@ -271,6 +274,25 @@ def test_the_device_script_interleaves_the_settings_and_sums_them_up(tmp_path: P
     assert json.loads((out / "runs" / "a-2" / "bench.json").read_text())["models"]["bert_base"]["systems"]["bundle"][
         "best_rps"] == 2000
     assert (out / "runs.tgz").stat().st_size > 0
+
+
+def test_the_device_script_measures_the_references_each_round_and_puts_the_settings_over_them(tmp_path: Path) -> None:
+    """``--reference ceiling --reference peer``: both after each round's settings, on the same host; the
+    summary gives each setting's median over theirs and the ratio round by round (the targets' terms)."""
+    done = _device_ab(tmp_path, "--rounds", "3", "--reference", "ceiling", "--reference", "peer", "a=x.json",
+                      "b=x.json+AB_KNOB=500", timeout=180)
+    assert done.returncode == 0, done.stderr
+    calls = [line.split()[1] for line in (tmp_path / "calls.txt").read_text().splitlines()]
+    assert calls == ["a-1", "b-1", "ceiling-1", "peer-1", "a-2", "b-2", "ceiling-2", "peer-2",
+                     "a-3", "b-3", "ceiling-3", "peer-3"]
+    lines = (tmp_path / "calls.txt").read_text().splitlines()
+    assert "--systems ceiling --budget-s 60" in lines[2] and "--systems peer --budget-s 55" in lines[3]
+    assert "ceiling-3: exit 0" in done.stdout and "ok 6000 req/s" in done.stdout
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "| ceiling | 2,000 / 4,000 / 6,000 | **4,000** [2,000-6,000] |" in summary
+    assert ("- ceiling (median of 3: 4,000 req/s): a 0.50 of the ceiling (by round: 0.50 / 0.50 / 0.50); "
+            "b 0.62 of the ceiling (by round: 0.75 / 0.62 / 0.58)") in summary
+    assert "- peer (median of 3: 200 req/s): a 10.00 over the peer (by round: 10.00 / 10.00 / 10.00); b 12.50" in summary
 
 
 def test_the_device_script_refuses_a_setting_item_it_cannot_place(tmp_path: Path) -> None:

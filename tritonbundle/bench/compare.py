@@ -6,7 +6,8 @@ CPUs busy, where the run measured it), the busiest single thread there (a thread
 serial limit the total hides), the GPU's busy time per row against what the launches take alone (the gap:
 the instances sharing the GPU), computed/useful tokens, and the host's speed (``measure/host.py``) and the
 server's start-up time beside each run, and how often the host stalled a bystander process 5+ ms at the
-knee and past it (``measure/stalls.py``).
+knee and past it (``measure/stalls.py``). Reference runs in the same rounds (``device_ab.sh --reference
+ceiling``/``peer``: ``runs/ceiling-<round>``) get a row too, and each setting's median over theirs.
 
 On the H200 the knee moves 15-35 % from one run to the next (docs/benchmarks.md), so a setting is
 judged by the median of interleaved rounds; the per-row and per-request figures say whether a
@@ -34,6 +35,8 @@ from tritonbundle.measure.levels import sending_s
 from tritonbundle.measure.search import Sweep
 
 _RUN = re.compile(r"^(?P<setting>.+)-(?P<round>\d+)$")
+#: The systems a run is read for, the first present: the bundle, else a reference (``device_ab.sh --reference``).
+SYSTEMS = ("bundle", "ceiling", "peer")
 
 
 @dataclass
@@ -42,6 +45,8 @@ class Run:
 
     round: int
     rps: float | None
+    #: The system measured: ``bundle``, or a reference run beside the settings (``ceiling``, ``peer``).
+    system: str = "bundle"
     #: Whether ``rps`` is only a floor of the knee: no level above it missed (the ladder reached
     #: --max-rate, or the budget ended first). The table marks it ``+``.
     floor: bool = False
@@ -108,10 +113,10 @@ def read_run(path: Path) -> Run:
     """The run in ``path`` (a folder with ``bench.json``, named ``<setting>-<round>``); its model's bundle."""
     result = BenchResult.from_json(json.loads((path / "bench.json").read_text()))
     match = _RUN.match(path.name)
-    name, bundle = next(((n, m.systems["bundle"]) for n, m in result.models.items() if "bundle" in m.systems),
-                        ("", None))
+    system, name, bundle = next(((s, n, m.systems[s]) for s in SYSTEMS for n, m in result.models.items()
+                                 if s in m.systems), ("bundle", "", None))
     speed = host.HostSpeed.from_json(result.environment.get("host_speed"))
-    run = Run(int(match["round"]) if match else 0, bundle.best_rps if bundle is not None else None,
+    run = Run(int(match["round"]) if match else 0, bundle.best_rps if bundle is not None else None, system,
               host_ms=speed.median_ms_before, host_capacity=speed.capacity_cores())
     if bundle is not None:
         run.computed_per_useful = bundle.computed_per_useful
@@ -260,10 +265,27 @@ def markdown(settings: list[Setting]) -> str:
             f"| {_span([r.gpu_busy_per_row for r in s.runs], 4)} / {_span([r.gpu_alone_per_row for r in s.runs], 4)} "
             f"| {_stall_cells(s.runs)} | {_span([r.host_ms for r in s.runs], 1)} "
             f"| {_span([r.startup_s for r in s.runs], 0)} |")
+    lines += _against_references(settings)
     if any(r.floor for s in settings for r in s.runs):
         lines += ["", "\\+ a floor of the knee: no level above it missed (the ladder reached --max-rate, or the run's "
                   "budget ended first)."]
     return "\n".join(lines) + "\n"
+
+
+def _against_references(settings: list[Setting]) -> list[str]:
+    """Each bundle setting's median over each reference's (the ceiling, the peer: measured in the same
+    rounds on the same host), and round by round where both ran in it."""
+    lines: list[str] = []
+    for ref in (s for s in settings if s.runs[0].system != "bundle"):
+        ref_rounds = {r.round: r.rps for r in ref.runs if r.rps}
+        if not ref.median or not ref_rounds:
+            continue
+        what = "of the ceiling" if ref.runs[0].system == "ceiling" else "over the peer"
+        lines.append(f"- {ref.name} (median of {len(ref.runs)}: {ref.median:,.0f} req/s): " + "; ".join(
+            f"{s.name} {s.median / ref.median:.2f} {what} (by round: " + " / ".join(
+                f"{r.rps / ref_rounds[r.round]:.2f}" if r.rps and r.round in ref_rounds else "-" for r in s.by_round) + ")"
+            for s in settings if s.runs[0].system == "bundle"))
+    return ["", *lines] if lines else []
 
 
 def main(argv: list[str] | None = None) -> None:
