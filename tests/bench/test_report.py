@@ -465,3 +465,12 @@ def test_levels_the_host_stalled_are_marked_and_counted_either_side_of_the_knee(
     result.environment["stall_probe_error"] = "ModuleNotFoundError: No module named 'tritonbundle'"
     assert "- the host-stall probe did not run: ModuleNotFoundError: No module named 'tritonbundle'\n" in \
         report.markdown(result)
+    # the kernel's CPU pressure beside it: a missed level whose tasks waited for cores is this machine's
+    # own crowding; marked from 5 %, and its range given either side of the knee
+    for step, wait in zip(bundle.sweep.steps, (0.004, 0.01, 0.03, 0.41)):
+        step.extra["host_cpu_wait"] = wait
+    md = report.markdown(result)
+    assert "| 3200 | - | - | 80.0 / 80.0; 3200.0 (missed); host 12x, 38 ms; CPU wait 41 % |" in md
+    assert "| 800 | 80.0 / 80.0; 800.0 (missed) | - | 10.0 / 10.0; 799.0 |" in md  # 3 %: not marked
+    assert ("(the longest 12 ms), CPU wait 0-3 % of the time; 1 of the 1 missed levels past it (the longest 38 ms), "
+            "CPU wait 41-41 % of the time") in md

@@ -37,6 +37,8 @@ from tritonbundle.measure.search import Sweep
 _RUN = re.compile(r"^(?P<setting>.+)-(?P<round>\d+)$")
 #: The systems a run is read for, the first present: the bundle, else a reference (``device_ab.sh --reference``).
 SYSTEMS = ("bundle", "ceiling", "peer")
+#: The probe's reading of one level: long stalls, the longest (ms), the CPU wait in % (None: not read).
+Stalls = tuple[int, float, float | None]
 
 
 @dataclass
@@ -84,8 +86,8 @@ class Run:
     gpu_alone_per_row: float | None = None
     #: The host-stall probe's wake-ups 5+ ms late (how many, the longest, ms) at the knee and at the first
     #: level past it (reports from 2026-12-06 on; ``measure/stalls.py``).
-    stalls_at_knee: tuple[int, float] | None = None
-    stalls_past_it: tuple[int, float] | None = None
+    stalls_at_knee: Stalls | None = None
+    stalls_past_it: Stalls | None = None
     #: Tokens computed per useful token over the run, and the server's start-up, s.
     computed_per_useful: float | None = None
     startup_s: float | None = None
@@ -170,15 +172,18 @@ def _cycle_again(name: str, bundle: BundleResult) -> InstanceCycle | None:
                           wall_s=best.extra.get("step_wall_s") if best is not None else None, achieved_rps=b.achieved_rps)
 
 
-def _stalls(sweep: Sweep) -> tuple[tuple[int, float] | None, tuple[int, float] | None]:
-    """The probe's long stalls at the knee and at the lowest missed level past it (None where unwatched)."""
+def _stalls(sweep: Sweep) -> tuple[Stalls | None, Stalls | None]:
+    """The probe's long stalls and CPU wait at the knee and at the lowest missed level past it (None where
+    unwatched)."""
     knee = sweep.best.offered_rps if sweep.best is not None else 0.0
     past = sorted((s for s in sweep.steps if not s.passed and s.offered_rps > knee), key=lambda s: s.offered_rps)
 
-    def of(step: StepResult | None) -> tuple[int, float] | None:
+    def of(step: StepResult | None) -> Stalls | None:
         if step is None or step.extra.get("host_probe_s") is None:
             return None
-        return int(step.extra.get("host_long_stalls") or 0), float(step.extra.get("host_stall_max_ms") or 0.0)
+        wait = step.extra.get("host_cpu_wait")
+        return (int(step.extra.get("host_long_stalls") or 0), float(step.extra.get("host_stall_max_ms") or 0.0),
+                None if wait is None else 100 * float(wait))
 
     return of(sweep.best), of(past[0] if past else None)
 
@@ -189,9 +194,11 @@ def _stall_cells(runs: list[Run]) -> str:
     past = [r.stalls_past_it for r in runs if r.stalls_past_it is not None]
     if not knee and not past:
         return "-"
-    longest = max((ms for n, ms in knee + past if n), default=None)  # the longest of the 5+ ms ones
-    return f"{_span([n for n, _ in knee], 0)} / {_span([n for n, _ in past], 0)}" + (
-        f" (longest {longest:.0f} ms)" if longest is not None else "")
+    longest = max((ms for n, ms, _ in knee + past if n), default=None)  # the longest of the 5+ ms ones
+    waits = (_span([w for *_, w in knee], 0), _span([w for *_, w in past], 0))
+    return (f"{_span([n for n, *_ in knee], 0)} / {_span([n for n, *_ in past], 0)}"
+            + (f" (longest {longest:.0f} ms)" if longest is not None else "")
+            + (f"; CPU wait {waits[0]} / {waits[1]} %" if waits != ("-", "-") else ""))
 
 
 def _calls(runs: list[Run]) -> str:

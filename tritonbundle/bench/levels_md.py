@@ -47,7 +47,8 @@ def level_lines(entry: ModelResult) -> list[str]:
     if not levels:
         return []
     probed = any(s.extra.get("host_probe_s") is not None for by_system in levels.values() for s in by_system.values())
-    marks = f"; where the host stalled the probe {stalls.LONG_STALL_MS:g}+ ms: how often, the longest" if probed else ""
+    marks = (f"; where the host stalled the probe {stalls.LONG_STALL_MS:g}+ ms: how often, the longest; where tasks "
+             f"waited for a CPU {100 * stalls.CPU_WAIT_SHOWN:g}+ % of the time: that share" if probed else "")
     out = ["", f"Latency at each offered load (p50 / p99 ms; answered req/s{marks}):", "",
            "| offered req/s | naive | peer | bundle |", "|---:|---|---|---|"]
     for rate in sorted(levels):
@@ -81,8 +82,9 @@ def level_lines(entry: ModelResult) -> list[str]:
 
 
 def _stalled(level: StepResult) -> str:
-    n = level.extra.get("host_long_stalls")
-    return f"; host {n}x, {level.extra.get('host_stall_max_ms', 0):.0f} ms" if n else ""
+    n, wait = level.extra.get("host_long_stalls"), level.extra.get("host_cpu_wait")
+    return ((f"; host {n}x, {level.extra.get('host_stall_max_ms', 0):.0f} ms" if n else "")
+            + (f"; CPU wait {100 * wait:.0f} %" if wait is not None and wait >= stalls.CPU_WAIT_SHOWN else ""))
 
 
 def host_stall_line(system: str, steps: Sequence[StepResult]) -> str:
@@ -100,7 +102,9 @@ def host_stall_line(system: str, steps: Sequence[StepResult]) -> str:
     def part(levels: list[StepResult], what: str) -> str:
         hit = [s for s in levels if s.extra.get("host_long_stalls")]
         worst = max((float(s.extra.get("host_stall_max_ms") or 0.0) for s in hit), default=0.0)
-        return f"{len(hit)} of the {len(levels)} {what}" + (f" (the longest {worst:.0f} ms)" if hit else "")
+        waits = [100 * float(w) for s in levels if (w := s.extra.get("host_cpu_wait")) is not None]
+        return (f"{len(hit)} of the {len(levels)} {what}" + (f" (the longest {worst:.0f} ms)" if hit else "")
+                + (f", CPU wait {min(waits):.0f}-{max(waits):.0f} % of the time" if waits else ""))
 
     return f"- {system}: {part(below, 'passing levels up to its rate at the SLO')}; {part(past, 'missed levels past it')}"
 

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from tritonbundle.errors import TritonBundleError
 from tritonbundle.log import LOG
+from tritonbundle.measure import stalls
 from tritonbundle.measure.latency import Slo, StepResult, judge
 from tritonbundle.measure.loadgen import LoadPool
 from tritonbundle.measure.search import Sweep, search_rate
@@ -156,13 +157,15 @@ def measure_rates(pool: LoadPool, *, system: str, slo: Slo, timing: Timing, ladd
         judge(result, slo)
         gpu_util, sm_mhz = result.extra.get("gpu_util_mean"), result.extra.get("gpu_sm_mhz_mean")
         from_send, gc_ms = result.extra.get("p99_from_send_ms"), result.extra.get("client_gc_max_ms") or 0.0
-        long_stalls = result.extra.get("host_long_stalls") or 0
-        LOG.info("    %s @ %8.1f req/s offered: %8.1f answered/s, p50 %7.1f ms, p99 %7.1f ms%s%s%s, failed %d%s%s: %s",
+        long_stalls, cpu_wait = result.extra.get("host_long_stalls") or 0, result.extra.get("host_cpu_wait") or 0.0
+        LOG.info("    %s @ %8.1f req/s offered: %8.1f answered/s, p50 %7.1f ms, p99 %7.1f ms%s%s%s%s, failed %d%s%s: %s",
                  system, rate, result.achieved_rps, result.p50_ms, result.p99_ms,
                  f" ({from_send:.1f} from the send)" if from_send is not None else "",
                  f", a load generator's collector paused {gc_ms:.1f} ms" if gc_ms >= GC_PAUSE_SHOWN_MS else "",
                  f", the host stalled a bystander {long_stalls} times (up to {result.extra['host_stall_max_ms']:.0f} ms)"
-                 if long_stalls else "", result.failed,
+                 if long_stalls else "",
+                 f", tasks waited for a CPU {100 * cpu_wait:.0f} % of the time" if cpu_wait >= stalls.CPU_WAIT_SHOWN else "",
+                 result.failed,
                  f", GPU {gpu_util:.0f}%" if gpu_util is not None else "",
                  f" at {sm_mhz:.0f} MHz" if sm_mhz is not None else "",
                  "PASS" if result.passed else f"FAIL ({result.reason})")

@@ -10,6 +10,12 @@ of a core, so it is late only when the kernel did not run it. Linux wakes a slee
 slack (50 us by default) when a core is free; a wake-up milliseconds late means no core was given to
 it for that long: the host was short of cores (ours all busy, or taken away from the machine).
 
+Beside it, the kernel's CPU pressure (``/proc/pressure/cpu``, "some": the share of time at least one
+runnable task waited for a core, read at each heartbeat). The two tell apart whose the missing cores
+were: this machine's own tasks outnumbering its cores (pressure up, the probe late) or the machine's
+cores not being run at all, by the hypervisor or its host (the probe late, no pressure: inside a
+virtual machine a descheduled vCPU leaves its task "running").
+
 ``python -m tritonbundle.measure.stalls --seconds 60`` runs the probe alone and prints what it saw: run it
 on an idle machine to see whether the host itself stalls.
 """
@@ -23,6 +29,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO
 
 from tritonbundle.proc import python_child_env, stop_reader
@@ -36,12 +43,28 @@ LONG_STALL_MS = 5.0
 #: The probe says it is alive this often (s), with its tick count, so a window knows it was watched.
 HEARTBEAT_S = 0.5
 #: What :meth:`StallProbe.window` adds to a level's record.
-STALL_KEYS = ("host_stalls", "host_long_stalls", "host_stall_max_ms", "host_stalled_ms", "host_probe_s")
+STALL_KEYS = ("host_stalls", "host_long_stalls", "host_stall_max_ms", "host_stalled_ms", "host_probe_s", "host_cpu_wait")
+#: A level's CPU wait (some task waited for a core this share of the time) is named in the console
+#: and marked in bench.md from this share.
+CPU_WAIT_SHOWN = 0.05
+#: The kernel's CPU pressure (PSI, Linux 4.20+; absent where the kernel was built without it).
+PRESSURE = Path("/proc/pressure/cpu")
+
+
+def cpu_pressure_us(path: Path = PRESSURE) -> int | None:
+    """The "some" line's ``total``: microseconds in which at least one runnable task waited for a CPU
+    since boot (Documentation/accounting/psi.rst); None where the kernel has no such file."""
+    try:
+        some = next(line for line in path.read_text().splitlines() if line.startswith("some "))
+        return int(some.rsplit("total=", 1)[1])
+    except (OSError, StopIteration, IndexError, ValueError):
+        return None
 
 
 def probe(seconds: float, out: IO[str]) -> None:
     """The probe's loop: sleep :data:`TICK_S`; a wake-up :data:`STALL_MS` or more late is written as
-    ``<monotonic end> <ms late>``; every :data:`HEARTBEAT_S`, ``# <monotonic> <ticks>``. ``time.monotonic``
+    ``<monotonic end> <ms late>``; every :data:`HEARTBEAT_S`, ``# <monotonic> <ticks> <CPU pressure us or ->``
+    (:func:`cpu_pressure_us`). ``time.monotonic``
     is CLOCK_MONOTONIC on Linux, the same clock in every process, so the parent can place each line in
     its own windows."""
     end = time.monotonic() + seconds
@@ -57,7 +80,8 @@ def probe(seconds: float, out: IO[str]) -> None:
         if late_ms >= STALL_MS:
             out.write(f"{now:.6f} {late_ms:.3f}\n")
         if now - beat >= HEARTBEAT_S or now >= end:
-            out.write(f"# {now:.6f} {ticks}\n")
+            pressure = cpu_pressure_us()
+            out.write(f"# {now:.6f} {ticks} {'-' if pressure is None else pressure}\n")
             out.flush()
             beat = now
             if now >= end:
@@ -78,6 +102,8 @@ class StallProbe:
         self.max_s = max_s
         self.stalls: list[Stall] = []
         self.beats: list[float] = []
+        #: (monotonic s, :func:`cpu_pressure_us`) at the heartbeats where the kernel reported it.
+        self.pressure: list[tuple[float, int]] = []
         #: Why the probe is not running ("" while it runs, or before it starts).
         self.error = ""
         self._stopping = False
@@ -101,7 +127,10 @@ class StallProbe:
         for line in self._proc.stdout:
             with contextlib.suppress(ValueError, IndexError):
                 if line.startswith("#"):
-                    self.beats.append(float(line.split()[1]))
+                    fields = line.split()
+                    self.beats.append(float(fields[1]))
+                    if len(fields) > 3 and fields[3] != "-":
+                        self.pressure.append((float(fields[1]), int(fields[3])))
                 else:
                     t, late = line.split()
                     self.stalls.append(Stall(float(t), float(late)))
@@ -112,8 +141,10 @@ class StallProbe:
 
     def window(self, start: float, end: float) -> dict[str, float | None]:
         """The span's stalls: how many (>= :data:`STALL_MS` late), how many long (>= :data:`LONG_STALL_MS`),
-        the longest and their sum (ms), and the seconds the probe was seen alive in it; all None when it
-        was not (not started, or died)."""
+        the longest and their sum (ms), the seconds the probe was seen alive in it, and the share of that
+        time in which a task of this machine waited for a CPU (between the first and the last heartbeat
+        inside the span; None without two there, or without the kernel's pressure file); all None when it
+        was not watched (not started, or died)."""
         beats = list(self.beats)
         # the probe lives from its first heartbeat to its last (it is never restarted): the part of the span
         # inside that life was watched (a beat every HEARTBEAT_S, so the last may be up to that short of ``end``)
@@ -123,7 +154,14 @@ class StallProbe:
         inside = [s.late_ms for s in list(self.stalls) if start <= s.t <= end]
         return {"host_stalls": len(inside), "host_long_stalls": sum(1 for ms in inside if ms >= LONG_STALL_MS),
                 "host_stall_max_ms": round(max(inside, default=0.0), 2), "host_stalled_ms": round(sum(inside), 1),
-                "host_probe_s": round(watched, 2)}
+                "host_probe_s": round(watched, 2), "host_cpu_wait": self._cpu_wait(start, end)}
+
+    def _cpu_wait(self, start: float, end: float) -> float | None:
+        inside = [(t, us) for t, us in list(self.pressure) if start <= t <= end]
+        if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
+            return None
+        (t0, us0), (t1, us1) = inside[0], inside[-1]
+        return round((us1 - us0) / 1e6 / (t1 - t0), 4)
 
     def stop(self) -> None:
         self._stopping = True
@@ -135,11 +173,14 @@ def describe(window: dict[str, float | None]) -> str:
     if window.get("host_probe_s") is None:
         return ""
     n, long_n = int(window.get("host_stalls") or 0), int(window.get("host_long_stalls") or 0)
+    wait = window.get("host_cpu_wait")
+    pressure = (f"; a task waited for a CPU {100 * wait:.1f} % of the time (/proc/pressure/cpu)" if wait is not None
+                else "; no CPU pressure reading (/proc/pressure/cpu)")
     if n == 0:
-        return f"no wake-up of the probe was {STALL_MS:g} ms late or more in {window['host_probe_s']:.1f} s"
+        return f"no wake-up of the probe was {STALL_MS:g} ms late or more in {window['host_probe_s']:.1f} s{pressure}"
     return (f"the probe woke {STALL_MS:g}+ ms late {n} times ({long_n} of them {LONG_STALL_MS:g}+ ms, the longest "
             f"{window['host_stall_max_ms']:.1f} ms, {window['host_stalled_ms']:.0f} ms in all) in "
-            f"{window['host_probe_s']:.1f} s")
+            f"{window['host_probe_s']:.1f} s{pressure}")
 
 
 def main(argv: list[str] | None = None) -> int:
