@@ -7,6 +7,8 @@ starts its own server on free loopback ports.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +27,22 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ["LOCUST_SKIP_MONKEY_PATCH"] = "1"
 
 
+@contextlib.contextmanager
+def one_process_at_a_time(name: str) -> Iterator[None]:
+    """Hold a lock on ``.cache/locks/<name>.lock`` for the block: `make test` runs the unit tests on two
+    pytest-xdist workers, and each worker runs a session fixture once, so two of them writing the same
+    file in the checkout (the exported model, a fetched tool) must take turns; the second finds the
+    first's result and reuses it."""
+    locks = ROOT / ".cache" / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with (locks / f"{name}.lock").open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Fast tests first: a broken unit shows up before the slow ones start.
     def rank(item: pytest.Item) -> int:
@@ -38,7 +56,8 @@ def exported_minilm() -> Path:
     """build/artifacts/minilm with model.onnx + tokenizer.json (exported once, then reused)."""
     from tritonbundle.build.stage import BuildOptions, export_all
 
-    artifacts = export_all(BuildOptions(manifest=MANIFEST, artifacts=ARTIFACTS))
+    with one_process_at_a_time("export"):
+        artifacts = export_all(BuildOptions(manifest=MANIFEST, artifacts=ARTIFACTS))
     assert artifacts["minilm"].onnx_path is not None
     return ARTIFACTS / "minilm"
 

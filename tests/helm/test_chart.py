@@ -30,6 +30,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tests.conftest import one_process_at_a_time
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "tritonbundle"
 FETCH_TOOLS = ROOT / "helm" / "fetch-tools.sh"
@@ -53,7 +55,8 @@ Obj = dict[str, Any]
 @pytest.fixture(scope="session")
 def helm() -> Path:
     """The pinned helm binary; helm/fetch-tools.sh fetches it once (a no-op when already there)."""
-    result = subprocess.run([str(FETCH_TOOLS)], capture_output=True, text=True, timeout=600)
+    with one_process_at_a_time("helm-tools"):
+        result = subprocess.run([str(FETCH_TOOLS)], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, f"helm/fetch-tools.sh failed:\n{result.stdout}\n{result.stderr}"
     return TOOLS_BIN / "helm"
 
