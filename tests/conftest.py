@@ -112,11 +112,21 @@ def token_counts(artifacts: Path, texts: list[str]) -> list[int]:
     return [len(tok.encode(text).ids) for text in texts]
 
 
+#: The user property a test records an accuracy gate's figures under (:func:`record_gate`).
+GATE_FIGURES = "gate_figures"
+
+
+def record_gate(request: pytest.FixtureRequest, line: str) -> None:
+    """Keep a gate's figures for the end of the run: as a property of the test's report, which
+    pytest-xdist carries from its workers to the run that prints the summary."""
+    request.node.user_properties.append((GATE_FIGURES, line))
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Print the accuracy gates' figures (cosine, max |diff|) the precision tests measured."""
-    from tests import gate_figures
-
-    if gate_figures.LINES:
+    lines = [value for reports in terminalreporter.stats.values() for r in reports
+             if getattr(r, "when", "") == "call" for key, value in getattr(r, "user_properties", ()) if key == GATE_FIGURES]
+    if lines:
         terminalreporter.write_sep("-", "accuracy gates (ONNX Runtime, CPU)")
-        for line in gate_figures.LINES:
-            terminalreporter.write_line(line)
+        for line in lines:
+            terminalreporter.write_line(str(line))

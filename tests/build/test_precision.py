@@ -14,9 +14,8 @@ import onnx
 import pytest
 import yaml
 
-from tests import gate_figures
 from tests.build.onnx_models import three_input_encoder, token_batches
-from tests.conftest import ARTIFACTS, MANIFEST
+from tests.conftest import ARTIFACTS, MANIFEST, record_gate
 from tritonbundle.build import precision
 from tritonbundle.errors import BuildError
 
@@ -84,10 +83,10 @@ def _minilm(tmp_path: Path, **changes: Any) -> tuple[Any, Any]:
     return spec, plan_model(spec, options)
 
 
-def _record(name: str, lowered: precision.Lowered) -> None:
+def _record(request: pytest.FixtureRequest, name: str, lowered: precision.Lowered) -> None:
     gate = lowered.report["gate"]
-    gate_figures.LINES.append(
-        f"{name:<34} min cosine {gate['min_cosine']:.5f}  mean {gate['mean_cosine']:.5f}  max |diff| "
+    record_gate(
+        request, f"{name:<34} min cosine {gate['min_cosine']:.5f}  mean {gate['mean_cosine']:.5f}  max |diff| "
         f"{gate['max_abs']:.2e}  ({gate['rows']} rows; limits {gate['tolerance']['min_cosine']:g} / "
         f"{gate['tolerance']['max_abs']:g})"
     )
@@ -95,10 +94,11 @@ def _record(name: str, lowered: precision.Lowered) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("prec", ["fp16", "bf16", "int8"])
-def test_minilm_at_each_precision_passes_its_gate(exported_minilm: Path, tmp_path: Path, prec: str) -> None:
+def test_minilm_at_each_precision_passes_its_gate(exported_minilm: Path, tmp_path: Path, prec: str,
+                                                 request: pytest.FixtureRequest) -> None:
     spec, plan = _minilm(tmp_path, precision=prec, target="gpu", runtime="tensorrt")
     lowered = precision.lower(spec, plan, exported_minilm / "model.onnx", exported_minilm / "tokenizer.json", tmp_path)
-    _record(f"MiniLM {prec}" + (" (emulated)" if prec == "bf16" else ""), lowered)
+    _record(request, f"MiniLM {prec}" + (" (emulated)" if prec == "bf16" else ""), lowered)
     assert lowered.report["gate"]["passed"] and lowered.onnx_path.exists()
     assert lowered.reference == exported_minilm / "model.onnx"
     kinds = Counter(n.op_type for n in onnx.load(str(lowered.onnx_path)).graph.node)
@@ -110,7 +110,8 @@ def test_minilm_at_each_precision_passes_its_gate(exported_minilm: Path, tmp_pat
 
 
 @pytest.mark.slow
-def test_the_int8_gate_rejects_a_calibration_set_unlike_the_traffic(exported_minilm: Path, tmp_path: Path) -> None:
+def test_the_int8_gate_rejects_a_calibration_set_unlike_the_traffic(exported_minilm: Path, tmp_path: Path,
+                                                                   request: pytest.FixtureRequest) -> None:
     """Calibrating on three-token inputs (nothing like the chat traffic) gives scales that clip real
     requests: the gate measures it on traffic-shaped texts and refuses the model, naming the figures."""
     bad = tmp_path / "calibration" / "short.npz"
@@ -129,7 +130,7 @@ def test_the_int8_gate_rejects_a_calibration_set_unlike_the_traffic(exported_min
         precision.lower(spec, plan_model(spec, options), exported_minilm / "model.onnx", exported_minilm / "tokenizer.json",
                         tmp_path / "work")
     figures = str(e.value).split("vs FP32: ", 1)[1].split(";", 1)[0]
-    gate_figures.LINES.append(f"{'MiniLM int8, 3-token calibration':<34} {figures}  (rejected, as it should be)")
+    record_gate(request, f"{'MiniLM int8, 3-token calibration':<34} {figures}  (rejected, as it should be)")
     assert not (tmp_path / "work" / "model.int8.onnx").exists()  # nothing half-made is left to reuse
 
 
@@ -155,13 +156,13 @@ def _generic(tmp_path: Path, prec: str, calibration: Path | None) -> tuple[Any, 
 
 
 @pytest.mark.parametrize("prec", ["fp16", "int8"])
-def test_a_generic_three_input_model_passes_its_gates(tmp_path: Path, prec: str) -> None:
+def test_a_generic_three_input_model_passes_its_gates(tmp_path: Path, prec: str, request: pytest.FixtureRequest) -> None:
     rng = np.random.default_rng(1)
     calibration = tmp_path / "calibration.npz"
     np.savez(calibration, **token_batches(50, [int(n) for n in rng.integers(4, 64, size=64)]))
     spec, plan, onnx_path = _generic(tmp_path, prec, calibration)
     lowered = precision.lower(spec, plan, onnx_path, None, tmp_path / "work")
-    _record(f"three-input encoder {prec}", lowered)
+    _record(request, f"three-input encoder {prec}", lowered)
     assert lowered.report["gate"]["passed"]
 
 
