@@ -18,7 +18,7 @@
 #               52-55 s, and at 95 the budget cut all three ladders of an A/B: give 120, with --deadline 420)
 #   --reference a system measured once per round after the settings, into runs/<system>-<round>
 #               (ceiling: the model alone, --budget-s 60; peer: LitServe, --budget-s 55, carry
-#               .device/peer): the summary puts each setting's median over the reference's, and round
+#               .device/peer and --install once): the summary puts each setting's median over the reference's, and round
 #               by round (the bundle/ceiling and bundle/peer targets ask for the same host, >= 3 runs)
 #   NAME=FILE   a setting: its --tuned file; +VAR=VALUE sets an environment variable for its runs only,
 #               +--flag=VALUE passes a flag of the bench (e.g. +--load-procs=4; values without '+')
@@ -29,7 +29,8 @@
 #   (the load generators' sender: wire=FILE client=FILE+TRITONBUNDLE_LOAD_SENDER=client
 #    http=FILE+TRITONBUNDLE_LOAD_SENDER=http;
 #    their processes: procs4=FILE+--load-procs=4 procs11=FILE+--load-procs=11)
-# Every run: TRITONBUNDLE_GPU_SHARING=mps unless set, texts in, p99 <= 50 ms, --budget-s 75 (62-70 s a run).
+# Every run: TRITONBUNDLE_GPU_SHARING=mps unless set, texts in, p99 <= 50 ms, --budget-s 75 unless --budget
+# (62-70 s a run); a reference's: --budget-s 60 (ceiling) or 55 (peer).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 T0=$(date +%s)
@@ -45,13 +46,15 @@ while [ $# -gt 0 ]; do
     --budget) budget=$2; shift ;;
     --reference) case $2 in ceiling|peer) references+=("$2") ;;
       *) echo "device_ab: --reference ceiling or peer, not $2" >&2; exit 2 ;; esac; shift ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
     *=*) settings+=("$1") ;;
     *) echo "device_ab: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
 [ ${#settings[@]} -gt 0 ] || { echo "device_ab: name at least one setting NAME=TUNED_JSON" >&2; exit 2; }
+for spec in "${settings[@]}"; do case ${spec%%=*} in ceiling|peer)
+  echo "device_ab: '${spec%%=*}' names a reference system's runs (--reference): give the setting another name" >&2; exit 2 ;; esac; done
 [ "$first" -le "$rounds" ] || { echo "device_ab: --first $first is past --rounds $rounds (the last round's number): no round would run; for rounds $first-$((first + rounds - 1)) give --rounds $((first + rounds - 1))" >&2; exit 2; }
 case $model in
   bert-base) rates="--start-rate 6000 --max-rate 25600" ;;

@@ -293,6 +293,14 @@ def test_the_device_script_measures_the_references_each_round_and_puts_the_setti
     assert ("- ceiling (median of 3: 4,000 req/s): a 0.50 of the ceiling (by round: 0.50 / 0.50 / 0.50); "
             "b 0.62 of the ceiling (by round: 0.75 / 0.62 / 0.58)") in summary
     assert "- peer (median of 3: 200 req/s): a 10.00 over the peer (by round: 10.00 / 10.00 / 10.00); b 12.50" in summary
+    # a reference run that answered nothing is left out of the reference's median, not counted as 0
+    failed = json.loads((tmp_path / "out" / "runs" / "ceiling-3" / "bench.json").read_text())
+    failed["models"]["bert_base"]["systems"]["ceiling"] = {"status": "failed", "error": "CUDA error"}
+    (tmp_path / "out" / "runs" / "ceiling-3" / "bench.json").write_text(json.dumps(failed))
+    assert "- ceiling (median of 2: 3,000 req/s): a 0.67 of the ceiling (by round: 0.50 / 0.50 / -)" in markdown(
+        summarize(tmp_path / "out"))
+    (tmp_path / "again").mkdir()
+    assert _device_ab(tmp_path / "again", "--reference", "ceiling", "ceiling=x.json").returncode == 2
 
 
 def test_the_device_script_refuses_a_setting_item_it_cannot_place(tmp_path: Path) -> None:

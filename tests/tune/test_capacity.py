@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helm.test_chart import helm  # noqa: F401 - the fixture: helm fetched once, under the lock
 from tritonbundle.tune.capacity import DEFAULT_READY_S, Rule, autoscaling_values, replay, summary
 from tritonbundle.tune.report import write
 from tritonbundle.tune.result import TuneResult
@@ -32,13 +33,10 @@ def test_the_target_is_the_tune_winners_capacity_times_the_headroom() -> None:
         autoscaling_values(result, headroom=1.5)
 
 
-def test_tune_writes_autoscaling_values_that_the_chart_turns_into_the_hpa_target(tmp_path: Path) -> None:
+def test_tune_writes_autoscaling_values_that_the_chart_turns_into_the_hpa_target(tmp_path: Path, helm: Path) -> None:  # noqa: F811
     write(TuneResult.from_json(json.loads(TUNE_JSON.read_text())), tmp_path)
     values = tmp_path / "autoscaling-values.yaml"
     assert yaml.safe_load(values.read_text())["autoscaling"]["requestsPerSecond"] == 5629
-    helm = ROOT / ".tools" / "bin" / "helm"
-    if not helm.exists():
-        pytest.skip("helm is fetched by `make tools` (tests/helm run it)")
     chart = ROOT / "helm" / "tritonbundle"
     done = subprocess.run([str(helm), "template", "t", str(chart), "-f", str(chart / "ci" / "autoscaling-monitoring-values.yaml"),
                            "-f", str(values)], capture_output=True, text=True, timeout=60)

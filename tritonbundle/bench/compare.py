@@ -284,12 +284,13 @@ def _against_references(settings: list[Setting]) -> list[str]:
     rounds on the same host), and round by round where both ran in it."""
     lines: list[str] = []
     for ref in (s for s in settings if s.runs[0].system != "bundle"):
-        ref_rounds = {r.round: r.rps for r in ref.runs if r.rps}
-        if not ref.median or not ref_rounds:
+        ref_rounds = {r.round: r.rps for r in ref.runs if r.rps}  # a failed reference run is not a zero
+        if not ref_rounds:
             continue
+        median = statistics.median(ref_rounds.values())
         what = "of the ceiling" if ref.runs[0].system == "ceiling" else "over the peer"
-        lines.append(f"- {ref.name} (median of {len(ref.runs)}: {ref.median:,.0f} req/s): " + "; ".join(
-            f"{s.name} {s.median / ref.median:.2f} {what} (by round: " + " / ".join(
+        lines.append(f"- {ref.name} (median of {len(ref_rounds)}: {median:,.0f} req/s): " + "; ".join(
+            f"{s.name} {s.median / median:.2f} {what} (by round: " + " / ".join(
                 f"{r.rps / ref_rounds[r.round]:.2f}" if r.rps and r.round in ref_rounds else "-" for r in s.by_round) + ")"
             for s in settings if s.runs[0].system == "bundle"))
     return ["", *lines] if lines else []

@@ -47,8 +47,10 @@ def level_lines(entry: ModelResult) -> list[str]:
     if not levels:
         return []
     probed = any(s.extra.get("host_probe_s") is not None for by_system in levels.values() for s in by_system.values())
-    marks = (f"; where the host stalled the probe {stalls.LONG_STALL_MS:g}+ ms: how often, the longest; where tasks "
-             f"waited for a CPU {100 * stalls.CPU_WAIT_SHOWN:g}+ % of the time: that share" if probed else "")
+    pressure = any(s.extra.get("host_cpu_wait") is not None for by_system in levels.values() for s in by_system.values())
+    marks = ((f"; where the host stalled the probe {stalls.LONG_STALL_MS:g}+ ms: how often, the longest" if probed else "")
+             + (f"; where tasks waited for a CPU {100 * stalls.CPU_WAIT_SHOWN:g}+ % of the time: that share"
+                if pressure else ""))
     out = ["", f"Latency at each offered load (p50 / p99 ms; answered req/s{marks}):", "",
            "| offered req/s | naive | peer | bundle |", "|---:|---|---|---|"]
     for rate in sorted(levels):

@@ -81,7 +81,8 @@ def probe(seconds: float, out: IO[str]) -> None:
             out.write(f"{now:.6f} {late_ms:.3f}\n")
         if now - beat >= HEARTBEAT_S or now >= end:
             pressure = cpu_pressure_us()
-            out.write(f"# {now:.6f} {ticks} {'-' if pressure is None else pressure}\n")
+            # stamped after the read: a pause between the two would otherwise count against the next beat
+            out.write(f"# {time.monotonic():.6f} {ticks} {'-' if pressure is None else pressure}\n")
             out.flush()
             beat = now
             if now >= end:
@@ -161,7 +162,7 @@ class StallProbe:
         if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
             return None
         (t0, us0), (t1, us1) = inside[0], inside[-1]
-        return round((us1 - us0) / 1e6 / (t1 - t0), 4)
+        return round(min(1.0, (us1 - us0) / 1e6 / (t1 - t0)), 4)
 
     def stop(self) -> None:
         self._stopping = True
