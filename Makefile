@@ -36,13 +36,14 @@ $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 demo: $(VENV)/.installed
 	$(BIN)/tritonbundle demo
 
-# The tests that start no server run on two processes (pytest-xdist); the slow and docker tests, whose
-# servers, load levels and image builds would take each other's cores, one at a time after them.
+# The tests that start no server run on two processes (pytest-xdist), with the slow ones marked `beside`
+# (ONNX Runtime work, no server, nothing timed); the other slow and docker tests, whose servers, load
+# levels and image builds would take each other's cores, one at a time after them.
 FAST := -m "not slow and not docker" -n 2
 test: $(VENV)/.installed
 	@$(MAKE) --no-print-directory lint
-	@$(BIN)/python -m pytest $(FAST) $(PYTEST_ARGS); fast=$$?; [ $$fast -eq 5 ] && fast=0; \
-	  $(BIN)/python -m pytest -m "slow or docker" $(PYTEST_ARGS); slow=$$?; [ $$slow -eq 5 ] && slow=0; \
+	@$(BIN)/python -m pytest -m "(not slow and not docker) or beside" -n 2 $(PYTEST_ARGS); fast=$$?; [ $$fast -eq 5 ] && fast=0; \
+	  $(BIN)/python -m pytest -m "(slow or docker) and not beside" $(PYTEST_ARGS); slow=$$?; [ $$slow -eq 5 ] && slow=0; \
 	  [ $$fast -eq 0 ] || { echo "==> the unit tests failed (exit $$fast; the slow and docker tests ran anyway)"; exit $$fast; }; \
 	  exit $$slow
 

@@ -93,6 +93,7 @@ def _record(request: pytest.FixtureRequest, name: str, lowered: precision.Lowere
 
 
 @pytest.mark.slow
+@pytest.mark.beside
 @pytest.mark.parametrize("prec", ["fp16", "bf16", "int8"])
 def test_minilm_at_each_precision_passes_its_gate(exported_minilm: Path, tmp_path: Path, prec: str,
                                                  request: pytest.FixtureRequest) -> None:
@@ -110,6 +111,7 @@ def test_minilm_at_each_precision_passes_its_gate(exported_minilm: Path, tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.beside
 def test_the_int8_gate_rejects_a_calibration_set_unlike_the_traffic(exported_minilm: Path, tmp_path: Path,
                                                                    request: pytest.FixtureRequest) -> None:
     """Calibrating on three-token inputs (nothing like the chat traffic) gives scales that clip real

@@ -76,6 +76,7 @@ def test_the_gate_copies_the_outputs_of_a_runner_that_reuses_them(tmp_path: Path
 
 
 @pytest.mark.slow
+@pytest.mark.beside
 def test_the_tensorrt_gate_passes_an_engine_equal_to_fp32_and_feeds_every_profile(
     tmp_path: Path, exported_minilm: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
