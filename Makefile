@@ -39,16 +39,16 @@ demo: $(VENV)/.installed
 # The tests that start no server run on two processes (pytest-xdist), with the slow ones marked `beside`
 # (ONNX Runtime work, no server, nothing timed); the other slow and docker tests, whose servers, load
 # levels and image builds would take each other's cores, one at a time after them.
-FAST := -m "not slow and not docker" -n 2
+UNIT := not slow and not docker
 test: $(VENV)/.installed
 	@$(MAKE) --no-print-directory lint
-	@$(BIN)/python -m pytest -m "(not slow and not docker) or beside" -n 2 $(PYTEST_ARGS); fast=$$?; [ $$fast -eq 5 ] && fast=0; \
-	  $(BIN)/python -m pytest -m "(slow or docker) and not beside" $(PYTEST_ARGS); slow=$$?; [ $$slow -eq 5 ] && slow=0; \
+	@$(BIN)/python -m pytest -m "($(UNIT)) or beside" -n 2 $(PYTEST_ARGS); fast=$$?; [ $$fast -eq 5 ] && fast=0; \
+	  $(BIN)/python -m pytest -m "not ($(UNIT)) and not beside" $(PYTEST_ARGS); slow=$$?; [ $$slow -eq 5 ] && slow=0; \
 	  [ $$fast -eq 0 ] || { echo "==> the unit tests failed (exit $$fast; the slow and docker tests ran anyway)"; exit $$fast; }; \
 	  exit $$slow
 
 test-fast: $(VENV)/.installed
-	@$(BIN)/python -m pytest $(FAST) $(PYTEST_ARGS); rc=$$?; \
+	@$(BIN)/python -m pytest -m "$(UNIT)" -n 2 $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
 
 test-docker: $(VENV)/.installed

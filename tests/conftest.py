@@ -35,12 +35,9 @@ def one_process_at_a_time(name: str) -> Iterator[None]:
     first's result and reuses it."""
     locks = ROOT / ".cache" / "locks"
     locks.mkdir(parents=True, exist_ok=True)
-    with (locks / f"{name}.lock").open("w") as handle:
+    with (locks / f"{name}.lock").open("w") as handle:  # closing it releases the lock
         fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        yield
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -99,6 +99,11 @@ class Setting:
     runs: list[Run] = field(default_factory=list)
 
     @property
+    def system(self) -> str:
+        """What its runs measured: ``bundle`` for a setting, ``ceiling`` or ``peer`` for a reference."""
+        return self.runs[0].system if self.runs else "bundle"
+
+    @property
     def by_round(self) -> list[Run]:
         return sorted(self.runs, key=lambda r: r.round)
 
@@ -283,16 +288,16 @@ def _against_references(settings: list[Setting]) -> list[str]:
     """Each bundle setting's median over each reference's (the ceiling, the peer: measured in the same
     rounds on the same host), and round by round where both ran in it."""
     lines: list[str] = []
-    for ref in (s for s in settings if s.runs[0].system != "bundle"):
+    for ref in (s for s in settings if s.system != "bundle"):
         ref_rounds = {r.round: r.rps for r in ref.runs if r.rps}  # a failed reference run is not a zero
         if not ref_rounds:
             continue
         median = statistics.median(ref_rounds.values())
-        what = "of the ceiling" if ref.runs[0].system == "ceiling" else "over the peer"
+        what = "of the ceiling" if ref.system == "ceiling" else "over the peer"
         lines.append(f"- {ref.name} (median of {len(ref_rounds)}: {median:,.0f} req/s): " + "; ".join(
             f"{s.name} {s.median / median:.2f} {what} (by round: " + " / ".join(
                 f"{r.rps / ref_rounds[r.round]:.2f}" if r.rps and r.round in ref_rounds else "-" for r in s.by_round) + ")"
-            for s in settings if s.runs[0].system == "bundle"))
+            for s in settings if s.system == "bundle"))
     return ["", *lines] if lines else []
 
 

@@ -46,8 +46,9 @@ def level_lines(entry: ModelResult) -> list[str]:
             levels.setdefault(round(float(s.offered_rps), 1), {})[system] = s
     if not levels:
         return []
-    probed = any(s.extra.get("host_probe_s") is not None for by_system in levels.values() for s in by_system.values())
-    pressure = any(s.extra.get("host_cpu_wait") is not None for by_system in levels.values() for s in by_system.values())
+    steps = [s for sweep in sweeps.values() for s in sweep.steps]
+    probed = any(s.extra.get("host_probe_s") is not None for s in steps)
+    pressure = any(s.extra.get("host_cpu_wait") is not None for s in steps)
     marks = ((f"; where the host stalled the probe {stalls.LONG_STALL_MS:g}+ ms: how often, the longest" if probed else "")
              + (f"; where tasks waited for a CPU {100 * stalls.CPU_WAIT_SHOWN:g}+ % of the time: that share"
                 if pressure else ""))
