@@ -117,7 +117,10 @@ class Release:
 
     def compare(self, tokenizer: str, encoder: str, serving: int, texts: list[str], rounds: int,
                 ) -> tuple[float, dict[str, list[float]]]:
-        """The least cosine between the two versions' answers, and each version's latencies (interleaved)."""
+        """The least cosine between the two versions' answers, and each version's latencies (interleaved).
+
+        A candidate whose answer cannot be compared (another shape, a value that is not finite) raises
+        ``ValueError`` naming it: NaN compares false with everything, so its cosine would pass any gate."""
         output = self._config(encoder)["output"][0]["name"]
         worst = 1.0
         times: dict[str, list[float]] = {str(serving): [], str(self.candidate): []}
@@ -126,6 +129,12 @@ class Release:
                 feeds = self._tokens(tokenizer, [text])
                 old, t_old = self._embed(encoder, serving, feeds, output)
                 new, t_new = self._embed(encoder, self.candidate, feeds, output)
+                if new.shape != old.shape:
+                    raise ValueError(f"version {self.candidate} answers {output} of shape {list(new.shape)}, "
+                                     f"version {serving} {list(old.shape)}")
+                if not np.isfinite(new).all():
+                    raise ValueError(f"version {self.candidate} answers {output} with values that are not finite "
+                                     "(NaN or inf)")
                 if r == 0:
                     a, b = old.reshape(-1), new.reshape(-1)
                     worst = min(worst, float(a @ b / max(1e-12, float(np.linalg.norm(a) * np.linalg.norm(b)))))
@@ -136,6 +145,8 @@ class Release:
     # -- the release ---------------------------------------------------------------------------------------
     def run(self, texts: list[str], *, min_cosine: float = 0.999, max_p99_ratio: float = 1.5, slack_ms: float = 5.0,
             rounds: int = 3) -> Verdict:
+        if not texts or rounds < 1:
+            raise ConfigError(f"a release compares at least one text once (texts {len(texts)}, rounds {rounds})")
         ensemble, step, encoder = self._steps()
         tokenizer = str(ensemble["ensemble_scheduling"]["step"][0]["model_name"])
         serving = self._serving(encoder)
@@ -153,6 +164,12 @@ class Release:
         def versions(*numbers: int) -> dict[str, Any]:
             return {**encoder_config, "version_policy": {"specific": {"versions": list(numbers)}}}
 
+        def refuse(reason: str) -> Verdict:
+            self._load(encoder, versions(serving), f"{encoder} serves version {serving} alone again")
+            self._load(self.model, pin(-1), f"unpinned {self.model}")
+            verdict.reason, verdict.steps = reason, self.log
+            return verdict
+
         # Loading an ensemble reloads a composing model whose folder changed since its last load, from its
         # config.pbtxt (which would serve the newest version alone): so the encoder is loaded first, as it
         # serves now, and only then is the ensemble pinned to it.
@@ -161,27 +178,23 @@ class Release:
         try:
             self._load(encoder, versions(serving, self.candidate), f"loaded {encoder} version {self.candidate} beside {serving}")
         except ClientError as e:
-            self._load(self.model, pin(-1), f"unpinned {self.model}")
-            verdict.reason = f"version {self.candidate} did not load: {e}"
-            verdict.steps = self.log
-            return verdict
-        worst, times = self.compare(tokenizer, encoder, serving, texts, rounds)
+            return refuse(f"version {self.candidate} did not load: {e}")
+        try:
+            worst, times = self.compare(tokenizer, encoder, serving, texts, rounds)
+        except Exception as e:  # noqa: BLE001 - whatever stopped the comparison, the serving version is restored
+            return refuse(f"the comparison failed: {type(e).__name__}: {e}")
         verdict.texts, verdict.min_cosine = len(texts), round(worst, 6)
         verdict.p50_ms = {v: round(float(np.percentile(t, 50)), 2) for v, t in times.items()}
         verdict.p99_ms = {v: round(float(np.percentile(t, 99)), 2) for v, t in times.items()}
         old_p99, new_p99 = verdict.p99_ms[str(serving)], verdict.p99_ms[str(self.candidate)]
         if worst < min_cosine:
-            verdict.reason = f"answers differ: least cosine {worst:.6f} < {min_cosine}"
-        elif new_p99 > max_p99_ratio * old_p99 + slack_ms:
-            verdict.reason = f"slower: p99 {new_p99:.1f} ms > {max_p99_ratio} x {old_p99:.1f} + {slack_ms} ms"
-        else:
-            verdict.promoted = True
-            verdict.reason = f"answers agree (least cosine {worst:.6f}), p99 {new_p99:.1f} vs {old_p99:.1f} ms"
-        if verdict.promoted:
-            self._load(self.model, pin(self.candidate), f"moved {self.model} to {encoder} version {self.candidate}")
-            self._load(encoder, versions(self.candidate), f"{encoder} serves version {self.candidate} alone")
-        else:
-            self._load(encoder, versions(serving), f"{encoder} serves version {serving} alone again")
+            return refuse(f"answers differ: least cosine {worst:.6f} < {min_cosine}")
+        if new_p99 > max_p99_ratio * old_p99 + slack_ms:
+            return refuse(f"slower: p99 {new_p99:.1f} ms > {max_p99_ratio} x {old_p99:.1f} + {slack_ms} ms")
+        verdict.promoted = True
+        verdict.reason = f"answers agree (least cosine {worst:.6f}), p99 {new_p99:.1f} vs {old_p99:.1f} ms"
+        self._load(self.model, pin(self.candidate), f"moved {self.model} to {encoder} version {self.candidate}")
+        self._load(encoder, versions(self.candidate), f"{encoder} serves version {self.candidate} alone")
         self._load(self.model, pin(-1), f"unpinned {self.model}")
         verdict.steps = self.log
         return verdict
