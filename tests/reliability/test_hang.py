@@ -29,6 +29,8 @@ class StandIn(BaseHTTPRequestHandler):
     successes = [7.0]
     pending = 1.0
     metrics_hang = False
+    #: An HTTP status every inference is refused with at once (None: it never answers); model "ok" answers.
+    refuse: int | None = None
     release = threading.Event()
 
     def log_message(self, *args: object) -> None:
@@ -55,12 +57,17 @@ class StandIn(BaseHTTPRequestHandler):
             self._send(b"")
 
     def do_POST(self) -> None:  # noqa: N802
-        self.release.wait(10)  # never within the canary's timeout
+        if self.path.startswith("/v2/models/ok/"):
+            self._send(b"{}")
+        elif self.refuse is not None:
+            self._send(json.dumps({"error": "refused"}).encode(), self.refuse)
+        else:
+            self.release.wait(10)  # never within the canary's timeout
 
 
 @pytest.fixture
 def stand_in() -> Iterator[tuple[str, type[StandIn]]]:
-    StandIn.successes, StandIn.pending, StandIn.metrics_hang = [7.0], 1.0, False
+    StandIn.successes, StandIn.pending, StandIn.metrics_hang, StandIn.refuse = [7.0], 1.0, False, None
     StandIn.release = threading.Event()
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), StandIn)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
@@ -93,6 +100,29 @@ def test_a_timeout_while_inferences_complete_is_busy_not_hung(stand_in: tuple[st
     canary._progress = progressing  # type: ignore[method-assign]
     (problem,) = canary.check()
     assert not problem.fatal
+
+
+@pytest.mark.timeout(60)
+def test_a_refused_probe_on_an_idle_server_is_not_hung_and_a_full_queue_that_never_drains_is(
+        stand_in: tuple[str, type[StandIn]]) -> None:
+    """A 4xx is the probe's own refusal, whatever the metrics count (an idle server counts no answer);
+    a 503 (the queue full) with no answer counted for ``timeout_s`` is a model stuck with its queue full."""
+    url, handler = stand_in
+    handler.successes, handler.pending = [0.0], 0.0
+    handler.refuse = 400
+    (problem,) = Canary(url, ["m"], timeout_s=0.5, metrics_url=f"{url}/metrics").check()
+    assert not problem.fatal and problem.message == "HTTP 400: refused", problem
+    handler.refuse = 503
+    (problem,) = Canary(url, ["m"], timeout_s=0.5, metrics_url=f"{url}/metrics").check()
+    assert problem.fatal and "(the model is stuck)" in problem.message, problem
+
+
+@pytest.mark.timeout(60)
+def test_after_a_hang_the_models_not_yet_probed_are_named_once_each(stand_in: tuple[str, type[StandIn]]) -> None:
+    url, _ = stand_in
+    problems = Canary(url, ["ok", "m", "c"], timeout_s=0.5, metrics_url=f"{url}/metrics").check()
+    assert [p.model for p in problems] == ["m", "c"], problems
+    assert all(p.fatal for p in problems) and problems[1].message == "not probed: the server is hung"
 
 
 @pytest.mark.timeout(60)
