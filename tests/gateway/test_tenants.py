@@ -48,6 +48,8 @@ tenants:
     ({"tenants": [{"name": "a", "keys": [KEY_A], "limits": {"requests_per_s": 0}}]}, r"limits.requests_per_s: must be a number > 0"),
     ({"tenants": [{"name": "a", "keys": [KEY_A], "limits": {"rps": 3}}]}, r"limits: unknown keys \['rps'\]"),
     ({"tenants": [{"name": "a", "keys": [KEY_A], "limits": {"burst": 3}}]}, r"limits.burst: needs requests_per_s"),
+    ({"tenants": [{"name": "a", "keys": [KEY_A], "limits": {"requests_per_s": 1, "burst": 0.5}}]},
+     r"limits.burst: must be at least 1 \(requests at once\), not 0.5"),
     ({"tenants": [{"name": "a", "keys": [KEY_A], "quota": 3}]}, r"tenants\[0\]: unknown keys \['quota'\]"),
 ])
 def test_a_bad_tenants_file_is_refused_naming_the_entry(data: object, words: str) -> None:

@@ -230,14 +230,14 @@ def create_app(backend: Backend, tenants: Tenants | None = None, meter: Meter | 
 
     async def embeddings(request: Request) -> Response:
         start, name, model = time.perf_counter(), ANONYMOUS if tenants is None else UNAUTHENTICATED, ANONYMOUS
-        tenant, admitted, tokens, texts = None, False, 0, 0
+        tenant, admitted, answered, tokens, texts = None, False, False, 0, 0
         try:
             tenant = authenticate(request)
             name = tenant.name if tenant is not None else name
             parsed = parse(await run_in_threadpool(decode, await read_body(request)))
             model = parsed.model if parsed.model in backend.clients else ANONYMOUS  # never a caller's string
-            if tenant is not None and not tenant.may_use(parsed.model):
-                raise not_found(parsed.model, visible(tenant))
+            if parsed.model not in backend.clients or (tenant is not None and not tenant.may_use(parsed.model)):
+                raise not_found(parsed.model, visible(tenant))  # the models this key may use, no others
             if admission is not None and tenant is not None:
                 try:  # after the body is read, so that refusals are metered per model too
                     admission.admit(tenant)
@@ -249,14 +249,17 @@ def create_app(backend: Backend, tenants: Tenants | None = None, meter: Meter | 
             vectors, tokens = await backend.embed(parsed, headers)
             texts = parsed.count
             body = await run_in_threadpool(encode, parsed.model, vectors, tokens, parsed.encoding)
+            answered = True
         except ApiError as e:
-            if admitted and admission is not None and tenant is not None:
-                admission.release(tenant, 0)
             meter.record(Usage(time.time(), name, model, outcome(e), e.status, reason=e.reason,
                                latency_ms=(time.perf_counter() - start) * 1000))
             return error(e)
-        if admitted and admission is not None and tenant is not None:
-            admission.release(tenant, tokens)
+        except Exception:  # metered as the 500 that `unexpected` answers it with
+            meter.record(Usage(time.time(), name, model, "error", 500, latency_ms=(time.perf_counter() - start) * 1000))
+            raise
+        finally:  # whatever ended the request (a cancellation too), its place in flight is given back
+            if admitted and admission is not None and tenant is not None:
+                admission.release(tenant, tokens if answered else 0)
         meter.record(Usage(time.time(), name, model, "ok", 200, texts, tokens, (time.perf_counter() - start) * 1000))
         return Response(body, media_type="application/json")
 

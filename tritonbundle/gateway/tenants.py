@@ -158,6 +158,8 @@ def _limits(raw: Any, at: str) -> Limits:
             raise ConfigError(f"{at}.{k}: must be a whole number, not {v!r}")
     if "burst" in raw and "requests_per_s" not in raw:
         raise ConfigError(f"{at}.burst: needs requests_per_s")
+    if "burst" in raw and raw["burst"] < 1:  # a request takes a whole one: the bucket would never hold it
+        raise ConfigError(f"{at}.burst: must be at least 1 (requests at once), not {raw['burst']!r}")
     return Limits(
         requests_per_s=float(raw["requests_per_s"]) if "requests_per_s" in raw else None,
         burst=float(raw["burst"]) if "burst" in raw else None,

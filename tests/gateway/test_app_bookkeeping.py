@@ -1,0 +1,96 @@
+"""The gateway application's own bookkeeping, in-process (the ASGI app called directly, a double standing
+in for the gRPC client to Triton): a tenant's place in flight is given back and the request metered
+whatever ends it, and a 404 names only the models the caller's key may use. The gateway in front of the
+real tritonserver is test_gateway.py and test_tenants_served.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import numpy as np
+
+from tritonbundle.gateway.app import Backend, create_app
+from tritonbundle.gateway.metering import Meter
+from tritonbundle.gateway.tenants import parse
+
+KEY_A, KEY_B = "a-key-of-tenant-a-0001", "b-key-of-tenant-b-0002"
+
+
+class _Client:
+    """Embeds every text as ones (3 tokens each); raises ``fail`` once when it is set."""
+
+    def __init__(self) -> None:
+        self.fail: BaseException | None = None
+
+    async def embed_counted(self, texts: list[str], headers: Any = None) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        if self.fail is not None:
+            fail, self.fail = self.fail, None
+            raise fail
+        return np.ones((len(texts), 4), np.float32), np.full(len(texts), 3)
+
+
+def _app(client: _Client, tenants: object) -> tuple[Any, Meter]:
+    backend = Backend("127.0.0.1:1", ["public", "secret"])
+    backend.clients = {"public": client, "secret": client}  # type: ignore[dict-item]
+    backend.dims = {"public": 4, "secret": 4}
+    meter = Meter()
+    return create_app(backend, parse(tenants, where="tenants.yaml"), meter), meter
+
+
+def _post(app: Any, body: dict[str, Any], key: str) -> tuple[int, dict[str, Any]]:
+    raw = json.dumps(body).encode()
+    scope = {"type": "http", "method": "POST", "path": "/v1/embeddings", "raw_path": b"/v1/embeddings",
+             "query_string": b"", "http_version": "1.1", "scheme": "http", "server": ("127.0.0.1", 80),
+             "client": ("127.0.0.1", 1), "root_path": "",
+             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode()),
+                         (b"authorization", f"Bearer {key}".encode())]}
+    answer: dict[str, Any] = {"body": b""}
+    received = [False]
+
+    async def receive() -> dict[str, Any]:
+        if not received[0]:
+            received[0] = True
+            return {"type": "http.request", "body": raw, "more_body": False}
+        await asyncio.sleep(60)
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            answer["status"] = message["status"]
+        elif message["type"] == "http.response.body":
+            answer["body"] += message.get("body", b"")
+
+    try:
+        asyncio.run(asyncio.wait_for(app(scope, receive, send), 10))
+    except Exception:  # noqa: BLE001 - Starlette raises an unexpected error again once its handler answered
+        assert "status" in answer, "no answer was sent"
+    return answer["status"], json.loads(answer["body"])
+
+
+def _requests(meter: Meter, tenant: str, outcome: str) -> float:
+    return sum(s.value for m in meter.requests.collect() for s in m.samples
+               if s.name.endswith("_total") and s.labels["tenant"] == tenant and s.labels["outcome"] == outcome)
+
+
+def test_an_unexpected_failure_gives_back_the_tenants_place_in_flight_and_is_metered() -> None:
+    client = _Client()
+    app, meter = _app(client, {"tenants": [{"name": "alpha", "keys": [KEY_A], "limits": {"concurrent_requests": 1}}]})
+    client.fail = RuntimeError("boom")
+    status, body = _post(app, {"model": "public", "input": ["hi"]}, KEY_A)
+    assert status == 500 and body["error"]["type"] == "server_error" and "RuntimeError: boom" in body["error"]["message"]
+    for _ in range(3):  # the one place in flight is free again
+        status, body = _post(app, {"model": "public", "input": ["hi"]}, KEY_A)
+        assert status == 200, body
+    assert _requests(meter, "alpha", "error") == 1 and _requests(meter, "alpha", "ok") == 3
+
+
+def test_a_model_the_gateway_does_not_serve_is_a_404_naming_only_the_callers_models() -> None:
+    app, _ = _app(_Client(), {"tenants": [{"name": "alpha", "keys": [KEY_A], "models": ["public", "kserve-only"]},
+                                          {"name": "beta", "keys": [KEY_B]}]})
+    status, body = _post(app, {"model": "kserve-only", "input": ["hi"]}, KEY_A)
+    assert status == 404 and "'kserve-only'" in body["error"]["message"]
+    assert "['public']" in body["error"]["message"] and "secret" not in body["error"]["message"], body
+    status, body = _post(app, {"model": "nothing", "input": ["hi"]}, KEY_B)  # a key that may use every model
+    assert status == 404 and "['public', 'secret']" in body["error"]["message"], body
