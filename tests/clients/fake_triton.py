@@ -158,7 +158,7 @@ def attach(client: Any, fake: FakeTriton, *models: modelinfo.ModelInfo) -> Any:
         client._client = fake
     elif protocol == "http":
         client._open()
-        client._local.pool = fake
+        client._pool = lambda timeout_s: fake  # every thread's pool, whatever its timeout
     else:
         client._clients = [fake]
         client._next = itertools.cycle(client._clients)

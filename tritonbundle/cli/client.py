@@ -114,8 +114,11 @@ def _infer_tensors(args: argparse.Namespace, c: Any, info: Any) -> Any:
                           "use --input NAME=FILE, --inputs FILE.npz or --random")
     arrays: dict[str, Any] = {}
     if args.inputs:
-        with np.load(args.inputs) as data:
-            arrays.update({name: np.asarray(data[name]) for name in data.files})
+        try:
+            with np.load(args.inputs) as data:
+                arrays.update({name: np.asarray(data[name]) for name in data.files})
+        except (OSError, ValueError, AttributeError) as e:  # no such file, not a .npz (a .npy has no .files), pickled
+            raise ConfigError(f"--inputs {args.inputs}: not a readable .npz of arrays ({type(e).__name__}: {e})") from e
     for item in args.input or ():
         name, _, path = item.partition("=")
         if not path:
@@ -163,10 +166,17 @@ def _read_array(path: Path, name: str, info: Any) -> Any:
 
     if not path.is_file():
         raise ConfigError(f"--input {name}={path}: no such file")
-    if path.suffix == ".json":
-        declared = next((t.datatype for t in info.inputs if t.name == name), "FP32")
-        return np.asarray(json.loads(path.read_text()), dtype=NUMPY.get(declared, np.float32))
-    return np.load(path)
+    try:
+        if path.suffix == ".json":
+            declared = next((t.datatype for t in info.inputs if t.name == name), "FP32")
+            return np.asarray(json.loads(path.read_text()), dtype=NUMPY.get(declared, np.float32))
+        array = np.load(path)  # allow_pickle stays False: a file is data, never code
+    except (OSError, ValueError) as e:  # JSONDecodeError is a ValueError; so are a ragged list and pickled data
+        raise ConfigError(f"--input {name}={path}: not a readable array ({type(e).__name__}: {e})") from e
+    if not isinstance(array, np.ndarray):  # a .npz given to --input
+        array.close()
+        raise ConfigError(f"--input {name}={path}: holds several arrays (.npz): give it with --inputs")
+    return array
 
 
 def cmd_load(args: argparse.Namespace) -> int:

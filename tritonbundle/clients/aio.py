@@ -43,10 +43,17 @@ class _AsyncBaseClient(core.ClientBase):
             await client.close()
 
     async def _is_live(self) -> bool:
-        return bool(await self._client.is_server_live(headers=self.headers))
+        return bool(await self._within(self._client.is_server_live(headers=self.headers), self.connect_timeout_s))
 
     async def _is_ready(self) -> bool:
-        return bool(await self._client.is_server_ready(headers=self.headers))
+        return bool(await self._within(self._client.is_server_ready(headers=self.headers), self.connect_timeout_s))
+
+    @staticmethod
+    async def _within(call: Awaitable[T], timeout_s: float) -> T:
+        """``call``, or :class:`TimeoutError` after ``timeout_s``. Every call is bounded here, not by the
+        transports: aiohttp's session timeout is one total for any call (it cut inferences longer than the
+        connect timeout), and grpc.aio's calls wait forever unless given one."""
+        return await asyncio.wait_for(call, timeout=max(timeout_s, 1e-3))
 
     async def _describe(self, model: str) -> ModelInfo:
         raise NotImplementedError
@@ -82,7 +89,11 @@ class _AsyncBaseClient(core.ClientBase):
         await self._close()
 
     async def __aenter__(self: T) -> T:
-        return await self.connect()  # type: ignore[attr-defined,no-any-return]
+        try:
+            return await self.connect()  # type: ignore[attr-defined,no-any-return]
+        except BaseException:  # `async with` calls no __aexit__ when entering fails
+            await self.close()  # type: ignore[attr-defined]
+            raise
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
@@ -100,7 +111,9 @@ class _AsyncBaseClient(core.ClientBase):
     async def model_info(self, model: str) -> ModelInfo:
         if model in self._infos:
             return self._infos[model]
-        info = await self._call(model, lambda: self._describe(model), deadline=time.monotonic() + self.timeout_s)
+        deadline = time.monotonic() + self.timeout_s
+        info = await self._call(model, lambda: self._within(self._describe(model), self._remaining(deadline)),
+                                deadline=deadline)
         return self._remember(model, info)
 
     async def embed(self, texts: Sequence[str | bytes], *, timeout_s: float | None = None) -> np.ndarray[Any, Any]:
@@ -162,13 +175,23 @@ class _AsyncBaseClient(core.ClientBase):
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         n = next(iter(arrays.values())).shape[0]
 
+        room = asyncio.Semaphore(self.pool_size)  # chunks in flight at once: one call never fills max_in_flight
+
         async def one(rows: slice) -> dict[str, np.ndarray[Any, Any]]:
             part = {k: v[rows] for k, v in arrays.items()}
-            return await self._call(
-                model, lambda: self._infer(model, part, outputs, self._remaining(deadline), headers), deadline=deadline
-            )
+            async with room:
+                return await self._call(
+                    model, lambda: self._infer(model, part, outputs, self._remaining(deadline), headers), deadline=deadline
+                )
 
-        parts = await asyncio.gather(*(one(rows) for rows in core.chunks(n, max_batch_size)))
+        tasks = [asyncio.ensure_future(one(rows)) for rows in core.chunks(n, max_batch_size)]
+        try:
+            parts = await asyncio.gather(*tasks)
+        except BaseException:  # the call has failed: its other chunks are not left running
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
         return {name: np.concatenate([p[name] for p in parts], axis=0) for name in outputs}
 
     async def _call(
@@ -208,13 +231,14 @@ class AsyncHttpClient(_AsyncBaseClient):
     async def _open(self) -> None:
         import tritonclient.http.aio as aiohttpclient
 
-        # One connection per call in flight: the pool never queues what the window admitted.
+        # One connection per call in flight: the pool never queues what the window admitted. No session
+        # timeout (conn_timeout is aiohttp's total for every call): each call is bounded by its own deadline.
         self._client = aiohttpclient.InferenceServerClient(
-            self.url, conn_limit=max(self.pool_size, self.max_in_flight), conn_timeout=self.connect_timeout_s
+            self.url, conn_limit=max(self.pool_size, self.max_in_flight), conn_timeout=None
         )
 
     async def _config_json(self, model: str) -> dict[str, Any]:
-        return dict(await self._client.get_model_config(model, headers=self.headers))
+        return dict(await self._within(self._client.get_model_config(model, headers=self.headers), self.timeout_s))
 
     async def _describe(self, model: str) -> ModelInfo:
         metadata = await self._client.get_model_metadata(model, headers=self.headers)
@@ -254,7 +278,8 @@ class AsyncGrpcClient(_AsyncBaseClient):
         self._client = aiogrpcclient.InferenceServerClient(self.url)
 
     async def _config_json(self, model: str) -> dict[str, Any]:
-        return dict((await self._client.get_model_config(model, headers=self.headers, as_json=True))["config"])
+        config = await self._within(self._client.get_model_config(model, headers=self.headers, as_json=True), self.timeout_s)
+        return dict(config["config"])
 
     async def _describe(self, model: str) -> ModelInfo:
         metadata = await self._client.get_model_metadata(model, headers=self.headers, as_json=True)

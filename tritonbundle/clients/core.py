@@ -75,6 +75,12 @@ class RetryPolicy:
 NO_RETRY = RetryPolicy(max_attempts=1)
 
 
+#: Transport errors, by name, of a connection that dropped (geventhttpclient's, grpc's, aiohttp's: aiohttp's
+#: ``ServerDisconnectedError`` is no OSError, and is what a stale keep-alive connection to a restarted server raises).
+DROPPED = ("HTTPConnectionClosed", "ConnectionClosed", "ServerDisconnectedError", "ServerConnectionError",
+           "ClientConnectionError")
+
+
 def classify(error: BaseException, *, model: str, protocol: str) -> ClientError:
     """Map a tritonclient/transport exception to the project's error types."""
     from tritonclient.utils import InferenceServerException
@@ -118,7 +124,7 @@ def classify(error: BaseException, *, model: str, protocol: str) -> ClientError:
         return ClientError(message, model=model, protocol=protocol, status=code or None)
     # A connection dropped mid-request (the server died or restarted) is safe to retry too: these
     # models are stateless, so an inference request is idempotent.
-    if isinstance(error, ConnectionError) or type(error).__name__ in ("HTTPConnectionClosed", "ConnectionClosed"):
+    if isinstance(error, ConnectionError) or type(error).__name__ in DROPPED:
         return ServerUnavailableError(
             f"model {model!r} over {protocol}: cannot reach the server ({error})", model=model, protocol=protocol,
             status="UNAVAILABLE",
@@ -161,7 +167,11 @@ def text_array(texts: Sequence[str | bytes]) -> np.ndarray[Any, Any]:
     """A [N, 1] BYTES array; str is UTF-8 encoded, bytes are sent as given (the server checks them)."""
     if isinstance(texts, (str, bytes)):
         raise TypeError("texts must be a sequence of strings, not a single string")
-    rows = [t.encode("utf-8") if isinstance(t, str) else bytes(t) for t in texts]
+    rows = []
+    for i, t in enumerate(texts):
+        if not isinstance(t, (str, bytes, bytearray)):  # bytes(3) would be three NUL bytes
+            raise TypeError(f"texts[{i}] is {type(t).__name__}, not str or bytes")
+        rows.append(t.encode("utf-8") if isinstance(t, str) else bytes(t))
     out = np.empty((len(rows), 1), dtype=object)
     for i, row in enumerate(rows):
         out[i, 0] = row
@@ -248,7 +258,10 @@ class ClientBase:
             raise ValueError("timeout_s and connect_timeout_s must be > 0")
         if pool_size < 1:
             raise ValueError("pool_size must be >= 1")
-        self.url = url.removeprefix("http://").removeprefix("https://")
+        if url.startswith(("https://", "grpcs://")):  # dropping the scheme would send the key in the clear
+            raise ValueError(f"{url}: these clients speak plain HTTP and gRPC, not TLS; call the server (or the "
+                             "edge) at its plain address inside the cluster, or through a TLS-terminating proxy")
+        self.url = url.removeprefix("http://")
         self.model = model
         self.token_model = token_model or contract.encoder_name(model)
         self.text_input = text_input or contract.TEXT_INPUT

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -109,7 +110,11 @@ class _BaseClient(core.ClientBase):
             self._close()
 
     def __enter__(self: T) -> T:
-        return self.connect()  # type: ignore[attr-defined,no-any-return]
+        try:
+            return self.connect()  # type: ignore[attr-defined,no-any-return]
+        except BaseException:  # `with` calls no __exit__ when entering fails
+            self.close()  # type: ignore[attr-defined]
+            raise
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -144,21 +149,22 @@ class _BaseClient(core.ClientBase):
     def load_model(self, model: str, *, timeout_s: float | None = None) -> None:
         """Load (or reload: a new version) ``model`` with explicit model control. Restricted API:
         needs the server's key (``api_key``). In-flight requests on the old version finish first."""
-        deadline = time.monotonic() + (timeout_s or max(self.timeout_s, 120.0))
-        self._call(model, lambda: self._load(model), deadline=deadline, retry=core.NO_RETRY)
+        seconds = timeout_s or max(self.timeout_s, 120.0)
+        self._call(model, lambda: self._load(model, seconds), deadline=time.monotonic() + seconds, retry=core.NO_RETRY)
         with self._lock:
             self._infos.pop(model, None)
 
     def unload_model(self, model: str) -> None:
-        self._call(model, lambda: self._unload(model), deadline=time.monotonic() + self.timeout_s, retry=core.NO_RETRY)
+        self._call(model, lambda: self._unload(model, self.timeout_s), deadline=time.monotonic() + self.timeout_s,
+                   retry=core.NO_RETRY)
         with self._lock:
             self._infos.pop(model, None)
 
-    def _load(self, model: str) -> None:
-        self._client.load_model(model, headers=self._restricted_headers())
+    def _load(self, model: str, timeout_s: float) -> None:
+        raise NotImplementedError
 
-    def _unload(self, model: str) -> None:
-        self._client.unload_model(model, headers=self._restricted_headers())
+    def _unload(self, model: str, timeout_s: float) -> None:
+        raise NotImplementedError
 
     def model_info(self, model: str) -> ModelInfo:
         with self._lock:
@@ -261,37 +267,61 @@ class HttpClient(_BaseClient):
     Safe to share between threads: tritonclient's HTTP client runs on geventhttpclient, whose
     connections belong to the gevent hub of the thread that made them (used from another thread,
     calls failed, hung to their deadline, or came back corrupted), so each thread gets its own
-    connection pool, made on its first call and closed with the client.
+    connection pool, made on its first call and closed with the client; a pool whose thread has
+    ended is closed when the next one is made. Each thread that calls also keeps gevent's hub
+    (an event loop, two file descriptors) until the process ends: call from long-lived threads
+    (a thread pool), not from a new thread per request.
+
+    A pool's socket timeout bounds each wait for the server, so a call with a longer deadline than
+    ``timeout_s`` (a per-call ``timeout_s``, a model load) gets a pool whose timeout covers it.
     """
 
     protocol = "http"
 
     def _open(self) -> None:
         self._local = threading.local()
-        self._pools: list[Any] = []
+        self._pools: list[tuple[threading.Thread, Any]] = []
         self._pools_lock = threading.Lock()
 
     @property
     def _client(self) -> Any:
-        pool = getattr(self._local, "pool", None)
+        return self._pool(self.timeout_s)
+
+    def _pool(self, timeout_s: float) -> Any:
+        """This thread's pool whose socket timeout covers a call of ``timeout_s``."""
+        seconds = max(self.timeout_s, float(math.ceil(timeout_s)))
+        pools: dict[float, Any] = self._local.__dict__.setdefault("pools", {})
+        pool = pools.get(seconds)
         if pool is None:
             import tritonclient.http as httpclient
 
             pool = httpclient.InferenceServerClient(
                 self.url, concurrency=self.pool_size, connection_timeout=self.connect_timeout_s,
-                network_timeout=self.timeout_s + 5.0, verbose=self.verbose,
+                network_timeout=seconds + 5.0, verbose=self.verbose,
             )
-            self._local.pool = pool
+            pools[seconds] = pool
             with self._pools_lock:
-                self._pools.append(pool)
+                ended = [p for thread, p in self._pools if not thread.is_alive()]
+                self._pools = [(t, p) for t, p in self._pools if t.is_alive()] + [(threading.current_thread(), pool)]
+            self._close_pools(ended)
         return pool
 
     def _close(self) -> None:
         with self._pools_lock:
-            pools, self._pools = list(getattr(self, "_pools", [])), []
+            pools, self._pools = [p for _, p in getattr(self, "_pools", [])], []
+        self._close_pools(pools)
+
+    @staticmethod
+    def _close_pools(pools: list[Any]) -> None:
         for pool in pools:
             with contextlib.suppress(Exception):  # another thread's pool: its hub may be gone
                 pool.close()
+
+    def _load(self, model: str, timeout_s: float) -> None:
+        self._pool(timeout_s).load_model(model, headers=self._restricted_headers())
+
+    def _unload(self, model: str, timeout_s: float) -> None:
+        self._pool(timeout_s).unload_model(model, headers=self._restricted_headers())
 
     def _is_live(self) -> bool:
         return bool(self._client.is_server_live(headers=self.headers))
@@ -328,7 +358,7 @@ class HttpClient(_BaseClient):
             if shm is None:
                 for inp, array in zip(inputs, arrays.values()):
                     inp.set_data_from_numpy(array, binary_data=True)
-            pending = self._client.async_infer(
+            pending = self._pool(timeout_s).async_infer(
                 model, inputs, outputs=requested or None, timeout=core.server_timeout_us(timeout_s),
                 headers=self._request_headers(),
             )
@@ -367,7 +397,8 @@ class GrpcClient(_BaseClient):
 
     def _config_json(self, model: str) -> dict[str, Any]:
         return self._call(
-            model, lambda: self._client.get_model_config(model, headers=self.headers, as_json=True)["config"],
+            model, lambda: self._client.get_model_config(model, headers=self.headers, as_json=True,
+                                                         client_timeout=self.timeout_s)["config"],
             deadline=time.monotonic() + self.timeout_s,
         )
 
@@ -377,8 +408,15 @@ class GrpcClient(_BaseClient):
         return modelinfo.model_info(metadata, config)
 
     def _index(self) -> list[dict[str, Any]]:
-        index = self._client.get_model_repository_index(headers=self._restricted_headers(), as_json=True)
+        index = self._client.get_model_repository_index(headers=self._restricted_headers(), as_json=True,
+                                                        client_timeout=self.timeout_s)
         return list(index.get("models", []))
+
+    def _load(self, model: str, timeout_s: float) -> None:
+        self._client.load_model(model, headers=self._restricted_headers(), client_timeout=timeout_s)
+
+    def _unload(self, model: str, timeout_s: float) -> None:
+        self._client.unload_model(model, headers=self._restricted_headers(), client_timeout=timeout_s)
 
     def _infer(
         self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str], timeout_s: float
