@@ -114,17 +114,17 @@ class Canary:
         problems: list[Problem] = []
         before = self._progress()
         cpu_before = self._cpu()
-        for model in self.models:
+        for i, model in enumerate(self.models):
             try:
                 self._infer(model)
             except (OSError, ValueError) as e:
                 problem = Problem(model, _describe(e), _fatal(e))
-                if not problem.fatal and self.metrics_url:
+                if self.metrics_url and (_timed_out(e) or _overloaded(e)):
                     problem = self._hung(model, problem, before) if _timed_out(e) else self._stuck(model, problem)
                     problem = self._unless_working(problem, cpu_before)
                 problems.append(problem)
                 if HUNG in problem.message:  # the whole server: the other models are not asked
-                    problems += [Problem(m, f"not probed: {HUNG}", True) for m in self.models[len(problems):]]
+                    problems += [Problem(m, f"not probed: {HUNG}", True) for m in self.models[i + 1:]]
                     break
         return problems
 
@@ -263,6 +263,12 @@ def _timed_out(e: BaseException) -> bool:
 
 class NotReadyError(ValueError):
     """The server says the model is not ready: a dead stub on NGC 26.04 and later."""
+
+
+def _overloaded(e: BaseException) -> bool:
+    """Refused for want of room (503: the queue full; 504): busy, or a model stuck with its queue full.
+    Any other refusal (4xx) is the probe's own: it says nothing of the server's health."""
+    return isinstance(e, urllib.error.HTTPError) and e.code in (503, 504)
 
 
 def _fatal(e: BaseException) -> bool:
