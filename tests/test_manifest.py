@@ -170,3 +170,56 @@ def test_init_appends_to_an_empty_models_list_keeping_comments(tmp_path: Path) -
     append_model(manifest, describe(mlp(tmp_path / "mlp.onnx"), name="mlp", relative_to=tmp_path))
     assert manifest.read_text().startswith("# our models\n")
     assert [m.name for m in manifest_module.load(manifest).models] == ["mlp"]
+
+
+def _graph(path: Path, inputs: list[tuple[str, list[Any]]], outputs: list[tuple[str, list[Any]]]) -> Path:
+    """A graph of the given tensors' shapes (float), its outputs constants: init reads only the shapes."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Constant", [], [name], value=helper.make_tensor(name, TensorProto.FLOAT, [1], [0.0]))
+             for name, _ in outputs]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in outputs])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+@pytest.mark.parametrize(("inputs", "outputs", "shapes"), [
+    # detections: the output's first dimension is another quantity; batching would mix requests' rows
+    ([("x", ["N", 4])], [("boxes", ["num_boxes", 4])], [["N", 4], ["num_boxes", 4]]),
+    # time-major: the batch is the second dimension
+    ([("x", ["seq", "batch", 8])], [("y", ["seq", "batch", 8])], [["seq", "batch_1", 8], ["seq", "batch_1", 8]]),
+    # an output without the batch dimension
+    ([("x", ["batch", 4])], [("y", ["batch", 4]), ("z", [3])], [["batch_0", 4], ["batch_0", 4], [3]]),
+    # one name on every input and output: batched
+    ([("x", ["bs", 4])], [("y", ["bs", 2])], [["batch", 4], ["batch", 2]]),
+])
+def test_init_batches_only_where_one_named_dimension_leads_every_tensor(
+        tmp_path: Path, inputs: list[tuple[str, list[Any]]], outputs: list[tuple[str, list[Any]]],
+        shapes: list[list[Any]]) -> None:
+    from tritonbundle.build.describe import describe
+
+    entry = describe(_graph(tmp_path / "m.onnx", inputs, outputs), name="m", relative_to=tmp_path)
+    assert [t["shape"] for t in [*entry["inputs"], *entry["outputs"]]] == shapes
+
+
+def _text_model(dtype: str = "INT64", **model: Any) -> dict[str, Any]:
+    tokens = [{"name": n, "dtype": dtype, "shape": ["batch", "sequence"]} for n in ("input_ids", "attention_mask")]
+    return _minimal(**{"task": "text-embedding", "inputs": tokens, "tokenizer": {"file": "tokenizer.json"}, **model})
+
+
+def test_a_text_model_with_int32_token_inputs_is_refused_before_the_build(tmp_path: Path) -> None:
+    """The tokenizer model, the clients and the load generators send int64 token rows: every request
+    to such a build failed ("data-type is 'INT64', but model ... expects 'INT32'")."""
+    assert _load(_text_model(), tmp_path).models[0].task == "text-embedding"
+    with pytest.raises(ConfigError, match=r"token inputs are INT64, got input_ids \(INT32\), attention_mask \(INT32\)"):
+        _load(_text_model("INT32"), tmp_path)
+
+
+def test_a_tokenizer_longer_than_the_model_is_refused(tmp_path: Path) -> None:
+    """Texts past max_sequence_length reached no profile: refused at serving time, after a good build."""
+    spec = _load(_text_model(max_sequence_length=64, tokenizer={"file": "tokenizer.json", "max_length": 64}), tmp_path)
+    assert spec.models[0].tokenizer_max_length == 64
+    with pytest.raises(ConfigError, match="tokenizer.max_length 128 is more than max_sequence_length 64"):
+        _load(_text_model(max_sequence_length=64, tokenizer={"file": "tokenizer.json", "max_length": 128}), tmp_path)

@@ -1,8 +1,7 @@
 """The models manifest (``build/models.yaml``): what to build, from what, for which runtime.
 
-The YAML is validated against :data:`SCHEMA` (JSON Schema); every error names the key by its path
-(``models[0].precision``) and, where the schema has them, the allowed values. The result is a tree
-of frozen dataclasses the rest of the build stage reads.
+The YAML is validated against :data:`SCHEMA` (JSON Schema); every error names the key by its path (``models[0].precision``)
+and, where the schema has them, the allowed values. The result is a tree of frozen dataclasses the build stage reads.
 
 Shapes are written with the batch dimension included, using names for dynamic dimensions::
 
@@ -416,9 +415,7 @@ def from_dict(data: Any, *, path: Path, runtimes: Sequence[str] = (), recipes: S
         outputs = tuple(_tensor(t, where=f"{where}.outputs[{i}]") for i, t in enumerate(raw["outputs"]))
         batched = {t.batched for t in inputs + outputs}
         if len(batched) > 1:
-            raise ConfigError(
-                f"{path}: {where}: either every input and output starts with 'batch' or none does"
-            )
+            raise ConfigError(f"{path}: {where}: either every input and output starts with 'batch' or none does")
         task = raw.get("task", "tensor")
         tokenizer = raw.get("tokenizer", {})
         if task in contract.TEXT_TASKS:
@@ -427,6 +424,9 @@ def from_dict(data: Any, *, path: Path, runtimes: Sequence[str] = (), recipes: S
             raise ConfigError(f"{path}: {where}.labels: only a text-classification model has labels (task is {task})")
         sequence = any(t.sequence_axes for t in inputs)
         max_seq = int(raw.get("max_sequence_length", 512 if sequence else 0))
+        if max_seq and int(tokenizer.get("max_length", 0)) > max_seq:  # longer texts would reach no profile
+            raise ConfigError(f"{path}: {where}.tokenizer.max_length {tokenizer['max_length']} is more than "
+                              f"max_sequence_length {max_seq}, the longest row the model is built for")
         axes = _axis_limits(raw, inputs, where=f"{path}: {where}")
         models.append(
             ModelSpec(
@@ -453,13 +453,13 @@ def from_dict(data: Any, *, path: Path, runtimes: Sequence[str] = (), recipes: S
 def _check_text_model(raw: Mapping[str, Any], inputs: Sequence[TensorDecl], outputs: Sequence[TensorDecl], task: str,
                       tokenizer: Mapping[str, Any], *, where: str) -> None:
     """A text task's encoder: token ids, attention mask and optionally token type ids, each [batch, sequence]."""
-    names = [t.name for t in inputs]
     if len(inputs) not in (2, 3) or not all(t.shape == (BATCH, SEQUENCE) for t in inputs):
-        raise ConfigError(
-            f"{where}.inputs: a {task} model takes two or three [batch, sequence] inputs (token ids, attention "
-            f"mask, and optionally token type ids, in that order), got {names} with shapes "
-            f"{[list(t.shape) for t in inputs]}"
-        )
+        raise ConfigError(f"{where}.inputs: a {task} model takes two or three [batch, sequence] inputs (token ids, "
+                          f"attention mask, and optionally token type ids, in that order), got {[t.name for t in inputs]} "
+                          f"with shapes {[list(t.shape) for t in inputs]}")
+    if wide := [f"{t.name} ({t.dtype})" for t in inputs if t.dtype != "INT64"]:  # what tokenizers and clients send
+        raise ConfigError(f"{where}.inputs: a {task} model's token inputs are INT64, got {', '.join(wide)}: export "
+                          "them as int64 (the Hugging Face exporters' default), or serve it as a tensor model")
     if not tokenizer.get("file") and raw["source"].get("recipe") is None:
         raise ConfigError(f"{where}.tokenizer.file: a {task} model from ONNX needs its tokenizer.json")
     if task in ("text-classification", "text-pair"):

@@ -1,7 +1,7 @@
 """``tritonbundle init``: a manifest entry written from an ONNX graph, which ``plan`` and ``build`` accept as is.
 
 From the graph: every input and output with its data type and dimensions. A dynamic first dimension
-shared by every input and output is ``batch``; the second dimension of token inputs (``input_ids``,
+shared by every input and output (one name in the graph, on all of them) is ``batch``; the second dimension of token inputs (``input_ids``,
 ``attention_mask``, ``token_type_ids``) is ``sequence``; any other dynamic dimension keeps the name the
 exporter gave it (``height``, ``width``; ``dim_2`` when it has none). The task: ``--task``, else, for a
 graph that takes ``input_ids``, a text task when a tokenizer is given or lies next to the ONNX file
@@ -28,6 +28,7 @@ from tritonbundle.errors import ConfigError
 from tritonbundle.manifest import BATCH, SEQUENCE
 
 TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+BATCH_NAMES = {"batch", "batch_size", "n", "bs"}
 SEQUENCE_NAMES = {"sequence", "sequence_length", "seq_len", "seq", "sequence_len", "max_seq_len", "tokens"}
 
 
@@ -55,7 +56,10 @@ def _tensors(values: Sequence[Any], *, batched: bool, text: bool) -> list[dict[s
                 shape.append(SEQUENCE)
             else:
                 name = _axis_name(dim.dim_param, position)
-                shape.append(SEQUENCE if name.lower() in SEQUENCE_NAMES and text else name)
+                name = SEQUENCE if name.lower() in SEQUENCE_NAMES and text else name
+                if name == BATCH or (name == SEQUENCE and not text):  # the manifest's own names, elsewhere
+                    name = f"{name}_{position}"
+                shape.append(name)
         out.append({"name": value.name, "dtype": dtype, "shape": shape})
     return out
 
@@ -90,11 +94,16 @@ def describe(onnx_path: Path, *, name: str, task: str | None = None, tokenizer: 
     if text and tokenizer is None:
         raise ConfigError(f"a {task} model needs its tokenizer.json: pass --tokenizer PATH")
 
-    def first_dynamic(values: Sequence[Any]) -> bool:
-        return all(len(v.type.tensor_type.shape.dim) > 0 and not v.type.tensor_type.shape.dim[0].dim_value
-                   for v in values)
-
-    batched = first_dynamic(inputs) and first_dynamic(graph.output)
+    # Batched only where one named dimension leads every input and every output: Triton splits a batch's
+    # outputs by the rows each request sent, so an output whose first dimension is another quantity
+    # (detections: [num_boxes, 4]) would hand requests each other's rows.
+    # (detections: [num_boxes, 4]) would hand requests each other's rows; nor where the batch is a later
+    # dimension (time-major [sequence, batch, ...]).
+    tensors = [v.type.tensor_type.shape.dim for v in [*inputs, *graph.output]]
+    leading = {dims[0].dim_param if len(dims) > 0 and not dims[0].dim_value else "" for dims in tensors}
+    later = {d.dim_param.lower() for dims in tensors for d in list(dims)[1:]}
+    batched = (len(leading) == 1 and "" not in leading and not {n.lower() for n in leading} & SEQUENCE_NAMES
+               and not later & BATCH_NAMES)
     base = relative_to or onnx_path.parent
 
     def rel(path: Path) -> str:
