@@ -8,6 +8,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from tritonbundle.errors import ConfigError
+
 #: The weights of an ONNX model saved with external data, next to it (``model.onnx`` -> ``model.onnx.data``).
 ONNX_DATA_SUFFIX = ".data"
 
@@ -15,6 +17,21 @@ ONNX_DATA_SUFFIX = ".data"
 def onnx_data(path: Path) -> Path:
     """Where an ONNX file's external weights are, when it has them (``<file>.data``)."""
     return Path(path).with_name(Path(path).name + ONNX_DATA_SUFFIX)
+
+
+def onnx_weight_files(path: Path) -> list[str]:
+    """The files an ONNX model's external weights are in, relative to its folder: ``<file>.data`` as the
+    build stage saves them, or whatever an exporter named them (Optimum: ``model.onnx_data``); [] when
+    the weights are inside the file. Only the graph's structure is read, not the weights."""
+    import onnx
+    from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
+
+    model = onnx.load(str(path), load_external_data=False)
+    files = sorted({ExternalDataInfo(t).location for t in _get_all_tensors(model) if uses_external_data(t)})
+    outside = [f for f in files if Path(f).is_absolute() or ".." in Path(f).parts]
+    if outside:  # copied into a version folder under the same name: never outside it
+        raise ConfigError(f"{path}: its weights are outside its folder ({', '.join(outside)}): save them beside it")
+    return files
 
 
 def sha256(path: Path) -> str:

@@ -175,3 +175,36 @@ def test_an_onnx_with_external_weights_reaches_the_repository_whole(tmp_path: Pa
     want = ort.InferenceSession(str(tmp_path / "plain.onnx")).run(None, {"features": features})[0]
     got = ort.InferenceSession(str(served)).run(None, {"features": features})[0]
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_repo_serves_a_users_external_weights_under_the_name_the_graph_gives(tmp_path: Path) -> None:
+    """`tritonbundle repo` (no export) serves the user's own file: only ``<file>.data`` was copied, so
+    Optimum's ``model.onnx_data`` never reached the version folder."""
+    import onnx
+    import onnxruntime as ort
+
+    source = tmp_path / "user" / "model.onnx"
+    onnx_models.mlp(tmp_path / "plain.onnx")
+    source.parent.mkdir()
+    onnx.save_model(onnx.load(str(tmp_path / "plain.onnx")), str(source), save_as_external_data=True,
+                    location="model.onnx_data", size_threshold=0)
+    mlp = {"name": "mlp", "source": {"onnx": "user/model.onnx"},
+           "inputs": [{"name": "features", "dtype": "FP32", "shape": ["batch", 16]}],
+           "outputs": [{"name": "logits", "dtype": "FP32", "shape": ["batch", 4]}]}
+    repo = tmp_path / "repo"
+    build(BuildOptions(manifest=_manifest(tmp_path, [mlp]), repository=repo, artifacts=tmp_path / "artifacts",
+                       export=False))
+    features = np.ones((1, 16), np.float32)
+    want = ort.InferenceSession(str(tmp_path / "plain.onnx")).run(None, {"features": features})[0]
+    got = ort.InferenceSession(str(repo / "mlp" / "1" / "model.onnx")).run(None, {"features": features})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_the_cpu_model_reads_every_unsigned_input_type() -> None:
+    """A UINT32 input passed the build, then the CPU model's initialize() failed (KeyError 'TYPE_UINT32')
+    and with it the whole server's start."""
+    from tritonbundle.build.onnx_check import ONNX_DTYPES
+    from tritonbundle.runtimes.onnxruntime.model import _NP
+
+    numeric = {f"TYPE_{t}" for t in ONNX_DTYPES.values()} - {"TYPE_STRING", "TYPE_BF16"}
+    assert numeric <= set(_NP), sorted(numeric - set(_NP))

@@ -10,7 +10,7 @@ from typing import Any
 
 from tritonbundle.contract import EncoderParameters, OnnxRuntimeParameters, Parameters
 from tritonbundle.errors import ConfigError
-from tritonbundle.files import onnx_data
+from tritonbundle.files import onnx_weight_files
 from tritonbundle.manifest import ModelSpec
 from tritonbundle.modelconfig import ModelConfig
 from tritonbundle.runtimes import served
@@ -71,8 +71,8 @@ class OnnxRuntime:
     def write_files(self, ctx: BuildContext, version_dir: Path) -> Written:
         assert ctx.onnx_path is not None, "the onnxruntime runtime needs an ONNX file"
         copy_artifact(ctx.onnx_path, version_dir / "model.onnx")
-        if onnx_data(ctx.onnx_path).exists():  # external weights (build.export.copy_onnx)
-            copy_artifact(onnx_data(ctx.onnx_path), onnx_data(version_dir / "model.onnx"))
+        for location in onnx_weight_files(ctx.onnx_path):  # external weights, under the names the graph gives
+            copy_artifact(ctx.onnx_path.parent / location, version_dir / location)
         if ctx.spec.target == "cpu":
             served.install(MODEL_PY, version_dir)
         return Written()
