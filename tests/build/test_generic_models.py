@@ -208,3 +208,29 @@ def test_the_cpu_model_reads_every_unsigned_input_type() -> None:
 
     numeric = {f"TYPE_{t}" for t in ONNX_DTYPES.values()} - {"TYPE_STRING", "TYPE_BF16"}
     assert numeric <= set(_NP), sorted(numeric - set(_NP))
+
+
+def test_a_repository_reached_through_a_symlink_to_another_file_system_builds(tmp_path: Path) -> None:
+    """The build staged beside the link and renamed across file systems: OSError EXDEV, a traceback."""
+    import os
+    import shutil
+    import tempfile
+
+    if os.stat("/dev/shm").st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("/dev/shm is on the tests' file system here")
+    onnx_models.mlp(tmp_path / "mlp.onnx")
+    mlp = {"name": "mlp", "source": {"onnx": "mlp.onnx"},
+           "inputs": [{"name": "features", "dtype": "FP32", "shape": ["batch", 16]}],
+           "outputs": [{"name": "logits", "dtype": "FP32", "shape": ["batch", 4]}]}
+    target = Path(tempfile.mkdtemp(dir="/dev/shm")) / "repo"
+    try:
+        (tmp_path / "repo").symlink_to(target, target_is_directory=True)
+        build(BuildOptions(manifest=_manifest(tmp_path, [mlp]), repository=tmp_path / "repo", artifacts=tmp_path / "a"))
+        assert (target / "mlp" / "config.pbtxt").is_file()
+        # A repository that is itself a mount point cannot take the renames: refused, naming the fix.
+        from tritonbundle.errors import BuildError
+
+        with pytest.raises(BuildError, match="is a mount point: .* mount its parent folder instead"):
+            build(BuildOptions(manifest=_manifest(tmp_path, [mlp]), repository=Path("/dev/shm"), artifacts=tmp_path / "a"))
+    finally:
+        shutil.rmtree(target.parent, ignore_errors=True)

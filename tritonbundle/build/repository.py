@@ -108,8 +108,12 @@ def write_repository(
 ) -> list[str]:
     """Stage every model, check it, then swap the model folders into ``repository``; each config names
     ``source``, the manifest it came from."""
-    repository = Path(repository)
+    repository = Path(repository).resolve()  # a symlink's target: staged beside it, on its file system
     repository.mkdir(parents=True, exist_ok=True)
+    if os.stat(repository).st_dev != os.stat(repository.parent).st_dev:  # the swap renames: one file system
+        raise BuildError(f"{repository} is a mount point: the build stages next to it and renames into it, "
+                         "which cannot cross file systems; mount its parent folder instead and build into a "
+                         "folder of it")
     with _staged(models, repository, work_root=work_root, version=version, force=force, check_only=False,
                  source=source) as (staging, names):
         trash = repository.parent / f".{repository.name}.old-{os.getpid()}"
