@@ -143,18 +143,26 @@ class TritonServer:
         argv += list(o.extra_args)
         return argv
 
-    def start(self, *, ready_timeout_s: float = 120.0, wait: bool = True) -> TritonServer:
+    def start(self, *, ready_timeout_s: float = 120.0, wait: bool = True,
+              stop: threading.Event | None = None) -> TritonServer:
+        """Start tritonserver and (``wait``) wait until it is ready, or until ``stop`` is set."""
         if self.process is not None and self.process.poll() is None:
             raise ServerError("server already running")
         o = self.options
+        # First: a start that fails before launching anything (a port taken, the repository gone) must not
+        # read the last start's log, whose "Started" lines would make it a crash of a server that came up.
+        log = Path(o.log_path) if o.log_path else None
+        self._log_offset = log.stat().st_size if log is not None and log.exists() else 0
         repo = Path(o.model_repository)
         if not repo.is_dir():
             raise ServerError(f"model repository {repo} does not exist (run `tritonbundle repo` first)")
         assert self.installation is not None
+        for what, folder in (("model repository", repo.resolve()), ("backend directory", self.installation.backend_dir)):
+            if any(c.isspace() for c in str(folder)):  # the Python backend's stub gets its paths split at spaces
+                raise ServerError(f"the {what} {str(folder)!r} has a space in its path, which Triton's Python "
+                                  "backend cannot start from: move it, or reach it through a symlink without one")
         self._check_ports()
         LOG.debug("starting %s", redact(" ".join(self.command()), o.restricted_api_key))
-        log = Path(o.log_path) if o.log_path else None
-        self._log_offset = log.stat().st_size if log is not None and log.exists() else 0
         # The key reaches tritonserver on its command line only (2.51 has no other way to take it):
         # never through the environment, which every Python stub inherits and may log.
         env = {k: v for k, v in {**os.environ, **self.installation.env, **self._gpu_sharing_env()}.items()
@@ -165,11 +173,14 @@ class TritonServer:
         try:
             self.process = proc.start_group(self.command(), log=o.log_path, env=env, inherit_env=False,
                                             die_with_parent=threading.current_thread() is threading.main_thread())
+        except OSError as e:  # not executable, not a program
+            self._stop_gpu_sharing()
+            raise ServerError(f"cannot run tritonserver {self.installation.binary}: {e}") from e
         except BaseException:
             self._stop_gpu_sharing()
             raise
         if wait:
-            self.wait_ready(timeout_s=ready_timeout_s)
+            self.wait_ready(timeout_s=ready_timeout_s, stop=stop)
         return self
 
     def _gpu_sharing_env(self) -> dict[str, str]:
@@ -220,16 +231,19 @@ class TritonServer:
     def is_ready(self) -> bool:
         return proc.http_ok(f"http://{self.http_url}/v2/health/ready")
 
-    def wait_ready(self, *, timeout_s: float = 120.0) -> None:
-        """Wait until ``/v2/health/ready`` answers 200; raise with the log's tail if it never does."""
+    def wait_ready(self, *, timeout_s: float = 120.0, stop: threading.Event | None = None) -> bool:
+        """Wait until ``/v2/health/ready`` answers 200 (True), or ``stop`` is set (False: SIGTERM while the
+        models load must not wait for them); raise with the log's tail if it never gets ready."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            if stop is not None and stop.is_set():
+                return False
             if self.process is not None and self.process.poll() is not None:
                 self._stop_gpu_sharing()
                 raise ServerError(f"tritonserver exited with code {self.process.returncode} before becoming ready: "
                                   f"{self.cause()}\n{self.log_tail()}")
             if self.is_ready():
-                return
+                return True
             time.sleep(0.1)
         self.stop()
         raise ServerError(f"tritonserver was not ready after {timeout_s:g} s: {self.cause()}\n{self.log_tail()}")
@@ -318,10 +332,10 @@ def supervise(
     stop_event = stop_event or threading.Event()
     failed_starts = 0
     if not already_started:
-        server.start(ready_timeout_s=ready_timeout_s)
+        server.start(ready_timeout_s=ready_timeout_s, stop=stop_event)
     up_since = time.monotonic()
     while True:
-        reason = _watch(server, stop_event, canary, canary_interval_s, canary_misses)
+        reason = _watch(server, stop_event, canary, canary_interval_s, canary_misses)  # None when stopped
         if reason is None:
             asked = time.monotonic()
             stopped = server.stop() or 0
@@ -338,7 +352,9 @@ def supervise(
         server.stop(timeout_s=grace)
         while True:
             try:
-                server.start(ready_timeout_s=ready_timeout_s)
+                server.start(ready_timeout_s=ready_timeout_s, stop=stop_event)
+                if stop_event.is_set():  # stopped while it started: _watch returns None, and it is stopped
+                    break
                 failed_starts = 0
                 up_since = time.monotonic()
                 LOG.info("tritonserver is ready again")

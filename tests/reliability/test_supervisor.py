@@ -35,7 +35,7 @@ class FakeServer:
     starts: int = 0
     last: str = "up"
 
-    def start(self, *, ready_timeout_s: float = 0) -> None:
+    def start(self, *, ready_timeout_s: float = 0, stop: threading.Event | None = None) -> None:
         self.starts += 1
         self.last = self.script.pop(0) if self.script else "stop"
         if self.last in ("flash", "never"):
@@ -126,6 +126,15 @@ def test_a_port_held_by_someone_else_is_refused_naming_the_holder(tmp_path: Path
         with pytest.raises(ServerError, match=rf"HTTP port 127.0.0.1:{port} is taken by pid \d+"):
             server.start(wait=False)
         assert server.process is None
+        # A restart refused so, after a start that came up: not "came up and went down" (a crash, restarted at
+        # once and never counted), or `serve --restart` spun ~4 times a second, never backing off.
+        log = tmp_path / "triton.log"
+        log.write_text("I1201 grpc_server.cc:2495] Started GRPCInferenceService at 0.0.0.0:8001\n"
+                       "I1201 http_server.cc:4643] Started HTTPService at 0.0.0.0:8000\n")
+        server = TritonServer(ServerOptions(tmp_path, http_port=port, grpc_port=0, metrics_port=0, log_path=log))
+        with pytest.raises(ServerError, match="is taken by"):
+            server.start(wait=False)
+        assert not server.came_up()
     finally:
         holder.close()
 
@@ -202,3 +211,25 @@ def test_a_start_that_fails_on_a_new_version_quarantines_it_and_serves_the_old_o
     assert moved is not None and not (tmp_path / "m" / "2").exists() and (tmp_path / "m" / "1").exists()
     assert "refused it at start: bad" in (moved / "error.txt").read_text()
     assert quarantine_failed_version(server) is None, "the last version of a model is never moved away"  # type: ignore[arg-type]
+
+
+def test_a_stop_while_the_server_starts_ends_the_wait_at_once(tmp_path: Path) -> None:
+    """SIGTERM while the models load: the wait used to run to the models' readiness (or the 180-s timeout),
+    past Kubernetes' grace period."""
+    import time
+
+    stop = threading.Event()
+    server = TritonServer(ServerOptions(tmp_path, http_port=0, grpc_port=0, metrics_port=0))
+    threading.Timer(0.3, stop.set).start()
+    started = time.monotonic()
+    assert server.wait_ready(timeout_s=30, stop=stop) is False
+    assert time.monotonic() - started < 5
+
+
+def test_a_repository_path_with_a_space_is_refused_naming_it(tmp_path: Path) -> None:
+    """Triton's Python backend stub aborted on it ("terminate called ... stol"), and the start waited out its
+    ready timeout to say "no error line"."""
+    repository = tmp_path / "with space" / "repo"
+    repository.mkdir(parents=True)
+    with pytest.raises(ServerError, match="has a space in its path"):
+        TritonServer(ServerOptions(repository, http_port=0, grpc_port=0, metrics_port=0)).start(wait=False)

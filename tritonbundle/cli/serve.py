@@ -84,7 +84,7 @@ def _serve(args: argparse.Namespace, server: Any, stop: threading.Event) -> int:
     from tritonbundle.server import quarantine_failed_version, supervise
 
     try:
-        server.wait_ready(timeout_s=args.ready_timeout_s)
+        ready = server.wait_ready(timeout_s=args.ready_timeout_s, stop=stop)
     except ServerError as e:
         # A server that came up (its log says it started serving) and crashed before the readiness poll
         # saw it was killed by a request, not by its configuration: with --restart that is a crash. One
@@ -92,10 +92,13 @@ def _serve(args: argparse.Namespace, server: Any, stop: threading.Event) -> int:
         if args.restart and server.came_up():
             LOG.warning("tritonserver came up and went down before it was seen ready: %s", str(e).splitlines()[0])
         elif args.restart and quarantine_failed_version(server) is not None:
-            server.start(ready_timeout_s=args.ready_timeout_s)
+            server.start(ready_timeout_s=args.ready_timeout_s, stop=stop)
         else:
             raise
     else:
+        if not ready:  # SIGTERM or Ctrl-C while the models loaded
+            LOG.info("stopped before it was ready: stopping tritonserver")
+            return server.stop() or 0
         LOG.info("ready: HTTP %s  gRPC %s  metrics %s%s", server.http_url, server.grpc_url, server.metrics_url,
                  f"  (log: {args.log_file})" if args.log_file else "")
         if server.mps is not None:  # TRITONBUNDLE_GPU_SHARING=mps: did the models' processes come?
