@@ -223,3 +223,13 @@ def test_a_tokenizer_longer_than_the_model_is_refused(tmp_path: Path) -> None:
     assert spec.models[0].tokenizer_max_length == 64
     with pytest.raises(ConfigError, match="tokenizer.max_length 128 is more than max_sequence_length 64"):
         _load(_text_model(max_sequence_length=64, tokenizer={"file": "tokenizer.json", "max_length": 128}), tmp_path)
+
+
+def test_init_says_why_a_model_is_not_batched(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tritonbundle.cli import main
+
+    path = _graph(tmp_path / "det.onnx", [("x", ["N", 4])], [("boxes", ["num_boxes", 4])])
+    assert main(["init", str(path), "--manifest", str(tmp_path / "models.yaml")]) != 0
+    out, err = capsys.readouterr()
+    assert "need their largest size" in err
+    assert "not batched (no dynamic batching): their first dimensions are named differently (x: N, boxes: num_boxes)" in out

@@ -64,6 +64,29 @@ def _tensors(values: Sequence[Any], *, batched: bool, text: bool) -> list[dict[s
     return out
 
 
+def unbatched_why(graph: Any) -> str | None:
+    """Why ``graph`` is not batched (None: it is). Batched only where one named dimension leads every input
+    and every output: Triton splits a batch's outputs by the rows each request sent, so an output whose
+    first dimension is another quantity (detections: [num_boxes, 4]) would hand requests each other's rows;
+    nor where the batch is a later dimension (time-major [sequence, batch, ...])."""
+    initializers = {i.name for i in graph.initializer}
+    values = [v for v in graph.input if v.name not in initializers] + list(graph.output)
+    leading = {v.name: (v.type.tensor_type.shape.dim[0].dim_param or "?") if len(v.type.tensor_type.shape.dim) > 0
+               and not v.type.tensor_type.shape.dim[0].dim_value else "" for v in values}
+    fixed = [name for name, dim in leading.items() if not dim]
+    if fixed:
+        return f"{', '.join(fixed)} start with a fixed dimension (or have none)"
+    if len(set(leading.values())) > 1 or "?" in leading.values():
+        return ("their first dimensions are named differently (" + ", ".join(f"{n}: {d}" for n, d in leading.items())
+                + "); the batch is one name on every input and output: if each is the batch, name them alike in the "
+                  "export (torch.onnx.export's dynamic_axes), or write `batch` in the entry by hand")
+    name = next(iter(leading.values()))
+    later = {d.dim_param.lower() for v in values for d in list(v.type.tensor_type.shape.dim)[1:]}
+    if name.lower() in SEQUENCE_NAMES or later & BATCH_NAMES:
+        return f"their first dimension {name!r} is a sequence, and a later one names the batch (time-major)"
+    return None
+
+
 def guess_task(output_names: Sequence[str], tokenizer: Path | None) -> str:
     if tokenizer is None:
         return "tensor"
@@ -94,16 +117,7 @@ def describe(onnx_path: Path, *, name: str, task: str | None = None, tokenizer: 
     if text and tokenizer is None:
         raise ConfigError(f"a {task} model needs its tokenizer.json: pass --tokenizer PATH")
 
-    # Batched only where one named dimension leads every input and every output: Triton splits a batch's
-    # outputs by the rows each request sent, so an output whose first dimension is another quantity
-    # (detections: [num_boxes, 4]) would hand requests each other's rows.
-    # (detections: [num_boxes, 4]) would hand requests each other's rows; nor where the batch is a later
-    # dimension (time-major [sequence, batch, ...]).
-    tensors = [v.type.tensor_type.shape.dim for v in [*inputs, *graph.output]]
-    leading = {dims[0].dim_param if len(dims) > 0 and not dims[0].dim_value else "" for dims in tensors}
-    later = {d.dim_param.lower() for dims in tensors for d in list(dims)[1:]}
-    batched = (len(leading) == 1 and "" not in leading and not {n.lower() for n in leading} & SEQUENCE_NAMES
-               and not later & BATCH_NAMES)
+    batched = unbatched_why(graph) is None
     base = relative_to or onnx_path.parent
 
     def rel(path: Path) -> str:
@@ -130,7 +144,7 @@ def describe(onnx_path: Path, *, name: str, task: str | None = None, tokenizer: 
 
 def missing_sizes(entry: Mapping[str, Any], traffic_axes: Sequence[str]) -> list[str]:
     """Named axes (other than sequence) that neither ``axes`` bounds nor the traffic sample gives."""
-    named = {d for t in entry["inputs"] for d in t["shape"][1:] if isinstance(d, str)} - {SEQUENCE, BATCH}
+    named = {d for t in entry["inputs"] for d in t["shape"] if isinstance(d, str)} - {SEQUENCE, BATCH}
     return sorted(a for a in named if a not in entry.get("axes", {}) and a not in traffic_axes)
 
 

@@ -40,7 +40,7 @@ def cmd_init(args: argparse.Namespace) -> int:
     from tritonbundle.build import describe
     from tritonbundle.build.stage import BuildOptions, plan_all
     from tritonbundle.errors import ConfigError
-    from tritonbundle.manifest import SEQUENCE
+    from tritonbundle.manifest import BATCH, SEQUENCE
 
     axes = {}
     for item in args.axis or ():
@@ -52,6 +52,11 @@ def cmd_init(args: argparse.Namespace) -> int:
     name = args.name or "".join(c if c.isalnum() or c in "_-" else "_" for c in args.onnx.stem)
     entry = describe.describe(args.onnx, name=name, task=args.task, tokenizer=args.tokenizer, axes=axes,
                               relative_to=manifest.parent)
+    if BATCH not in {d for t in entry["inputs"] for d in t["shape"]}:  # said first: it may explain an axis asked for
+        import onnx
+
+        why = describe.unbatched_why(onnx.load(str(args.onnx), load_external_data=False).graph)
+        print(f"{args.onnx}: not batched (no dynamic batching): {why}")
     existing = yaml.safe_load(manifest.read_text()) if manifest.exists() else {}
     sample_path = args.traffic or ((manifest.parent / existing["traffic"]) if existing.get("traffic") else None)
     if args.traffic is not None:
