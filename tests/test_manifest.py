@@ -233,3 +233,23 @@ def test_init_says_why_a_model_is_not_batched(tmp_path: Path, capsys: pytest.Cap
     out, err = capsys.readouterr()
     assert "need their largest size" in err
     assert "not batched (no dynamic batching): their first dimensions are named differently (x: N, boxes: num_boxes)" in out
+
+
+def test_init_batches_a_text_export_whose_output_names_its_batch_otherwise(tmp_path: Path) -> None:
+    """Exporters name an output's batch as they like (``batch_size``, ``Addlogits_dim_0``); a text task's
+    encoder answers per text by contract, so its entry stays [batch, sequence] -> [batch, n]."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from tritonbundle.build.describe import describe
+
+    tokens = [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "sequence"])
+              for n in ("input_ids", "attention_mask")]
+    node = helper.make_node("Constant", [], ["logits"], value=helper.make_tensor("v", TensorProto.FLOAT, [1], [0.0]))
+    graph = helper.make_graph([node], "g", tokens, [helper.make_tensor_value_info("logits", TensorProto.FLOAT,
+                                                                                  ["Addlogits_dim_0", 2])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "m.onnx"))
+    (tmp_path / "tokenizer.json").write_text("{}")
+    entry = describe(tmp_path / "m.onnx", name="m", relative_to=tmp_path)
+    assert entry["task"] == "text-classification"
+    assert [t["shape"] for t in [*entry["inputs"], *entry["outputs"]]] == [["batch", "sequence"]] * 2 + [["batch", 2]]

@@ -38,8 +38,8 @@ def sha256(path: Path) -> str:
     """The file's SHA-256, read in 1 MiB chunks; for an ONNX file with external weights, of both."""
     digest = hashlib.sha256()
     parts = [Path(path)]
-    if Path(path).suffix == ".onnx" and onnx_data(path).exists():
-        parts.append(onnx_data(path))
+    if Path(path).suffix == ".onnx":  # and its external weights, whatever their names
+        parts += [Path(path).parent / location for location in onnx_weight_files(path)]
     for part in parts:
         with part.open("rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):

@@ -165,8 +165,12 @@ class Release:
             return {**encoder_config, "version_policy": {"specific": {"versions": list(numbers)}}}
 
         def refuse(reason: str) -> Verdict:
-            self._load(encoder, versions(serving), f"{encoder} serves version {serving} alone again")
-            self._load(self.model, pin(-1), f"unpinned {self.model}")
+            try:
+                self._load(encoder, versions(serving), f"{encoder} serves version {serving} alone again")
+                self._load(self.model, pin(-1), f"unpinned {self.model}")
+            except ClientError as e:  # the server is gone too: say both, the refusal's reason first
+                raise ClientError(f"release of {self.model!r} refused ({reason}), and restoring failed: {e}",
+                                  model=encoder, protocol="http") from e
             verdict.reason, verdict.steps = reason, self.log
             return verdict
 

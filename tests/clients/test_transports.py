@@ -148,6 +148,11 @@ def test_a_blocking_call_may_have_a_longer_deadline_than_the_clients(http_url: s
         assert client.embed(["a"], timeout_s=10).shape == (1, 2)
         with pytest.raises(DeadlineExceededError):  # and the client's own deadline still holds
             client.embed(["a"])
+        # A long call's chunks share one pool, whatever is left of its deadline (keyed by the time left,
+        # one pool was made for each second that passed).
+        Triton.delay = 0.3
+        assert client.embed([f"t{i}" for i in range(40)], timeout_s=20).shape == (40, 2)
+        assert len(client._local.pools) <= 3, sorted(client._local.pools)  # 0.2 s, 8 s and 32 s
 
 
 def test_the_pools_of_threads_that_ended_are_closed(http_url: str) -> None:

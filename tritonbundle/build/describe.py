@@ -64,11 +64,13 @@ def _tensors(values: Sequence[Any], *, batched: bool, text: bool) -> list[dict[s
     return out
 
 
-def unbatched_why(graph: Any) -> str | None:
+def unbatched_why(graph: Any, *, text: bool = False) -> str | None:
     """Why ``graph`` is not batched (None: it is). Batched only where one named dimension leads every input
     and every output: Triton splits a batch's outputs by the rows each request sent, so an output whose
     first dimension is another quantity (detections: [num_boxes, 4]) would hand requests each other's rows;
-    nor where the batch is a later dimension (time-major [sequence, batch, ...])."""
+    nor where the batch is a later dimension (time-major [sequence, batch, ...]). A text task's encoder
+    takes [batch, sequence] and answers per text (its contract): any dynamic first dimensions will do,
+    whatever the exporter named its outputs' (``batch_size``, ``Addlogits_dim_0``, ``unk__3``)."""
     initializers = {i.name for i in graph.initializer}
     values = [v for v in graph.input if v.name not in initializers] + list(graph.output)
     leading = {v.name: (v.type.tensor_type.shape.dim[0].dim_param or "?") if len(v.type.tensor_type.shape.dim) > 0
@@ -76,6 +78,8 @@ def unbatched_why(graph: Any) -> str | None:
     fixed = [name for name, dim in leading.items() if not dim]
     if fixed:
         return f"{', '.join(fixed)} start with a fixed dimension (or have none)"
+    if text:
+        return None
     if len(set(leading.values())) > 1 or "?" in leading.values():
         return ("their first dimensions are named differently (" + ", ".join(f"{n}: {d}" for n, d in leading.items())
                 + "); the batch is one name on every input and output: if each is the batch, name them alike in the "
@@ -117,7 +121,7 @@ def describe(onnx_path: Path, *, name: str, task: str | None = None, tokenizer: 
     if text and tokenizer is None:
         raise ConfigError(f"a {task} model needs its tokenizer.json: pass --tokenizer PATH")
 
-    batched = unbatched_why(graph) is None
+    batched = unbatched_why(graph, text=text) is None
     base = relative_to or onnx_path.parent
 
     def rel(path: Path) -> str:

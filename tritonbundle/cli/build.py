@@ -55,7 +55,8 @@ def cmd_init(args: argparse.Namespace) -> int:
     if BATCH not in {d for t in entry["inputs"] for d in t["shape"]}:  # said first: it may explain an axis asked for
         import onnx
 
-        why = describe.unbatched_why(onnx.load(str(args.onnx), load_external_data=False).graph)
+        why = describe.unbatched_why(onnx.load(str(args.onnx), load_external_data=False).graph,
+                                     text=entry["task"] != "tensor")
         print(f"{args.onnx}: not batched (no dynamic batching): {why}")
     existing = yaml.safe_load(manifest.read_text()) if manifest.exists() else {}
     sample_path = args.traffic or ((manifest.parent / existing["traffic"]) if existing.get("traffic") else None)

@@ -10,6 +10,7 @@ chunks of a large input are sent concurrently::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -175,7 +176,10 @@ class _AsyncBaseClient(core.ClientBase):
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         n = next(iter(arrays.values())).shape[0]
 
-        room = asyncio.Semaphore(self.pool_size)  # chunks in flight at once: one call never fills max_in_flight
+        # The HTTP client refuses calls past its window (max_in_flight): one call's chunks take half of it at
+        # most, so a large input is not refused by its own chunks. gRPC has no window: every chunk at once.
+        window = getattr(self, "max_in_flight", 0)
+        room = asyncio.Semaphore(max(1, window // 2)) if window else contextlib.nullcontext()
 
         async def one(rows: slice) -> dict[str, np.ndarray[Any, Any]]:
             part = {k: v[rows] for k, v in arrays.items()}

@@ -288,8 +288,10 @@ class HttpClient(_BaseClient):
         return self._pool(self.timeout_s)
 
     def _pool(self, timeout_s: float) -> Any:
-        """This thread's pool whose socket timeout covers a call of ``timeout_s``."""
-        seconds = max(self.timeout_s, float(math.ceil(timeout_s)))
+        """This thread's pool whose socket timeout covers a call of ``timeout_s`` (the time a call has
+        left): the client's own, else the next power of two seconds, so a long call's chunks and retries
+        share one pool whatever is left of its deadline."""
+        seconds = self.timeout_s if timeout_s <= self.timeout_s else float(2 ** math.ceil(math.log2(timeout_s)))
         pools: dict[float, Any] = self._local.__dict__.setdefault("pools", {})
         pool = pools.get(seconds)
         if pool is None:

@@ -176,7 +176,7 @@ def create_app(backend: Backend, tenants: Tenants | None = None, meter: Meter | 
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException
-    from starlette.requests import Request
+    from starlette.requests import ClientDisconnect, Request
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
@@ -254,6 +254,8 @@ def create_app(backend: Backend, tenants: Tenants | None = None, meter: Meter | 
             meter.record(Usage(time.time(), name, model, outcome(e), e.status, reason=e.reason,
                                latency_ms=(time.perf_counter() - start) * 1000))
             return error(e)
+        except ClientDisconnect:  # the caller left mid-upload: no answer, nothing to meter
+            raise
         except Exception:  # metered as the 500 that `unexpected` answers it with
             meter.record(Usage(time.time(), name, model, "error", 500, latency_ms=(time.perf_counter() - start) * 1000))
             raise
