@@ -45,6 +45,19 @@ def test_the_rewrite_puts_gemms_in_fp16_keeps_softmax_and_norms_fp32_and_keeps_i
     assert nodes
 
 
+def test_a_graph_over_protobufs_limit_is_a_build_error_naming_fp32(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """onnx's shape inference serializes the graph with its weights: over 2 GB it raises ValueError ("exceeds
+    the size limit", reproduced on a 2.2-GB model), which was a raw traceback out of `build --precision fp16`."""
+    model = onnx.load(str(three_input_encoder(tmp_path / "m.onnx")))
+
+    def over_the_limit(*args: Any, **kwargs: Any) -> Any:
+        raise ValueError("Unable to parse proto from the given bytes: data is malformed, truncated, or exceeds the size limit.")
+
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", over_the_limit)
+    with pytest.raises(BuildError, match=r"models over 2 GB build at fp32 only"):
+        precision.mixed_precision(model, "fp16")
+
+
 def test_minilm_rewrite_leaves_softmax_layernorm_and_the_mask_in_fp32(exported_minilm: Path) -> None:
     model = onnx.load(str(exported_minilm / "model.onnx"))
     low, _ = precision._low_plan(model)

@@ -58,7 +58,11 @@ def _float_tensors(model: Any) -> set[str]:
     """Names of every FP32 tensor in the graph (inputs, initializers, intermediates, outputs)."""
     import onnx
 
-    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except ValueError as e:  # the graph with its weights is over protobuf's 2 GB: it cannot be serialized
+        raise BuildError(f"cannot lower this graph's precision ({e}): models over 2 GB build at fp32 only, for "
+                         "now (precision: fp32); the previous repository stays in place") from e
     g = inferred.graph
     out = {i.name for i in g.initializer if i.data_type == FLOAT}
     for vi in (*g.input, *g.value_info, *g.output):
