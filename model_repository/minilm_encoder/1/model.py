@@ -46,8 +46,8 @@ except ImportError:  # imported outside Triton (tests, type checks)
 
 _NP = {
     "TYPE_BOOL": np.bool_, "TYPE_INT8": np.int8, "TYPE_INT16": np.int16, "TYPE_INT32": np.int32,
-    "TYPE_INT64": np.int64, "TYPE_UINT8": np.uint8, "TYPE_FP16": np.float16, "TYPE_FP32": np.float32,
-    "TYPE_FP64": np.float64,
+    "TYPE_INT64": np.int64, "TYPE_UINT8": np.uint8, "TYPE_UINT16": np.uint16, "TYPE_UINT32": np.uint32,
+    "TYPE_UINT64": np.uint64, "TYPE_FP16": np.float16, "TYPE_FP32": np.float32, "TYPE_FP64": np.float64,
 }
 
 
