@@ -153,20 +153,28 @@ def test_missing_traffic_sample_names_the_fix(tmp_path: Path) -> None:
         build(BuildOptions(manifest=manifest, repository=tmp_path / "repo", artifacts=tmp_path / "a"))
 
 
+MLP = {"name": "mlp", "inputs": [{"name": "features", "dtype": "FP32", "shape": ["batch", 16]}],
+       "outputs": [{"name": "logits", "dtype": "FP32", "shape": ["batch", 4]}]}
+
+
+def _mlp_with_external_weights(tmp: Path, name: str, location: str) -> dict[str, Any]:
+    """The MLP saved as ``tmp/user/<name>`` with its weights in ``location`` beside it (``tmp/plain.onnx``
+    keeps them inside); its manifest entry."""
+    import onnx
+
+    onnx_models.mlp(tmp / "plain.onnx")
+    (tmp / "user").mkdir()
+    onnx.save_model(onnx.load(str(tmp / "plain.onnx")), str(tmp / "user" / name), save_as_external_data=True,
+                    location=location, size_threshold=0)
+    return {**MLP, "source": {"onnx": f"user/{name}"}}
+
+
 def test_an_onnx_with_external_weights_reaches_the_repository_whole(tmp_path: Path) -> None:
     """Exporters write the weights of large models beside the graph; the build used to copy the graph
     only, and ONNX Runtime then refused the served model ("External data path does not exist")."""
-    import onnx
     import onnxruntime as ort
 
-    source = tmp_path / "user" / "mlp.onnx"
-    onnx_models.mlp(tmp_path / "plain.onnx")
-    source.parent.mkdir()
-    onnx.save_model(onnx.load(str(tmp_path / "plain.onnx")), str(source), save_as_external_data=True,
-                    location="weights.bin", size_threshold=0)
-    mlp = {"name": "mlp", "source": {"onnx": "user/mlp.onnx"},
-           "inputs": [{"name": "features", "dtype": "FP32", "shape": ["batch", 16]}],
-           "outputs": [{"name": "logits", "dtype": "FP32", "shape": ["batch", 4]}]}
+    mlp = _mlp_with_external_weights(tmp_path, "mlp.onnx", "weights.bin")
     repo = tmp_path / "repo"
     build(BuildOptions(manifest=_manifest(tmp_path, [mlp]), repository=repo, artifacts=tmp_path / "artifacts"))
     served = repo / "mlp" / "1" / "model.onnx"
@@ -180,17 +188,9 @@ def test_an_onnx_with_external_weights_reaches_the_repository_whole(tmp_path: Pa
 def test_repo_serves_a_users_external_weights_under_the_name_the_graph_gives(tmp_path: Path) -> None:
     """`tritonbundle repo` (no export) serves the user's own file: only ``<file>.data`` was copied, so
     Optimum's ``model.onnx_data`` never reached the version folder."""
-    import onnx
     import onnxruntime as ort
 
-    source = tmp_path / "user" / "model.onnx"
-    onnx_models.mlp(tmp_path / "plain.onnx")
-    source.parent.mkdir()
-    onnx.save_model(onnx.load(str(tmp_path / "plain.onnx")), str(source), save_as_external_data=True,
-                    location="model.onnx_data", size_threshold=0)
-    mlp = {"name": "mlp", "source": {"onnx": "user/model.onnx"},
-           "inputs": [{"name": "features", "dtype": "FP32", "shape": ["batch", 16]}],
-           "outputs": [{"name": "logits", "dtype": "FP32", "shape": ["batch", 4]}]}
+    mlp = _mlp_with_external_weights(tmp_path, "model.onnx", "model.onnx_data")
     repo = tmp_path / "repo"
     build(BuildOptions(manifest=_manifest(tmp_path, [mlp]), repository=repo, artifacts=tmp_path / "artifacts",
                        export=False))
@@ -219,9 +219,7 @@ def test_a_repository_reached_through_a_symlink_to_another_file_system_builds(tm
     if os.stat("/dev/shm").st_dev == os.stat(tmp_path).st_dev:
         pytest.skip("/dev/shm is on the tests' file system here")
     onnx_models.mlp(tmp_path / "mlp.onnx")
-    mlp = {"name": "mlp", "source": {"onnx": "mlp.onnx"},
-           "inputs": [{"name": "features", "dtype": "FP32", "shape": ["batch", 16]}],
-           "outputs": [{"name": "logits", "dtype": "FP32", "shape": ["batch", 4]}]}
+    mlp = {**MLP, "source": {"onnx": "mlp.onnx"}}
     target = Path(tempfile.mkdtemp(dir="/dev/shm")) / "repo"
     try:
         (tmp_path / "repo").symlink_to(target, target_is_directory=True)
