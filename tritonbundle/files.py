@@ -12,11 +12,36 @@ from tritonbundle.errors import ConfigError
 
 #: The weights of an ONNX model saved with external data, next to it (``model.onnx`` -> ``model.onnx.data``).
 ONNX_DATA_SUFFIX = ".data"
+#: The weights one ONNX file holds at most: protobuf's 2 GiB (``onnx.checker.MAXIMUM_PROTOBUF``), less room
+#: for the graph around them. A model with more is saved with its weights beside it.
+ONNX_FILE_WEIGHTS = (2 << 30) - (64 << 20)
 
 
 def onnx_data(path: Path) -> Path:
     """Where an ONNX file's external weights are, when it has them (``<file>.data``)."""
     return Path(path).with_name(Path(path).name + ONNX_DATA_SUFFIX)
+
+
+def tensor_bytes(tensor: Any) -> int:
+    """An ONNX tensor's size from its type and dims (``ByteSize()`` walks the data: seconds per GB)."""
+    from onnx import helper
+
+    return int(math.prod(tensor.dims) * helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize)
+
+
+def save_onnx(model: Any, path: Path, *, external: bool = False) -> None:
+    """Save ``model`` at ``path``, with its weights in ``<path>.data`` beside it when ``external`` or when
+    they are more than one file holds (:data:`ONNX_FILE_WEIGHTS`). A ``.data`` left from an earlier save
+    is removed first: onnx appends to an existing one."""
+    import onnx
+
+    data = onnx_data(path)
+    data.unlink(missing_ok=True)
+    if external or sum(map(tensor_bytes, model.graph.initializer)) > ONNX_FILE_WEIGHTS:
+        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=data.name, size_threshold=1024)
+    else:
+        onnx.save_model(model, str(path))
 
 
 def onnx_weight_files(path: Path) -> list[str]:

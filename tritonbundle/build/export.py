@@ -18,7 +18,7 @@ import numpy as np
 
 from tritonbundle import recipes
 from tritonbundle.errors import ExportError
-from tritonbundle.files import onnx_data, sha256
+from tritonbundle.files import onnx_data, save_onnx, sha256
 from tritonbundle.log import LOG, spinner
 from tritonbundle.manifest import ModelSpec
 
@@ -117,7 +117,7 @@ def _declare_static_output_dims(spec: ModelSpec, path: Path) -> None:
     which the exporter leaves symbolic; the parity check then confirms them at every shape."""
     import onnx
 
-    model = onnx.load(str(path))
+    model = onnx.load(str(path), load_external_data=False)  # the weights stay where they are
     declared = {t.name: t.shape for t in spec.outputs}
     for output in model.graph.output:
         for dim, size in zip(output.type.tensor_type.shape.dim, declared.get(output.name, ())):
@@ -142,8 +142,7 @@ def copy_onnx(source: Path, target: Path) -> None:
         model = onnx.load(str(source))  # reads the weights from the files next to it
     except (OSError, ValueError) as e:
         raise ExportError(f"{source}: its external weights cannot be read ({e}): keep the .data files next to it") from e
-    onnx.save_model(model, str(target), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=onnx_data(target).name, size_threshold=1024)
+    save_onnx(model, target, external=True)
 
 
 def _torch_available() -> bool:

@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tritonbundle.errors import BuildError
-from tritonbundle.files import sha256
+from tritonbundle.files import onnx_data, onnx_weight_files, save_onnx, sha256, tensor_bytes
 from tritonbundle.log import LOG
 from tritonbundle.manifest import ModelSpec
 from tritonbundle.plan import ModelPlan
@@ -54,17 +54,51 @@ ACTIVATIONS = frozenset({"Erf", "Gelu", "Relu", "Sigmoid", "Tanh", "Softplus", "
 _PASS_THROUGH = ELEMENTWISE | LAYOUT
 
 
-def _float_tensors(model: Any) -> set[str]:
-    """Names of every FP32 tensor in the graph (inputs, initializers, intermediates, outputs)."""
+#: Initializers up to this size stay in the copy that shape inference reads (shape and index tensors:
+#: their values can matter); larger ones (the weights) enter it as typed graph inputs. The same 1 KiB
+#: below which exporters keep a tensor inside the graph when they save the weights beside it.
+_INFERRED_WITH_VALUES = 1024
+
+
+def _shell(model: Any, initializers: Iterable[Any]) -> Any:
+    """A new ModelProto with ``model``'s every field (graph included) but its initializers, which are
+    ``initializers``: no copy of the weights being replaced, and none over protobuf's 2 GB."""
     import onnx
 
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-    except ValueError as e:  # the graph with its weights is over protobuf's 2 GB: it cannot be serialized
-        raise BuildError(f"cannot lower this graph's precision ({e}): models over 2 GB build at fp32 only, for "
-                         "now (precision: fp32); the previous repository stays in place") from e
-    g = inferred.graph
-    out = {i.name for i in g.initializer if i.data_type == FLOAT}
+    out = onnx.ModelProto()
+    for message, target in ((model, out), (model.graph, out.graph)):
+        for descriptor, value in message.ListFields():
+            if descriptor.name in ("graph", "initializer"):
+                continue
+            if descriptor.label == descriptor.LABEL_REPEATED:
+                getattr(target, descriptor.name).extend(value)
+            elif descriptor.message_type is not None:
+                getattr(target, descriptor.name).CopyFrom(value)
+            else:
+                setattr(target, descriptor.name, value)
+    out.graph.initializer.extend(initializers)
+    return out
+
+
+def _inferred(model: Any, *, strict: bool) -> Any:
+    """onnx's shape inference over ``model``'s structure. ``infer_shapes`` serializes the model it is given
+    (over protobuf's 2 GB it raises ValueError: "exceeds the size limit"), so it is given a copy whose
+    large initializers are typed graph inputs of the same dims: the types it infers are the same."""
+    import onnx
+    from onnx import helper
+
+    large = {t.name for t in model.graph.initializer if tensor_bytes(t) > _INFERRED_WITH_VALUES}
+    skeleton = _shell(model, (t for t in model.graph.initializer if t.name not in large))
+    listed = {i.name for i in model.graph.input}
+    skeleton.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, t.dims)
+                                for t in model.graph.initializer if t.name in large and t.name not in listed)
+    return onnx.shape_inference.infer_shapes(skeleton, strict_mode=strict)
+
+
+def _float_tensors(model: Any) -> set[str]:
+    """Names of every FP32 tensor in the graph (inputs, initializers, intermediates, outputs)."""
+    g = _inferred(model, strict=False).graph
+    out = {i.name for i in model.graph.initializer if i.data_type == FLOAT}
     for vi in (*g.input, *g.value_info, *g.output):
         if vi.type.tensor_type.elem_type == FLOAT:
             out.add(vi.name)
@@ -75,7 +109,7 @@ def _float_tensors(model: Any) -> set[str]:
 
 
 def _low_plan(model: Any) -> tuple[set[str], set[str]]:
-    """Which nodes run in low precision (by index) and which tensors they make low."""
+    """Which nodes run in low precision (by index), and the graph's FP32 tensors."""
     floats = _float_tensors(model)
     constants = {i.name for i in model.graph.initializer} | {n.output[0] for n in model.graph.node if n.op_type == "Constant"}
     low_tensors: set[str] = set()
@@ -97,7 +131,7 @@ def _low_plan(model: Any) -> tuple[set[str], set[str]]:
         if low:
             low_nodes.add(f"{index}")
             low_tensors.update(o for o in node.output if o in floats)
-    return low_nodes, low_tensors
+    return low_nodes, floats
 
 
 def mixed_precision(model: Any, precision: str, *, emulate: bool = False) -> Any:
@@ -108,14 +142,12 @@ def mixed_precision(model: Any, precision: str, *, emulate: bool = False) -> Any
     accuracy gate runs this emulation: storage rounding as the GPU does it, FP32 accumulation as
     TensorRT's BF16 GEMMs do.
     """
-    import onnx
     from onnx import helper
 
     if precision not in LOW_TYPES:
         raise BuildError(f"mixed precision is fp16 or bf16, not {precision!r}")
     low_type = LOW_TYPES[precision]
-    low_nodes, _ = _low_plan(model)
-    floats = _float_tensors(model)
+    low_nodes, floats = _low_plan(model)
     initializers = {i.name: i for i in model.graph.initializer}
     outputs = {o.name for o in model.graph.output}
     nodes: list[Any] = []
@@ -170,27 +202,24 @@ def mixed_precision(model: Any, precision: str, *, emulate: bool = False) -> Any
                     is_low.add(name)
         nodes.append(rewritten)
         nodes.extend(after)
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
+    used = {i for n in nodes for i in n.input}
+    out = _shell(model, [*(i for i in model.graph.initializer if i.name in used), *extra_inits])
     g = out.graph
     del g.node[:]
     g.node.extend(nodes)
-    used = {i for n in nodes for i in n.input}
-    kept = [i for i in g.initializer if i.name in used]
-    del g.initializer[:]
-    g.initializer.extend([*kept, *extra_inits])
     del g.value_info[:]
-    return onnx.shape_inference.infer_shapes(out, strict_mode=True)
+    g.value_info.extend(_inferred(out, strict=True).graph.value_info)  # and strict: a type error is raised here
+    return out
 
 
 def _low_tensor(tensor: Any, name: str, precision: str, *, emulate: bool) -> Any:
     """An initializer in low precision (or, emulated, FP32 holding the rounded values)."""
     from onnx import helper, numpy_helper
 
-    values = numpy_helper.to_array(tensor).astype(np.float32)
-    rounded = _round_bf16(values) if precision == "bf16" else values.astype(np.float16).astype(np.float32)
+    values = numpy_helper.to_array(tensor).astype(np.float32, copy=False)
     if emulate:
-        return numpy_helper.from_array(rounded, name)
+        return numpy_helper.from_array(_round_bf16(values) if precision == "bf16" else
+                                       values.astype(np.float16).astype(np.float32), name)
     if precision == "fp16":
         return numpy_helper.from_array(values.astype(np.float16), name)
     return helper.make_tensor(name, LOW_TYPES["bf16"], values.shape, _bf16_bits(values).tobytes(), raw=True)
@@ -245,13 +274,18 @@ def quantize_int8(source: Path, target: Path, feeds: Iterable[Mapping[str, npt.N
     )
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    model = onnx.load(str(source))
+    model = onnx.load(str(source), load_external_data=False)
     if max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0) < 13:
         raise BuildError(f"{source}: INT8 Q/DQ with per-channel weights needs ONNX opset >= 13 (TensorRT and ONNX Runtime)")
     work.mkdir(parents=True, exist_ok=True)
     prepared = work / "int8.preprocessed.onnx"
-    quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
-    model = onnx.load(str(prepared))
+    # Weights saved beside the graph (as a model over 2 GB must be) stay beside it, in "<file>.data".
+    external = bool(onnx_weight_files(source))
+    for stale in (onnx_data(prepared), onnx_data(target)):  # onnx appends to an existing one
+        stale.unlink(missing_ok=True)
+    quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True, save_as_external_data=external,
+                      all_tensors_to_one_file=True, external_data_location=onnx_data(prepared).name)
+    model = onnx.load(str(prepared), load_external_data=False)
     gemms = [n.name for n in model.graph.node if n.op_type in ("MatMul", "Gemm")
              and any(i in {x.name for x in model.graph.initializer} for i in n.input)]
     kept = after_activation(model)
@@ -272,8 +306,10 @@ def quantize_int8(source: Path, target: Path, feeds: Iterable[Mapping[str, npt.N
         calibrate_method=CalibrationMethod.MinMax, op_types_to_quantize=["MatMul", "Gemm"],
         nodes_to_quantize=[n for n in gemms if n not in kept],
         extra_options={"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False},
+        use_external_data_format=external,
     )
     prepared.unlink(missing_ok=True)
+    onnx_data(prepared).unlink(missing_ok=True)
     return {"quantized_gemms": len(gemms) - len(kept), "fp32_gemms": len(kept), "calibration_batches": len(batches),
             "method": "minmax, symmetric INT8, per-channel weights (ONNX Runtime quantize_static, QDQ)"}
 
@@ -330,10 +366,10 @@ def lower(spec: ModelSpec, plan: ModelPlan, fp32: Path, tokenizer_json: Path | N
     checked = target
     if spec.precision in LOW_TYPES:
         model = onnx.load(str(fp32))
-        onnx.save(mixed_precision(model, spec.precision), str(target))
+        save_onnx(mixed_precision(model, spec.precision), target)
         if spec.precision == "bf16":  # no BF16 kernels in ONNX Runtime on the CPU: check the emulation
             checked = work / "model.bf16.emulated.onnx"
-            onnx.save(mixed_precision(model, "bf16", emulate=True), str(checked))
+            save_onnx(mixed_precision(model, "bf16", emulate=True), checked)
             details["checked"] = "BF16 emulated in FP32 (storage rounded to BF16, FP32 accumulation)"
         details["rewrite"] = "GEMM-class nodes and what follows them cheaply in low precision; the rest FP32"
     else:
@@ -348,6 +384,7 @@ def lower(spec: ModelSpec, plan: ModelPlan, fp32: Path, tokenizer_json: Path | N
     LOG.info("    %s: %s", spec.name, result.describe())
     if not result.passed:
         target.unlink(missing_ok=True)
+        onnx_data(target).unlink(missing_ok=True)
         raise BuildError(
             f"model {spec.name}: the {spec.precision} model misses the accuracy gate: {result.describe()}; worst at "
             f"{result.worst}. The repository was not changed. " + (
