@@ -201,3 +201,30 @@ def test_bench_and_tune_flags_default_to_their_options_defaults(tmp_path: Path) 
         name = flags.get(field.name, field.name)
         if hasattr(tune, name) and field.name not in ("load_procs", "start", "work"):  # 0/None there mean "derive it"
             assert getattr(tune, name) == getattr(expected, field.name), field.name
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["tune", "--window-s", "0"], "argument --window-s: 0 must be more than 0"),
+    (["tune", "--load-procs", "-3"], "argument --load-procs: -3 must be at least 0"),
+    (["tune", "--rate-factor", "1"], "argument --rate-factor: 1 must be more than 1"),
+    (["tune", "--refine", "x"], "argument --refine: 'x' is not a whole number"),
+    (["tune", "--start", "instances=abc"], "argument --start: instances: 'abc' is not of type 'integer'"),
+    (["tune", "--start", "batch_buckets=[0]"], "argument --start: batch_buckets: 0 is less than the minimum of 1"),
+    (["loadtest", "--slo-p99-ms", "-5"], "argument --slo-p99-ms: -5 must be more than 0"),
+])
+def test_a_number_out_of_range_is_a_usage_error_naming_the_flag(argv: list[str], words: str,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """`tune --window-s 0` ran a whole point and blamed the server ("no configuration met the SLO"),
+    `--load-procs -3` and `--rate-factor 1` ended in tracebacks, `--start instances=abc` in a TypeError
+    from the runtime: every such value is refused by argparse, before anything starts."""
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err
+
+
+def test_a_versus_file_that_is_missing_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["tune", "--versus", str(tmp_path / "none.json"), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code != 0 and "none.json: not a readable tune result" in err and "Traceback" not in err

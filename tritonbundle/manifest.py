@@ -105,7 +105,7 @@ class Tunables:
     multi_arch: bool = knob(False, {"type": "boolean"}, "name plans per compute capability (cc_model_filenames)")
 
 
-def _tunables_schema() -> dict[str, Any]:
+def tunables_schema() -> dict[str, Any]:
     return {f.name: f.metadata["schema"] for f in fields(Tunables)}
 
 
@@ -141,7 +141,7 @@ SCHEMA: dict[str, Any] = {
     "properties": {
         "version": {"const": 1},
         "traffic": {"type": "string", "description": "traffic sample (JSON Lines), relative to the manifest"},
-        "defaults": {"type": "object", "additionalProperties": False, "properties": _tunables_schema()},
+        "defaults": {"type": "object", "additionalProperties": False, "properties": tunables_schema()},
         "models": {
             "type": "array",
             "minItems": 1,
@@ -193,7 +193,7 @@ SCHEMA: dict[str, Any] = {
                         "description": "INT8 calibration data: a .npz holding one array per input (first axis: samples)",
                     },
                     "tolerance": {"type": "number", "exclusiveMinimum": 0},
-                    **_tunables_schema(),
+                    **tunables_schema(),
                 },
             },
         },

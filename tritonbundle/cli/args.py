@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -117,13 +118,28 @@ def read_key(args: argparse.Namespace, address: str) -> str | None:
 
 
 # -- SLO, rate search, window ---------------------------------------------------------------------------------
+def above(low: float, *, whole: bool = False, at_least: bool = False) -> Callable[[str], Any]:
+    """An argparse type: a number over ``low`` (or equal to it, ``at_least``), a whole one when ``whole``;
+    anything else is a one-line usage error naming the flag, not a traceback."""
+    def parse(text: str) -> float | int:
+        try:
+            value = int(text) if whole else float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {'whole ' if whole else ''}number") from None
+        if not (value >= low if at_least else value > low) or value != value:
+            raise argparse.ArgumentTypeError(f"{text} must be {'at least' if at_least else 'more than'} {low:g}")
+        return value
+    return parse
+
+
 def slo(p: argparse.ArgumentParser, *, p99_ms: float | None = None, p95: bool = True) -> None:
-    p.add_argument("--slo-p99-ms", type=float, default=p99_ms, help="p99 latency objective, milliseconds")
-    hidden(p, "--slo-ms", dest="slo_p99_ms", type=float)
+    p.add_argument("--slo-p99-ms", type=above(0), default=p99_ms, help="p99 latency objective, milliseconds")
+    hidden(p, "--slo-ms", dest="slo_p99_ms", type=above(0))
     if p95:
-        p.add_argument("--slo-p95-ms", type=float, help="p95 latency objective, milliseconds")
-    p.add_argument("--max-failure-ratio", type=float, default=FAILURE_BUDGET,
-                   help="failed requests a level may have and still meet the SLO")
+        p.add_argument("--slo-p95-ms", type=above(0), help="p95 latency objective, milliseconds")
+    p.add_argument("--max-failure-ratio", type=above(0, at_least=True), default=FAILURE_BUDGET,
+                   help="failed requests a level may have and still meet the SLO (a failed request counts as an "
+                        "infinitely slow one in the percentiles: above 1 %% of failures p99 misses any SLO)")
 
 
 def slo_from(args: argparse.Namespace) -> Slo:
@@ -139,15 +155,15 @@ def rate_search(p: argparse.ArgumentParser, *, start: float, factor: float = 2.0
     what = "; or RATE,SYSTEM=RATE,... for a start per system" if per_system else ""
     p.add_argument("--start-rate", type=kind, default=start, help=f"first offered load of the rate search, req/s{what}")
     hidden(p, "--ladder-start", dest="start_rate", type=kind)
-    p.add_argument("--rate-factor", type=float, default=factor, help="the search multiplies the rate by this until "
+    p.add_argument("--rate-factor", type=above(1), default=factor, help="the search multiplies the rate by this until "
                    "the SLO is missed")
-    hidden(p, "--ladder-factor", dest="rate_factor", type=float)
-    p.add_argument("--refine", type=int, default=refine, help="bisection steps after that")
-    p.add_argument("--max-rate", type=float, default=max_rate, help="the ladder's last rung (tried when the next would pass it), req/s")
+    hidden(p, "--ladder-factor", dest="rate_factor", type=above(1))
+    p.add_argument("--refine", type=above(0, whole=True, at_least=True), default=refine, help="bisection steps after that")
+    p.add_argument("--max-rate", type=above(0), default=max_rate, help="the ladder's last rung (tried when the next would pass it), req/s")
 
 
 def window(p: argparse.ArgumentParser, *, default: float, what: str = "measured seconds per load level") -> None:
-    p.add_argument("--window-s", type=float, default=default, help=what)
+    p.add_argument("--window-s", type=above(0), default=default, help=what)
 
 
 # -- traffic ----------------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from tritonbundle import runtimes
 from tritonbundle.cli import args as shared
 from tritonbundle.cli import defaults
 from tritonbundle.errors import ConfigError
-from tritonbundle.manifest import PRECISIONS, TARGETS, Tunables
+from tritonbundle.manifest import PRECISIONS, TARGETS, tunables_schema
 from tritonbundle.tune.options import TuneOptions
 from tritonbundle.tune.space import ORDER
 
@@ -29,15 +29,22 @@ def _knobs(text: str) -> tuple[str, ...]:
 
 
 def _start(text: str) -> dict[str, Any]:
-    """``instances=1,max_queue_delay_us=0,batch_buckets=[1]``: YAML values, as in the manifest."""
-    known = {f.name for f in Tunables.__dataclass_fields__.values()}
+    """``instances=1,max_queue_delay_us=0,batch_buckets=[1]``: YAML values, as in the manifest, checked
+    against the manifest's schema for that key."""
+    import jsonschema
+
+    schemas = tunables_schema()
     out: dict[str, Any] = {}
     for item in _split_top(text):
         name, sep, value = item.partition("=")
         name = name.strip()
-        if not sep or name not in known:
+        if not sep or name not in schemas:
             raise argparse.ArgumentTypeError(f"--start: {item!r} is not <manifest key>=<value> (keys: {', '.join(ORDER)}, ...)")
         parsed = yaml.safe_load(value)
+        try:
+            jsonschema.validate(parsed, schemas[name])
+        except jsonschema.ValidationError as e:
+            raise argparse.ArgumentTypeError(f"{name}: {e.message}") from None
         out[name] = tuple(parsed) if isinstance(parsed, list) else parsed
     return out
 
@@ -147,7 +154,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="the two best configurations are measured this many times in all, in turns, and the winner is "
                         "the better median (1: the best single measurement wins; one search moves 15-40%% on a GPU); "
                         "the search keeps time for it, a third of --budget-s at most")
-    p.add_argument("--load-procs", type=int, default=0, help="load generator processes (default: 1; --bench-model: cores/2 - 1)")
+    p.add_argument("--load-procs", type=shared.above(0, whole=True, at_least=True), default=0, help="load generator processes (default: 1; --bench-model: cores/2 - 1)")
     p.add_argument("--out", type=Path, default=defaults.TUNE_REPORT, help="report folder")
     p.add_argument("--write", action="store_true", help="write the winner into the manifest itself (keeps <manifest>.bak)")
     p.add_argument("--resume", type=Path, metavar="TUNE_JSON",

@@ -337,7 +337,11 @@ def winner_overrides(path: Path) -> dict[str, Any]:
     """The winning configuration of a tune run (``tune.json``), to apply as manifest overrides. Only
     ``winner.config`` is read: a settings file written by hand (``{"winner": {"config": {...}}}``, as
     docs/tuning/h200-handpicked/ holds) is one too."""
-    winner = json.loads(path.read_text()).get("winner")
+    try:
+        winner = json.loads(path.read_text()).get("winner")
+    except (OSError, ValueError, AttributeError) as e:
+        raise ConfigError(f"{path}: not a readable tune result ({e}): give a tune.json or a settings file "
+                          "holding {\"winner\": {\"config\": {...}}}") from e
     if not winner:
         raise ConfigError(f"{path}: the tune run found no configuration that met the SLO")
     if not isinstance(winner.get("config"), dict):
