@@ -23,8 +23,10 @@ class _Client:
 
     def __init__(self) -> None:
         self.fail: BaseException | None = None
+        self.texts = 0
 
     async def embed_counted(self, texts: list[str], headers: Any = None) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        self.texts += len(texts)
         if self.fail is not None:
             fail, self.fail = self.fail, None
             raise fail
@@ -35,12 +37,13 @@ def _app(client: _Client, tenants: object) -> tuple[Any, Meter]:
     backend = Backend("127.0.0.1:1", ["public", "secret"])
     backend.clients = {"public": client, "secret": client}  # type: ignore[dict-item]
     backend.dims = {"public": 4, "secret": 4}
+    backend.max_lengths = {"public": 16, "secret": None}
     meter = Meter()
     return create_app(backend, parse(tenants, where="tenants.yaml"), meter), meter
 
 
-def _post(app: Any, body: dict[str, Any], key: str) -> tuple[int, dict[str, Any]]:
-    raw = json.dumps(body).encode()
+def _post(app: Any, body: dict[str, Any] | bytes, key: str) -> tuple[int, dict[str, Any]]:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
     scope = {"type": "http", "method": "POST", "path": "/v1/embeddings", "raw_path": b"/v1/embeddings",
              "query_string": b"", "http_version": "1.1", "scheme": "http", "server": ("127.0.0.1", 80),
              "client": ("127.0.0.1", 1), "root_path": "",
@@ -94,3 +97,37 @@ def test_a_model_the_gateway_does_not_serve_is_a_404_naming_only_the_callers_mod
     assert "['public']" in body["error"]["message"] and "secret" not in body["error"]["message"], body
     status, body = _post(app, {"model": "nothing", "input": ["hi"]}, KEY_B)  # a key that may use every model
     assert status == 404 and "['public', 'secret']" in body["error"]["message"], body
+
+
+def test_a_request_reserves_the_tokens_it_may_use_and_one_larger_than_the_quota_is_refused() -> None:
+    """One request of many texts was admitted while the bucket held anything: 33 minutes of a tenant's
+    tokens in one call. Texts are estimated from above (bytes + 2, at most the model's 16 tokens here)."""
+    client = _Client()
+    app, meter = _app(client, {"tenants": [{"name": "alpha", "keys": [KEY_A], "limits": {"tokens_per_min": 1000}}]})
+    status, body = _post(app, {"model": "public", "input": ["hello world"] * 80}, KEY_A)  # 80 x 13 = 1,040
+    assert status == 400 and body["error"]["code"] == "request_too_large", body
+    assert "up to 1040 tokens" in body["error"]["message"] and client.texts == 0
+    status, body = _post(app, {"model": "public", "input": ["hello world"] * 70}, KEY_A)  # 910 reserved, 210 used
+    assert status == 200 and body["usage"]["prompt_tokens"] == 210
+    status, body = _post(app, {"model": "public", "input": ["x" * 100] * 50}, KEY_A)  # 50 x 16 = 800 > 790 left
+    assert status == 429 and "790 left, this request may use up to 800" in body["error"]["message"], body
+    assert _requests(meter, "alpha", "refused") == 2 and client.texts == 70
+
+
+def test_text_the_tokenizer_would_refuse_is_a_400_naming_its_index_in_the_request() -> None:
+    """A text of control characters passed the gateway, failed in Triton's tokenizer after the other
+    chunks ran (billed nothing), and the error named its index within its chunk of 32 (TEXT[7] for 39)."""
+    client = _Client()
+    app, _ = _app(client, {"tenants": [{"name": "alpha", "keys": [KEY_A]}]})
+    status, body = _post(app, {"model": "public", "input": ["fine"] * 39 + ["\x00\x01"]}, KEY_A)
+    assert status == 400 and "'input' item 39 is empty" in body["error"]["message"] and client.texts == 0, body
+    status, body = _post(app, {"model": "public", "input": ["fine"] * 39 + ["x" * (1 << 20) + "y"]}, KEY_A)
+    assert status == 400 and "'input' item 39 is 1048577 bytes" in body["error"]["message"], body
+
+
+def test_a_body_nested_past_what_json_reads_is_a_400_not_a_server_error() -> None:
+    app, meter = _app(_Client(), {"tenants": [{"name": "alpha", "keys": [KEY_A]}]})
+    status, body = _post(app, b"[" * 100_000 + b"]" * 100_000, KEY_A)
+    assert status == 400 and body["error"]["type"] == "invalid_request_error", body
+    assert _requests(meter, "alpha", "error") == 0 and _requests(meter, "alpha", "invalid") == 1
+

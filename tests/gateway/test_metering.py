@@ -41,9 +41,11 @@ def test_records_reach_prometheus_the_log_and_the_report(tmp_path: Path, capsys:
     assert _sample(meter, "tritonbundle_gateway_requests_total", tenant="search", model="minilm", outcome="ok") == 3
     assert _sample(meter, "tritonbundle_gateway_refusals_total", tenant="ads", model="minilm", reason="tokens") == 1
     assert _sample(meter, "tritonbundle_gateway_request_seconds_count", tenant="search", model="minilm") == 3
+    assert _sample(meter, "tritonbundle_gateway_refusals_total", tenant="(unauthenticated)", model="-",
+                   reason="unauthenticated") == 1
     with open(log, "a") as f:
         f.write('{"time": 1, "tenant": "torn')  # a line cut by a crash is skipped
-    assert list(read(log)) == records
+    assert list(read(log)) == [r for r in records if r.tenant != "(unauthenticated)"]  # anyone can send those
     rows = {(r["tenant"], r["model"]): r for r in report(read(log, since=t - 3600))}
     search = rows[("search", "minilm")]
     assert (search["requests"], search["ok"], search["refused"], search["texts"], search["tokens"]) == (3, 2, 1, 4, 47)
@@ -51,9 +53,30 @@ def test_records_reach_prometheus_the_log_and_the_report(tmp_path: Path, capsys:
     assert (rows[("ads", "minilm")]["invalid"], rows[("ads", "minilm")]["error"]) == (1, 1)
     assert main(["usage", "--log", str(log), "--since", "1h"]) == 0
     table = capsys.readouterr().out
-    assert "search" in table and " 47 " in table and "rate 1" in table and "unauthenticated 1" in table
+    assert "search" in table and " 47 " in table and "rate 1" in table and "unauthenticated" not in table
     assert main(["usage", "--log", str(log), "--json"]) == 0
     assert sum(r["tokens"] for r in json.loads(capsys.readouterr().out)) == 77
+
+
+def test_the_usage_log_is_moved_aside_at_its_size_and_read_whole(tmp_path: Path) -> None:
+    """A line per request with no bound filled the chart's 1 GiB emptyDir (and got the pod evicted): past
+    its size the log goes to <log>.1, replacing the one before, and both are read, the older first."""
+    log = tmp_path / "usage.jsonl"
+    meter = Meter(log, max_bytes=1000)
+    records = [Usage(1_000_000.0 + i, "search", "minilm", "ok", 200, texts=1, tokens=i) for i in range(40)]
+    for r in records:
+        meter.record(r)
+    meter.close()
+    aside = log.with_name("usage.jsonl.1")
+    assert aside.exists() and aside.stat().st_size < 1200 and log.stat().st_size < 1000
+    kept = list(read(log))
+    assert len(kept) >= 8 and kept == records[-len(kept):], "the newest lines, in order, the older file first"
+
+
+def test_the_log_size_flag_takes_whole_megabytes_above_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["gateway", "--usage-log-max-mb", "0"])
+    assert "argument --usage-log-max-mb: 0 must be more than 0" in capsys.readouterr().err
 
 
 def test_usage_windows_read_durations_and_iso_times() -> None:

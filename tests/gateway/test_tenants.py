@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tritonbundle.errors import ConfigError
-from tritonbundle.gateway.tenants import Admission, Limits, Refused, Tenant, key_hash, load, parse
+from tritonbundle.gateway.tenants import Admission, Limits, Refused, Tenant, TooLarge, key_hash, load, parse
 
 KEY_A, KEY_B = "a-key-of-tenant-a-0001", "b-key-of-tenant-b-0002"
 
@@ -70,7 +70,7 @@ def test_requests_per_second_refuse_past_the_burst_and_say_when_to_retry() -> No
     admission = Admission([tenant], clock)
     for _ in range(3):
         admission.admit(tenant)
-        admission.release(tenant, 5)
+        admission.release(tenant, 0, 5)
     with pytest.raises(Refused) as refused:
         admission.admit(tenant)
     assert refused.value.reason == "rate" and refused.value.retry_after_s == 1.0 and "requests_per_s (2" in refused.value.message
@@ -83,13 +83,36 @@ def test_requests_per_second_refuse_past_the_burst_and_say_when_to_retry() -> No
 def test_tokens_per_minute_are_debited_by_real_counts_and_refuse_once_spent() -> None:
     clock, tenant = Clock(), Tenant("a", limits=Limits(tokens_per_min=600))  # 10 tokens a second
     admission = Admission([tenant], clock)
-    admission.admit(tenant)
-    admission.release(tenant, 900)  # one answer may overshoot: the count is known only afterwards
+    admission.admit(tenant, tokens=100)
+    admission.release(tenant, 100, 900)  # an estimate may fall short: the real count is what is debited
     with pytest.raises(Refused) as refused:
         admission.admit(tenant)
-    assert refused.value.reason == "tokens" and refused.value.retry_after_s == 30.0  # 300 tokens owed at 10/s
+    assert refused.value.reason == "tokens" and refused.value.retry_after_s == 31.0  # 300 owed + 1 needed, at 10/s
     clock.now += 31
     admission.admit(tenant)
+
+
+def test_a_request_reserves_the_tokens_it_may_use_and_gets_back_what_it_did_not() -> None:
+    """The bucket used to admit while above zero and debit only after the answer: one request of 2,048
+    long texts took 33 minutes' worth of a 1,000-token tenant, and ten at once overshot ten times."""
+    clock, tenant = Clock(), Tenant("a", limits=Limits(tokens_per_min=600))
+    admission = Admission([tenant], clock)
+    admission.admit(tenant, tokens=500)
+    with pytest.raises(Refused, match="100 left, this request may use up to 200") as refused:
+        admission.admit(tenant, tokens=200)  # in flight together, they could use 700 of 600
+    assert refused.value.reason == "tokens" and refused.value.retry_after_s == 10.0  # 100 more at 10/s
+    admission.release(tenant, 500, 120)  # it used 120: 380 come back
+    admission.admit(tenant, tokens=200)
+    admission.release(tenant, 200, 0)  # failed on the server's side: all of it comes back
+    admission.admit(tenant, tokens=480)
+
+
+def test_a_request_larger_than_the_tokens_per_minute_is_refused_whatever_the_bucket_holds() -> None:
+    clock, tenant = Clock(), Tenant("a", limits=Limits(tokens_per_min=600, concurrent_requests=1))
+    admission = Admission([tenant], clock)
+    with pytest.raises(TooLarge, match=r"up to 601 tokens, more than the tokens_per_min of tenant 'a' \(600\)"):
+        admission.admit(tenant, tokens=601)
+    admission.admit(tenant, tokens=600)  # the refusal took nothing: a full bucket, no place in flight
 
 
 def test_concurrency_counts_requests_in_flight_and_a_refusal_takes_nothing() -> None:
@@ -104,5 +127,5 @@ def test_concurrency_counts_requests_in_flight_and_a_refusal_takes_nothing() -> 
         assert refused.value.reason == "concurrency"
     for _ in range(50):  # another tenant is not affected; no limits, no refusals
         admission.admit(b)
-    admission.release(a, 0)
+    admission.release(a, 0, 0)
     admission.admit(a)  # the refusals above did not spend the burst of 3

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from tritonbundle.cli import args as shared
 from tritonbundle.cli import defaults
 from tritonbundle.errors import ConfigError
+from tritonbundle.gateway.metering import USAGE_LOG_MAX_BYTES
 
 if TYPE_CHECKING:
     from tritonbundle.gateway.app import Backend
@@ -43,7 +44,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     for line in warnings:
         print(f"warning: {line}", flush=True)
     backend.names = served
-    meter = Meter(args.usage_log)
+    meter = Meter(args.usage_log, max_bytes=args.usage_log_max_mb << 20)
     if args.metrics_port:
         meter.serve(args.metrics_port, args.metrics_host or args.host)
     who = f"{len(tenants.tenants)} tenants from {args.tenants}" if tenants else "no tenants: open to every caller"
@@ -137,6 +138,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help=f"tenants file (YAML: keys, models, limits; docs/tenants.md; default ${TENANTS_ENV}); without it every "
                         "caller is served")
     p.add_argument("--usage-log", help="append one JSON line per request here (tritonbundle usage reads it)")
+    p.add_argument("--usage-log-max-mb", type=shared.above(0, whole=True), default=USAGE_LOG_MAX_BYTES >> 20,
+                   help="move the usage log aside to <log>.1 (replacing the one before) at this size, and begin "
+                        "again: at most twice this on disk")
     p.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics on this port (0: off)")
     p.add_argument("--metrics-host", help="address the metrics bind to (default: --host's)")
     p.set_defaults(func=cmd_gateway)

@@ -29,7 +29,7 @@ import json
 import re
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -59,7 +59,7 @@ from tritonbundle.gateway.openai_api import (
     models_response,
     parse,
 )
-from tritonbundle.gateway.tenants import Admission, Refused, Tenant, Tenants
+from tritonbundle.gateway.tenants import Admission, Refused, Tenant, Tenants, TooLarge
 
 #: Larger bodies are refused before they are read (2,048 texts of ~8 KB each).
 MAX_BODY_BYTES = 16 << 20
@@ -79,6 +79,8 @@ class Backend:
         self.clients: dict[str, AsyncGrpcClient] = {}
         #: The embedding's size per model (None when its config leaves it dynamic).
         self.dims: dict[str, int | None] = {}
+        #: The longest token sequence per model (its encoder's ``max_sequence_length``; None: not known).
+        self.max_lengths: dict[str, int | None] = {}
         self.created = int(time.time())
 
     async def start(self) -> None:
@@ -105,22 +107,34 @@ class Backend:
                 raise
             size = int(info.outputs[0].shape[-1])
             self.dims[name] = size if size > 0 else None
+            self.max_lengths[name] = await self._max_length(client)
             self.clients[name] = client
+
+    @staticmethod
+    async def _max_length(client: AsyncGrpcClient) -> int | None:
+        try:
+            return (await client.model_info(client.token_model)).max_sequence_length or None
+        except ClientError:  # an encoder that does not say: texts are estimated by their bytes alone
+            return None
 
     async def close(self) -> None:
         for client in self.clients.values():
             await client.close()
 
-    async def embed(self, request: EmbeddingsRequest, headers: Mapping[str, str] | None = None,
-                    ) -> tuple[np.ndarray[Any, Any], int]:
-        """(vectors, tokens used) for a parsed request; :class:`ApiError` for anything that fails."""
-        client = self.clients.get(request.model)
-        if client is None:
+    def check(self, request: EmbeddingsRequest) -> None:
+        """:class:`ApiError` for a request this model cannot answer, before it takes anything from a limit."""
+        if request.model not in self.clients:
             raise not_found(request.model, self.names)
         size = self.dims[request.model]
         if request.dimensions is not None and size is not None and request.dimensions != size:
             raise invalid(f"model {request.model!r} returns {size} dimensions; it cannot return {request.dimensions}",
                           "dimensions")
+
+    async def embed(self, request: EmbeddingsRequest, headers: Mapping[str, str] | None = None,
+                    ) -> tuple[np.ndarray[Any, Any], int]:
+        """(vectors, tokens used) for a parsed request; :class:`ApiError` for anything that fails."""
+        self.check(request)
+        client = self.clients[request.model]
         try:
             if request.texts:
                 vectors, counts = await client.embed_counted(list(request.texts), headers=headers)
@@ -202,6 +216,8 @@ def create_app(backend: Backend, tenants: Tenants | None = None, meter: Meter | 
             return json.loads(raw)
         except ValueError as e:
             raise invalid(f"the request body is not JSON: {e}", param=None) from e
+        except RecursionError:  # arrays nested thousands deep: the caller's body, not the server's fault
+            raise invalid("the request body nests deeper than JSON is read here", param=None) from None
 
     def encode(model: str, vectors: np.ndarray[Any, Any], tokens: int, encoding: str) -> bytes:
         if not np.isfinite(vectors).all():
@@ -225,12 +241,23 @@ def create_app(backend: Backend, tenants: Tenants | None = None, meter: Meter | 
                            reason="unauthenticated")
         return tenant
 
+    @contextlib.contextmanager
+    def refusals() -> Iterator[None]:
+        """A tenant's limit refusing the request, as OpenAI's 429 (or 400 for one too large to ever fit)."""
+        try:
+            yield
+        except Refused as r:
+            raise ApiError(429, r.message, kind="rate_limit_error", code="rate_limit_exceeded", param=None,
+                           retry_after_s=r.retry_after_s, reason=r.reason) from None
+        except TooLarge as e:
+            raise ApiError(400, str(e), code="request_too_large", param="input", reason="tokens") from None
+
     def visible(tenant: Tenant | None) -> list[str]:
         return [m for m in backend.names if tenant is None or tenant.may_use(m)]
 
     async def embeddings(request: Request) -> Response:
         start, name, model = time.perf_counter(), ANONYMOUS if tenants is None else UNAUTHENTICATED, ANONYMOUS
-        tenant, admitted, answered, tokens, texts = None, False, False, 0, 0
+        tenant, admitted, answered, reserved, spent, tokens, texts = None, False, False, 0, 0, 0, 0
         try:
             tenant = authenticate(request)
             name = tenant.name if tenant is not None else name
@@ -238,12 +265,11 @@ def create_app(backend: Backend, tenants: Tenants | None = None, meter: Meter | 
             model = parsed.model if parsed.model in backend.clients else ANONYMOUS  # never a caller's string
             if parsed.model not in backend.clients or (tenant is not None and not tenant.may_use(parsed.model)):
                 raise not_found(parsed.model, visible(tenant))  # the models this key may use, no others
+            backend.check(parsed)
             if admission is not None and tenant is not None:
-                try:  # after the body is read, so that refusals are metered per model too
-                    admission.admit(tenant)
-                except Refused as r:
-                    raise ApiError(429, r.message, kind="rate_limit_error", code="rate_limit_exceeded", param=None,
-                                   retry_after_s=r.retry_after_s, reason=r.reason) from None
+                reserved = parsed.most_tokens(backend.max_lengths.get(parsed.model))
+                with refusals():  # after the body is read, so that refusals are metered per model too
+                    admission.admit(tenant, tokens=reserved)
                 admitted = True
             headers = {TENANT_HEADER: tenant.name} if tenant is not None else None
             vectors, tokens = await backend.embed(parsed, headers)
@@ -251,6 +277,8 @@ def create_app(backend: Backend, tenants: Tenants | None = None, meter: Meter | 
             body = await run_in_threadpool(encode, parsed.model, vectors, tokens, parsed.encoding)
             answered = True
         except ApiError as e:
+            if admitted and e.status == 400:  # input the server refused after taking it in: the tokens stay spent
+                spent = reserved
             meter.record(Usage(time.time(), name, model, outcome(e), e.status, reason=e.reason,
                                latency_ms=(time.perf_counter() - start) * 1000))
             return error(e)
@@ -261,7 +289,7 @@ def create_app(backend: Backend, tenants: Tenants | None = None, meter: Meter | 
             raise
         finally:  # whatever ended the request (a cancellation too), its place in flight is given back
             if admitted and admission is not None and tenant is not None:
-                admission.release(tenant, tokens if answered else 0)
+                admission.release(tenant, reserved, tokens if answered else spent)
         meter.record(Usage(time.time(), name, model, "ok", 200, texts, tokens, (time.perf_counter() - start) * 1000))
         return Response(body, media_type="application/json")
 

@@ -15,6 +15,10 @@ the answer goes from Triton to the caller past the gateway) or ``refused``.
   scrape before the restart is lost to Prometheus).
 - The usage log (``--usage-log``): one JSON line per request, appended and flushed before the answer is
   sent, so a restart loses nothing already answered; ``tritonbundle usage`` reads it (:func:`report`).
+  Requests with no valid key are counted in the metrics only (anyone can send them: each would be a
+  line). Past ``max_bytes`` the log is moved to ``<log>.1`` (replacing the one before) and a new one
+  begun: at most twice that on disk (the chart's volume holds both), ``<log>.1`` read first. Ship the
+  log off the host before it is replaced, for billing over longer spans.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ import numpy as np
 ANONYMOUS = "-"
 UNAUTHENTICATED = "(unauthenticated)"
 OUTCOMES = ("ok", "admitted", "refused", "invalid", "error")
+#: The usage log's size at which it is moved aside (``<log>.1``) and begun again: ~2.3 million lines.
+USAGE_LOG_MAX_BYTES = 400 << 20
 #: Seconds: the latency histogram's buckets (an embedding call takes milliseconds to a second).
 BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 
@@ -51,7 +57,7 @@ class Usage:
 class Meter:
     """Counts :class:`Usage` records into Prometheus metrics (own registry) and the usage log."""
 
-    def __init__(self, usage_log: Path | str | None = None) -> None:
+    def __init__(self, usage_log: Path | str | None = None, max_bytes: int = USAGE_LOG_MAX_BYTES) -> None:
         from prometheus_client import CollectorRegistry, Counter, Histogram
 
         self.registry = CollectorRegistry()
@@ -66,10 +72,10 @@ class Meter:
         self.latency = Histogram("tritonbundle_gateway_request_seconds", "latency of answered requests", labels,
                                  buckets=BUCKETS, registry=self.registry)
         self._log: TextIO | None = None
-        if usage_log is not None:
-            path = Path(usage_log)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._log = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - open for the process's life
+        self.path, self.max_bytes = (Path(usage_log) if usage_log is not None else None), max_bytes
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = open(self.path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - open for the process's life
 
     def record(self, usage: Usage) -> None:
         self.requests.labels(usage.tenant, usage.model, usage.outcome).inc()
@@ -79,8 +85,16 @@ class Meter:
             self.latency.labels(usage.tenant, usage.model).observe(usage.latency_ms / 1000)
         elif usage.outcome == "refused":
             self.refusals.labels(usage.tenant, usage.model, usage.reason).inc()
-        if self._log is not None:
+        if self._log is not None and usage.tenant != UNAUTHENTICATED:
             self._log.write(json.dumps(asdict(usage), separators=(",", ":")) + "\n")
+            if self._log.tell() >= self.max_bytes:
+                self._rotate()
+
+    def _rotate(self) -> None:
+        assert self._log is not None and self.path is not None
+        self._log.close()
+        os.replace(self.path, rotated(self.path))
+        self._log = open(self.path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - open for the process's life
 
     def serve(self, port: int, host: str) -> None:
         """``/metrics`` on its own port (a thread of this process)."""
@@ -96,16 +110,24 @@ class Meter:
             self._log = None
 
 
+def rotated(path: Path) -> Path:
+    """Where the usage log goes when it reaches its size (``<log>.1``)."""
+    return path.with_name(path.name + ".1")
+
+
 def read(path: Path | str, since: float | None = None, until: float | None = None) -> Iterator[Usage]:
-    """The usage log's records in ``[since, until)`` (epoch seconds); a torn last line is skipped."""
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                record = Usage(**json.loads(line))
-            except (ValueError, TypeError):
-                continue
-            if (since is None or record.time >= since) and (until is None or record.time < until):
-                yield record
+    """The usage log's records in ``[since, until)`` (epoch seconds), the moved-aside ``<log>.1`` first
+    when there is one; a torn line is skipped."""
+    files = [f for f in (rotated(Path(path)), Path(path)) if f.exists() or f == Path(path)]
+    for file in files:
+        with open(file, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    record = Usage(**json.loads(line))
+                except (ValueError, TypeError):
+                    continue
+                if (since is None or record.time >= since) and (until is None or record.time < until):
+                    yield record
 
 
 def report(records: Iterable[Usage]) -> list[dict[str, Any]]:

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from tritonbundle.contract import MAX_TEXT_BYTES, has_content
+
 #: OpenAI's own limit on inputs per request.
 MAX_INPUTS = 2048
 ENCODINGS = ("float", "base64")
@@ -54,6 +56,15 @@ class EmbeddingsRequest:
     def count(self) -> int:
         return len(self.texts) or len(self.token_rows)
 
+    def most_tokens(self, max_length: int | None) -> int:
+        """An estimate, from above, of the tokens this request will use, before it is sent: a token row's
+        length; a text's UTF-8 bytes and 2 special tokens (a WordPiece or byte-level BPE token covers at
+        least one byte), at most ``max_length`` (the model's longest sequence, when known)."""
+        if self.token_rows:
+            return sum(len(r) for r in self.token_rows)
+        cap = max_length or float("inf")
+        return int(sum(min(cap, len(t.encode("utf-8")) + 2) for t in self.texts))
+
 
 def parse(body: Any) -> EmbeddingsRequest:
     """A request body as OpenAI's API takes it; :class:`ApiError` (400) naming the field otherwise."""
@@ -85,14 +96,17 @@ def parse(body: Any) -> EmbeddingsRequest:
     count = len(texts) or len(rows)
     if count > MAX_INPUTS:
         raise invalid(f"'input' holds {count} items; at most {MAX_INPUTS} per request")
-    empty = [i for i, t in enumerate(texts) if not t.strip()]
-    if empty:
-        raise invalid(f"'input' item {empty[0]} is empty: every text needs at least one character that is not a space")
-    for i, text in enumerate(texts):
+    for i, text in enumerate(texts):  # the tokenizer's own rules, checked here to name the request's index
         try:
-            text.encode("utf-8")
+            size = len(text.encode("utf-8"))
         except UnicodeEncodeError as e:
             raise invalid(f"'input' item {i} is not valid Unicode text ({e.reason} at character {e.start})") from None
+        if not has_content(text):
+            raise invalid(f"'input' item {i} is empty: every text needs at least one character that is not a "
+                          "space or a control character")
+        if size > MAX_TEXT_BYTES:
+            raise invalid(f"'input' item {i} is {size} bytes; the limit is {MAX_TEXT_BYTES} bytes per text (it would be "
+                          "cut to the model's maximum length in tokens anyway)")
     return EmbeddingsRequest(model=model, texts=texts, token_rows=rows, encoding=encoding, dimensions=dimensions)
 
 

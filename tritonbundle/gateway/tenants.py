@@ -9,7 +9,7 @@ The tenants file (YAML; a Secret in Helm) maps keys to tenants::
         limits:                           # optional, each one optional
           requests_per_s: 20              # sustained rate; bursts up to `burst` (default: one second's worth)
           burst: 40
-          tokens_per_min: 200000          # the tokenizer's tokens, debited when the answer is known
+          tokens_per_min: 200000          # the tokenizer's tokens, reserved at admission, settled at the answer
           concurrent_requests: 8          # requests of this tenant in flight at once
 
 Keys are kept only as their SHA-256 (a plain key in the file is hashed when read, and a warning says
@@ -17,10 +17,13 @@ so); a caller's key is hashed and looked up, and neither the key nor its hash is
 
 :class:`Admission` enforces the limits per tenant (all of a tenant's keys share them): a request over a
 limit is refused at once, with the seconds after which the same request would be admitted. Requests per
-second are a token bucket; tokens per minute a bucket of ``tokens_per_min`` refilled continuously, that
-admits while it is above zero and is debited by each answer's real token count (so a tenant overshoots by
-at most the requests it has in flight); concurrency a counter. A refused request takes nothing from any
-limit.
+second are a token bucket; tokens per minute a bucket of ``tokens_per_min`` refilled continuously: a
+request is admitted only while the bucket holds the most tokens it can use (the gateway's estimate from
+above, :meth:`~tritonbundle.gateway.openai_api.EmbeddingsRequest.most_tokens`), which is reserved at once
+and settled to the answer's real token count when it ends (all of it given back when the server failed
+it), so that one large request cannot take many minutes' worth, nor many requests at once overshoot;
+a request that could use more than ``tokens_per_min`` by itself is refused whatever the bucket holds
+(the caller splits it). Concurrency is a counter. A refused request takes nothing from any limit.
 """
 
 from __future__ import annotations
@@ -176,6 +179,10 @@ class Refused(Exception):
         self.reason, self.message, self.retry_after_s = reason, message, max(1.0, math.ceil(retry_after_s))
 
 
+class TooLarge(Exception):
+    """A request that could use more tokens than its tenant's ``tokens_per_min`` by itself."""
+
+
 class _State:
     def __init__(self, limits: Limits, now: float) -> None:
         self.limits = limits
@@ -201,31 +208,43 @@ class Admission:
         now = clock()
         self._state = {t.name: _State(t.limits, now) for t in tenants}
 
-    def admit(self, tenant: Tenant, *, in_flight: bool = True) -> None:
-        """Count one request in, or raise :class:`Refused` (nothing counted). ``in_flight=False``: a request
-        whose end this process never sees (the edge's KServe requests): its rate and the tokens left are
-        checked, it is not counted in flight, and no :meth:`release` follows."""
+    def admit(self, tenant: Tenant, *, in_flight: bool = True, tokens: int = 0) -> None:
+        """Count one request in, reserving the ``tokens`` it may use, or raise :class:`Refused` (nothing
+        counted). ``in_flight=False``: a request whose end this process never sees (the edge's KServe
+        requests, ``tokens`` 0): its rate and the tokens left are checked, it is not counted in flight, and
+        no :meth:`release` follows."""
+        s = self._check(tenant, in_flight, tokens)
+        if s.limits.requests_per_s:
+            s.requests -= 1
+        if in_flight:
+            s.in_flight += 1
+        if s.limits.tokens_per_min:
+            s.tokens -= tokens
+
+    def release(self, tenant: Tenant, reserved: int, used: int) -> None:
+        """One admitted request is done: of the ``reserved`` tokens it ``used`` this many (0 when it failed)."""
+        s = self._state[tenant.name]
+        s.refill(self.clock())
+        s.in_flight -= 1
+        if s.limits.tokens_per_min:
+            s.tokens = min(float(s.limits.tokens_per_min), s.tokens + reserved - used)
+
+    def _check(self, tenant: Tenant, in_flight: bool, tokens: int) -> _State:
         s = self._state[tenant.name]
         s.refill(self.clock())
         limits = s.limits
         if in_flight and limits.concurrent_requests and s.in_flight >= limits.concurrent_requests:
             raise Refused("concurrency", f"tenant {tenant.name!r} has {s.in_flight} requests in flight, its limit "
                                          f"(concurrent_requests {limits.concurrent_requests})", 1.0)
-        if limits.tokens_per_min and s.tokens <= 0:
-            raise Refused("tokens", f"tenant {tenant.name!r} has used its tokens_per_min ({limits.tokens_per_min})",
-                          -s.tokens / (limits.tokens_per_min / 60) if s.tokens < 0 else 1.0)
+        if limits.tokens_per_min and tokens > limits.tokens_per_min:
+            raise TooLarge(f"this request may use up to {tokens} tokens, more than the tokens_per_min of tenant "
+                           f"{tenant.name!r} ({limits.tokens_per_min}): send fewer or shorter texts per request")
+        if limits.tokens_per_min and (s.tokens <= 0 or s.tokens < tokens):
+            rate = limits.tokens_per_min / 60
+            raise Refused("tokens", f"tenant {tenant.name!r} has used its tokens_per_min ({limits.tokens_per_min}): "
+                                    f"{max(0, int(s.tokens))} left, this request may use up to {tokens}",
+                          (max(tokens, 1) - s.tokens) / rate)
         if limits.requests_per_s and s.requests < 1:
             raise Refused("rate", f"tenant {tenant.name!r} is over its requests_per_s ({limits.requests_per_s:g}, "
                                   f"burst {s.burst:g})", (1 - s.requests) / limits.requests_per_s)
-        if limits.requests_per_s:
-            s.requests -= 1
-        if in_flight:
-            s.in_flight += 1
-
-    def release(self, tenant: Tenant, tokens: int) -> None:
-        """One admitted request is done; ``tokens`` it used (0 when it failed)."""
-        s = self._state[tenant.name]
-        s.refill(self.clock())
-        s.in_flight -= 1
-        if s.limits.tokens_per_min:
-            s.tokens -= tokens
+        return s

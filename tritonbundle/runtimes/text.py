@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tritonbundle.contract import pad_length
+from tritonbundle.contract import has_content, pad_length
 from tritonbundle.runtimes.wordpiece import CachedWordPiece
 
 #: (token ids, attention mask) of one request, and its token type ids when they were asked for.
@@ -59,11 +59,6 @@ def cut(text: str, max_length: int) -> str:
 
 class TextError(ValueError):
     """A request's text the tokenizer does not take (a client error: INVALID_ARG)."""
-
-
-def has_content(text: str) -> bool:
-    """Something the tokenizer keeps: not only whitespace and control characters ("\\x00")."""
-    return any(not ch.isspace() and ch.isprintable() for ch in text)
 
 
 def load_tokenizer(path: str, max_length: int, threads: int = 1) -> Any:

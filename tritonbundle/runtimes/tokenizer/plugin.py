@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tritonbundle.contract import QUERY_INPUT, TEXT_INPUT, TOKENS_OUTPUT, TokenizerParameters
+from tritonbundle.contract import MAX_TEXT_BYTES, QUERY_INPUT, TEXT_INPUT, TOKENS_OUTPUT, TokenizerParameters
 from tritonbundle.manifest import ModelSpec
 from tritonbundle.modelconfig import DynamicBatching, InstanceGroup, ModelConfig, TensorSpec
 from tritonbundle.plan import ModelPlan
@@ -16,8 +16,6 @@ from tritonbundle.runtimes.base import copy_artifact, queue_policy
 
 MODEL_PY = Path(__file__).with_name("model.py")
 TOKENIZER_FILE = "tokenizer.json"
-#: Longer texts are refused before tokenizing (they are truncated to max_length tokens anyway).
-MAX_TEXT_BYTES = 1 << 20
 #: Each text's (or pair's) token count, a tokenizer output and every text model's output.
 TOKENS_OUTPUT_SPEC = TensorSpec(TOKENS_OUTPUT, "INT32", (1,))
 

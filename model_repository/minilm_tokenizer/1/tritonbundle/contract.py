@@ -37,6 +37,13 @@ SCORE_OUTPUT = "score"
 #: Every text model's count of the tokens each text (or pair) became (INT32, one per row): what usage
 #: is metered in, from the tokenizer that fed the encoder.
 TOKENS_OUTPUT = "tokens"
+#: A text longer than this (UTF-8) is refused before tokenizing (it is truncated to max_length tokens anyway).
+MAX_TEXT_BYTES = 1 << 20
+
+
+def has_content(text: str) -> bool:
+    """Something a tokenizer keeps: not only whitespace and control characters ("\\x00")."""
+    return any(not ch.isspace() and ch.isprintable() for ch in text)
 #: The tasks: what the user-facing model takes and returns (tritonbundle.tasks), and the client method
 #: that calls each.
 TASK_METHODS = {"tensor": "infer", "text-embedding": "embed", "text-classification": "classify", "text-pair": "rerank"}
