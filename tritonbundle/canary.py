@@ -25,6 +25,12 @@ processes used at least :data:`WORKING_CORES` over the probe is working, hence b
 stuck in a busy loop, or stuck beside others that keep the server busy, is called down only once the
 server goes quiet.
 
+With model control (poll or explicit, ``--loaded``) the repository may hold models Triton has not loaded: a
+folder copied in and not yet polled, or one that failed to load. Those are not the server's health, so the
+canary asks Triton which models are loaded (``POST /v2/repository/index``, with the restricted API's key
+from ``$TRITONBUNDLE_API_KEY`` in ``--api-header``) and probes only those whose state is READY; the others
+are listed, never counted as down.
+
 Standard library only, and no tritonbundle imports: the images and the Helm chart run this file as a
 script for their health checks (``python3 canary.py --repository /models/model_repository``).
 """
@@ -107,14 +113,24 @@ class Canary:
     #: The server's CPU seconds so far (:func:`server_cpu_s`); None: a silent server is judged by its
     #: answers alone.
     cpu_s: Callable[[], float | None] | None = None
+    #: Probe only the models Triton reports loaded (READY in its repository index): with model control a
+    #: model folder may be new (not polled yet) or failed to load, which is not the server's health.
+    loaded_only: bool = False
+    #: Headers of the repository index request (the restricted API's key).
+    index_headers: dict[str, str] = field(default_factory=dict)
     _requests: dict[str, dict[str, Any]] = field(default_factory=dict, init=False, repr=False)
 
     def check(self) -> list[Problem]:
-        """One problem per model that did not answer (empty: every model answered)."""
+        """One problem per model that did not answer (empty: every model answered). With ``loaded_only``
+        the models Triton has not loaded are problems that are never fatal."""
         problems: list[Problem] = []
+        models = list(self.models)
+        if self.loaded_only:
+            models, skipped = self._loaded(models)
+            problems += skipped
         before = self._progress()
         cpu_before = self._cpu()
-        for i, model in enumerate(self.models):
+        for i, model in enumerate(models):
             try:
                 self._infer(model)
             except (OSError, ValueError) as e:
@@ -124,9 +140,32 @@ class Canary:
                     problem = self._unless_working(problem, cpu_before)
                 problems.append(problem)
                 if HUNG in problem.message:  # the whole server: the other models are not asked
-                    problems += [Problem(m, f"not probed: {HUNG}", True) for m in self.models[i + 1:]]
+                    problems += [Problem(m, f"not probed: {HUNG}", True) for m in models[i + 1:]]
                     break
         return problems
+
+    def _loaded(self, models: list[str]) -> tuple[list[str], list[Problem]]:
+        """The models of ``models`` Triton's repository index reports READY, and a problem (never fatal)
+        for each other one; when the index does not answer, one problem for every model, fatal as
+        :func:`_fatal` judges the error (no server: fatal; a timeout or a refusal: not)."""
+        try:
+            index = json.loads(self._call("/v2/repository/index", {}, self.index_headers))
+        except (OSError, ValueError) as e:
+            why, fatal = _describe(e), _fatal(e)
+            if isinstance(e, urllib.error.HTTPError) and e.code in (401, 403):
+                why += f" (the restricted API's key: --api-header, ${API_KEY_ENV})"
+            elif _timed_out(e) and self.metrics_url and self._metrics() is None:
+                why, fatal = f"{why}, and the metrics endpoint did not answer either: {HUNG}", True
+            return [], [Problem(m, f"not probed: the repository index: {why}", fatal) for m in models]
+        states: dict[str, str] = {}
+        for entry in index if isinstance(index, list) else []:
+            name, state = str(entry.get("name", "")), str(entry.get("state", "") or "no state")
+            if states.get(name) != "READY":  # one READY version makes the model served
+                states[name] = state + (f": {entry['reason']}" if entry.get("reason") and state != "READY" else "")
+        ready = [m for m in models if states.get(m) == "READY"]
+        skipped = [Problem(m, f"not probed: Triton has not loaded it ({states.get(m, 'not in its repository index')})",
+                           fatal=False) for m in models if m not in ready]
+        return ready, skipped
 
     def _cpu(self) -> tuple[float, float] | None:
         """(the server's CPU seconds, when) or None without ``cpu_s``."""
@@ -207,15 +246,17 @@ class Canary:
             self._requests[model] = request_for(config)
         self._call(f"/v2/models/{model}/infer", self._requests[model])
 
-    def _call(self, path: str, body: dict[str, Any] | None = None) -> bytes:
+    def _call(self, path: str, body: dict[str, Any] | None = None, headers: dict[str, str] | None = None) -> bytes:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.url.rstrip("/") + path, data=data,
-                                     headers={"Content-Type": "application/json"} if data else {})
+                                     headers={**({"Content-Type": "application/json"} if data else {}), **(headers or {})})
         with urllib.request.urlopen(req, timeout=self.timeout_s) as r:  # noqa: S310 - the server's own address
             return bytes(r.read())
 
 
 HUNG = "the server is hung"
+#: Where ``--api-header``'s key comes from: the server container's own variable (the Helm chart's).
+API_KEY_ENV = "TRITONBUNDLE_API_KEY"
 
 
 def server_cpu_s(pgid: int | None = None, proc: Path = Path("/proc")) -> float | None:
@@ -304,15 +345,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--server-cpu", action="store_true",
                     help="run beside the server (its container or pod): a server whose tritonserver and stub processes "
                          "keep CPU busy is working, not hung, though no answer is counted (a long execute())")
+    ap.add_argument("--loaded", action="store_true",
+                    help="model control (poll, explicit): probe only the models Triton reports loaded (READY in "
+                         "POST /v2/repository/index); a model not loaded or still loading is listed, not counted as down")
+    ap.add_argument("--api-header", help="with --loaded: the restricted API's header, sent with the key in "
+                                         f"${API_KEY_ENV} (the model-repository API is restricted)")
     args = ap.parse_args(argv)
     models = list(args.model) + (served_models(args.repository) if args.repository else [])
     if not models:
         ap.error("name the models: --repository DIR or --model NAME")
+    headers = {args.api_header: os.environ.get(API_KEY_ENV, "")} if args.api_header else {}
     started = time.monotonic()
     problems = Canary(args.url, models, timeout_s=args.timeout_s, metrics_url=args.metrics_url,
-                      cpu_s=server_cpu_s if args.server_cpu else None).check()
+                      cpu_s=server_cpu_s if args.server_cpu else None, loaded_only=args.loaded,
+                      index_headers=headers).check()
     for problem in problems:
-        print(f"canary: {problem}{'' if problem.fatal else ' (busy or refused: not counted as down)'}", file=sys.stderr)
+        aside = " (not loaded: not counted as down)" if "has not loaded" in problem.message else " (busy or refused: not counted as down)"
+        print(f"canary: {problem}{'' if problem.fatal else aside}", file=sys.stderr)
     print(f"canary: {len(models) - len(problems)} of {len(models)} models answered in "
           f"{(time.monotonic() - started) * 1000:.0f} ms")
     return 1 if any(p.fatal for p in problems) else 0

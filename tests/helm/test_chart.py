@@ -369,6 +369,93 @@ def test_canary_follows_the_http_port_the_request_timeout_and_the_models_asked_f
     assert _canary_targets(command) == ["--repository", "/run/tritonbundle/model_repository"]
 
 
+class _ModelControlTriton(http.server.BaseHTTPRequestHandler):
+    """A Triton in poll mode: model ``served`` loaded (dead when ``dead``), ``new`` a folder not loaded yet,
+    ``broken`` one that failed to load; the repository index needs the restricted API's key."""
+
+    key, dead = "s3cret", False
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _reply(self, status: int, body: object) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:  # noqa: N802
+        if self.path == "/v2/models/served/ready":
+            self._reply(400 if self.dead else 200, {})
+        elif self.path == "/v2/models/served/config":
+            self._reply(200, {"max_batch_size": 0, "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [1]}]})
+        else:  # Triton: a model that is not loaded is "not ready" (HTTP 400)
+            self._reply(400, {"error": "Request for unknown model"})
+
+    def do_POST(self) -> None:  # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.path == "/v2/repository/index":
+            if self.headers.get("tritonbundle-key") != self.key:
+                self._reply(401, {"error": "This API is restricted"})
+                return
+            self._reply(200, [{"name": "broken", "version": "1", "state": "UNAVAILABLE", "reason": "failed to load"},
+                              {"name": "new"}, {"name": "served", "version": "1", "state": "READY"}])
+        elif self.path == "/v2/models/served/infer":
+            self._reply(200, {"outputs": []})
+        else:
+            self._reply(400, {"error": "Request for unknown model"})
+
+
+@pytest.mark.parametrize("mode", ["poll", "explicit"])
+def test_canary_with_model_control_probes_only_the_loaded_models(helm: Path, tmp_path: Path, mode: str) -> None:
+    """poll (or explicit with ["*"]): the repository holds folders Triton has not loaded (copied in before the
+    next poll, failed to load). Probing them (HTTP 400 from /ready, "not ready") failed liveness and readiness
+    on every replica; the canary asks Triton's repository index (with the restricted API's key) and probes the
+    READY ones, still failing a loaded model that cannot answer."""
+    sets = {"server.modelControlMode": mode} | ({"server.loadModels": "{*}"} if mode == "explicit" else {})
+    docs = render(helm, sets=sets)
+    c = server_container(docs)
+    command = c["livenessProbe"]["exec"]["command"]
+    assert command == c["readinessProbe"]["exec"]["command"]
+    assert "--loaded" in command and command[command.index("--api-header") + 1] == "tritonbundle-key"
+    assert any(e["name"] == "TRITONBUNDLE_API_KEY" for e in c["env"]), "the probe's exec sees the key"
+    assert "--loaded" not in server_container(render(helm))["livenessProbe"]["exec"]["command"], \
+        "model control none: every folder is loaded at start, or the server does not start"
+    repository = tmp_path / "model_repository"
+    for model in ("broken", "new", "served"):
+        (repository / model).mkdir(parents=True)
+        (repository / model / "config.pbtxt").write_text(f'name: "{model}"\n')
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ModelControlTriton)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    argv = [sys.executable if a == "python3" else str(CANARY) if a == f"{SCRIPTS_DIR}/canary.py" else a for a in command]
+    argv = [str(repository) if a == "/run/tritonbundle/model_repository" else a for a in argv]
+    argv = [re.sub(r"127\.0\.0\.1:\d+", f"127.0.0.1:{port}", a) for a in argv]
+
+    def probe(key: str) -> subprocess.CompletedProcess[str]:
+        env = {"PATH": os.environ["PATH"], "TRITONBUNDLE_API_KEY": key}
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30, env=env)
+
+    try:
+        ok = probe("s3cret")
+        assert ok.returncode == 0, ok.stdout + ok.stderr
+        assert "1 of 3 models answered" in ok.stdout and "new: not probed: Triton has not loaded it" in ok.stderr and "failed to load" in ok.stderr
+        _ModelControlTriton.dead = True
+        dead = probe("s3cret")
+        assert dead.returncode == 1 and "served: NotReadyError: model not ready" in dead.stderr, dead.stderr
+        _ModelControlTriton.dead = False
+        wrong_key = probe("nope")  # a refusal is no sign of the server's health, and names the fix
+        assert wrong_key.returncode == 0 and "$TRITONBUNDLE_API_KEY" in wrong_key.stderr
+    finally:
+        _ModelControlTriton.dead = False
+        server.shutdown()
+        server.server_close()
+    server_gone = probe("s3cret")
+    assert server_gone.returncode == 1, "no server at all is fatal"
+
+
 def test_canary_with_an_object_store_and_no_models_is_refused_with_the_fix(helm: Path) -> None:
     result = template(helm, "object-store-values.yaml", sets={"probes.canary.models": "null"}, check=False)
     assert result.returncode != 0
@@ -713,6 +800,26 @@ def test_deployment_with_several_replicas_needs_a_shared_volume(helm: Path) -> N
     assert one(docs, "Deployment")["spec"]["replicas"] == 2
 
 
+def test_a_single_node_cache_claim_replaces_the_pod_without_a_surge_and_refuses_one(helm: Path) -> None:
+    """The default ReadWriteOnce claim mounts on one node: a surge pod scheduled elsewhere (the hostname spread)
+    waits on a Multi-Attach error until the rollout's deadline. Without a strategy the chart picks
+    {maxSurge 0, maxUnavailable 1} there, and {maxSurge 1, maxUnavailable 0} with a shared claim."""
+    def strategy(**sets: str) -> Obj:
+        return dict(workload(render(helm, sets=sets))["spec"]["strategy"])
+
+    assert strategy() == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    assert strategy(**{"modelRepository.pvc.accessModes[0]": "ReadWriteMany"}) == \
+        {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    assert strategy(**{"modelRepository.pvc.existingClaim": "shared"})["rollingUpdate"]["maxSurge"] == 1
+    assert strategy(**{"deployment.strategy.type": "Recreate"}) == {"type": "Recreate"}
+    for surge in ({"deployment.strategy.rollingUpdate.maxSurge": "1"}, {"deployment.strategy.type": "RollingUpdate"}):
+        result = template(helm, sets=surge, check=False)
+        assert result.returncode != 0 and "Multi-Attach" in result.stderr
+        assert "maxSurge: 0, maxUnavailable: 1" in result.stderr and "[ReadWriteMany]" in result.stderr
+    template(helm, sets={"deployment.strategy.rollingUpdate.maxSurge": "0",
+                         "deployment.strategy.rollingUpdate.maxUnavailable": "1"})
+
+
 def test_object_store_source_reads_s3_with_credentials_from_the_secret(rendered: dict[str, list[Obj]]) -> None:
     docs = rendered["object-store-values.yaml"]
     c = server_container(docs)
@@ -966,6 +1073,8 @@ def test_schema_rejects_a_misspelt_key_and_names_it(helm: Path, tmp_path: Path, 
     ("probes:\n  canary:\n    models: minilm\n", "/probes/canary/models"),
     ("edge:\n  maxBodySize: 1.5m\n", "/edge/maxBodySize"),
     ("edge:\n  maxBodySize: 1mb\n", "/edge/maxBodySize"),
+    # The startup probe calls /v2/health/ready without the key: the pods would never start.
+    ("restrictedApi:\n  apis: [health, model-repository]\n", "/restrictedApi/apis/0"),
 ])
 def test_schema_rejects_a_wrong_type_or_value_and_names_the_key(helm: Path, tmp_path: Path, values: str, named: str) -> None:
     result = template(helm, _write_values(tmp_path, values), check=False)
@@ -1253,6 +1362,32 @@ def test_helm_test_script_passes_against_a_server_that_answers_and_guards_its_ap
         assert wrong_key.returncode == 1 and "with the key" in wrong_key.stderr
         wrong_dims = _run_helm_test_script(url, EXPECTED_DIMS="768")
         assert wrong_dims.returncode == 1 and "expected [1, 768]" in wrong_dims.stderr
+    finally:
+        server.shutdown()
+
+
+class _TenantEdge(_FakeTriton):
+    """The edge with gateway tenants: inference needs a tenant's key (auth_request), 401 without."""
+
+    def do_POST(self) -> None:  # noqa: N802
+        if self.path.endswith("/infer") and self.headers.get("Authorization") != "Bearer tb-tenant":
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self._reply(401, {"error": "no tenant key"})
+            return
+        super().do_POST()
+
+
+def test_helm_test_script_sends_the_tenants_key_or_skips_inference_with_the_reason() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _TenantEdge)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        keyed = _run_helm_test_script(url, TENANT_KEY="tb-tenant\n")
+        assert keyed.returncode == 0 and "embedded" in keyed.stdout, keyed.stdout + keyed.stderr
+        skipped = _run_helm_test_script(url, SKIP_INFERENCE="tenants are on and no key is given")
+        assert skipped.returncode == 0 and "skip: no inference on minilm: tenants are on" in skipped.stdout
+        keyless = _run_helm_test_script(url)
+        assert keyless.returncode == 1 and "HTTP 401" in keyless.stderr
     finally:
         server.shutdown()
 

@@ -330,7 +330,7 @@ def test_the_gateway_runs_beside_triton_with_its_tenants_secret_and_metrics_port
                               "gateway.models[0]": "minilm", "gateway.models[1]": "e5"})
     spec = workload(docs)["spec"]["template"]["spec"]
     gateway = next(c for c in spec["containers"] if c["name"] == "gateway")
-    args = gateway["command"]
+    args = gateway["command"][gateway["command"].index("tritonbundle"):]  # after the wait for Triton
     assert args[:2] == ["tritonbundle", "gateway"] and args[args.index("--url") + 1] == "127.0.0.1:8001"
     assert args[args.index("--host") + 1] == "127.0.0.1" and args[args.index("--metrics-host") + 1] == "0.0.0.0"
     assert [args[i + 1] for i, a in enumerate(args) if a == "--model"] == ["minilm", "e5"]
@@ -354,8 +354,120 @@ def test_the_network_policy_opens_the_edge_ports_and_metrics_only_to_monitoring(
     (policy,) = objects(docs, "NetworkPolicy")
     inference, metrics = policy["spec"]["ingress"]
     assert [p["port"] for p in inference["ports"]] == ["http", "grpc"]
-    assert inference["from"] == [{"namespaceSelector": {"matchLabels": {"team": "search"}}}]
+    assert inference["from"][0] == {"namespaceSelector": {"matchLabels": {"team": "search"}}}
     assert [p["port"] for p in metrics["ports"]] == ["metrics", "gateway-metrics"]
     assert metrics["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
     named = {p["name"] for c in workload(docs)["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])}
     assert {"http", "grpc", "metrics", "gateway-metrics"} <= named, "every port the policy names exists"
+
+
+def _gateway(docs: list[Obj]) -> Obj:
+    return next(c for c in workload(docs)["spec"]["template"]["spec"]["containers"] if c["name"] == "gateway")
+
+
+def test_the_gateway_waits_for_triton_as_long_as_its_startup_may_take_then_starts(helm: Path, tmp_path: Path) -> None:  # noqa: F811
+    """The gateway checks Triton at start and exits after its 30 s connect deadline: started beside a Triton that
+    loads for minutes it crash-loops. It waits for Triton's readiness first (probes.startup.budgetSeconds),
+    and its startup probe holds its liveness back meanwhile."""
+    docs = render(helm, "gateway-tenants-values.yaml", sets={"probes.startup.budgetSeconds": "1200"})
+    gateway = _gateway(docs)
+    command = gateway["command"]
+    assert command[:2] == ["python3", "-c"] and command[3:5] == ["http://127.0.0.1:8000/v2/health/ready", "1200"]
+    assert command[5:7] == ["tritonbundle", "gateway"] and "--timeout-s" not in command, "30 s per call stays"
+    startup, liveness = gateway["startupProbe"], gateway["livenessProbe"]
+    assert startup["tcpSocket"] == liveness["tcpSocket"] == {"port": "gateway-metrics"}
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 1200 + 30
+    # The wait, run for real: a Triton that answers 503 twice, then 200; then the command it execs.
+    ready = tmp_path / "ready"
+    server = subprocess.Popen([sys.executable, "-c", _FLIPPING_SERVER, str(ready)], stdout=subprocess.PIPE, text=True)
+    try:
+        port = server.stdout.readline().strip() if server.stdout else ""
+        argv = [sys.executable, "-c", command[2], f"http://127.0.0.1:{port}/v2/health/ready", "30",
+                sys.executable, "-c", "print('the gateway started')"]
+        started = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        assert started.returncode == 0 and "the gateway started" in started.stdout, started.stdout + started.stderr
+        assert int(ready.read_text()) >= 3, "it waited through the 503s"
+        late = subprocess.run([*argv[:4], "0.5", *argv[5:]], capture_output=True, text=True, timeout=30)
+        assert late.returncode == 0  # ready by now
+        gone = subprocess.run([*argv[:3], "http://127.0.0.1:9/v2/health/ready", "0.5", *argv[5:]],
+                              capture_output=True, text=True, timeout=30)
+        assert gone.returncode == 1 and "probes.startup.budgetSeconds" in gone.stderr
+        assert "the gateway started" not in gone.stdout
+    finally:
+        server.kill()
+        server.wait()
+
+
+_FLIPPING_SERVER = """
+import http.server, pathlib, sys
+count = pathlib.Path(sys.argv[1])
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def do_GET(self):
+        n = int(count.read_text()) + 1 if count.exists() else 1
+        count.write_text(str(n))
+        self.send_response(200 if n >= 3 else 503)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+s = http.server.HTTPServer(("127.0.0.1", 0), H)
+print(s.server_address[1], flush=True)
+s.serve_forever()
+"""
+
+
+def test_every_serving_container_keeps_answering_while_the_endpoints_are_updated(helm: Path) -> None:  # noqa: F811
+    """tritonserver and the edge sleep lifecycle.preStopSleepSeconds before their SIGTERM; the gateway too, or a
+    terminating pod answers /v1 with 503 while the Service still sends it requests."""
+    docs = render(helm, "gateway-tenants-values.yaml", sets={"lifecycle.preStopSleepSeconds": "12"})
+    containers = workload(docs)["spec"]["template"]["spec"]["containers"]
+    assert {c["name"] for c in containers} == {"tritonserver", "edge", "gateway"}
+    for c in containers:
+        assert c["lifecycle"]["preStop"] == {"exec": {"command": ["/bin/sleep", "12"]}}, c["name"]
+
+
+def test_the_network_policy_with_clients_lets_in_the_releases_test_pod_and_analysis_job(helm: Path) -> None:  # noqa: F811
+    sets = {"networkPolicy.enabled": "true", "networkPolicy.clients[0].namespaceSelector.matchLabels.team": "search",
+            "rollout.strategy": "canary", "replicaCount": "2", "modelRepository.pvc.accessModes[0]": "ReadWriteMany",
+            "metrics.podMonitor.enabled": "true"}
+    docs = render(helm, sets=sets)
+    (policy,) = objects(docs, "NetworkPolicy")
+    allowed = policy["spec"]["ingress"][0]["from"]
+    (test_pod,) = objects(docs, "Pod")
+    (analysis,) = objects(docs, "AnalysisTemplate")
+    job = next(m for m in analysis["spec"]["metrics"] if m["name"] == "canary")["provider"]["job"]["spec"]["template"]
+    server = workload(docs)["spec"]["template"]["metadata"]["labels"]
+    for labels in (test_pod["metadata"]["labels"], job["metadata"]["labels"]):
+        assert any(_selects(entry, labels) for entry in allowed), labels
+    assert not any(_selects(entry, server) for entry in allowed if "podSelector" in entry), "only the callers"
+    outsider = {**test_pod["metadata"]["labels"], "app.kubernetes.io/instance": "other"}
+    assert not any(_selects(entry, outsider) for entry in allowed)
+
+
+def _selects(entry: Obj, labels: dict[str, str]) -> bool:
+    """Whether a NetworkPolicy peer with a podSelector only (same namespace) selects a pod with these labels."""
+    if set(entry) != {"podSelector"}:
+        return False
+    selector = entry["podSelector"]
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for e in selector.get("matchExpressions", []):
+        assert e["operator"] == "In"
+        if labels.get(e["key"]) not in e["values"]:
+            return False
+    return True
+
+
+def test_helm_test_sends_a_tenants_key_or_says_why_it_skips_inference(helm: Path) -> None:  # noqa: F811
+    """With gateway tenants the edge answers inference without a tenant's key 401: the test pod sends the one
+    tests.tenantKey names, or skips its inference with the reason (never a 401 failure)."""
+    def env(*values: str, **sets: str) -> dict[str, Obj]:
+        (pod,) = objects(render(helm, *values, sets=sets), "Pod")
+        return {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+
+    plain = env()
+    assert "TENANT_KEY" not in plain and "SKIP_INFERENCE" not in plain
+    skipped = env("gateway-tenants-values.yaml")
+    assert "TENANT_KEY" not in skipped and "tests.tenantKey.existingSecret" in skipped["SKIP_INFERENCE"]["value"]
+    keyed = env("gateway-tenants-values.yaml", **{"tests.tenantKey.existingSecret": "helm-test-tenant"})
+    assert keyed["TENANT_KEY"]["valueFrom"] == {"secretKeyRef": {"name": "helm-test-tenant", "key": "key"}}
+    assert "SKIP_INFERENCE" not in keyed

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import kubernetes_validate
 import pytest
 import yaml
 
@@ -113,7 +114,7 @@ def test_the_analysis_reads_the_new_pods_error_ratio_and_p99_and_runs_the_canary
     selector = f'namespace="{NAMESPACE}",rollouts_pod_template_hash="{{{{args.pod-template-hash}}}}",model=~"minilm|reranker"'
     assert selector in errors["provider"]["prometheus"]["query"] and "nv_inference_request_failure" in errors["provider"]["prometheus"]["query"]
     assert errors["successCondition"] == "result[0] <= 0.01"
-    assert 'quantile="0.99"' in p99["provider"]["prometheus"]["query"] and p99["successCondition"] == "result[0] <= 250"
+    assert 'quantile="0.99"' in p99["provider"]["prometheus"]["query"] and p99["successCondition"] == "len(result) == 0 || isNaN(result[0]) || result[0] <= 250"
     command = canary["provider"]["job"]["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[:5] == ["python3", "/scripts/canary.py", "--url", "http://{{args.canary-url}}", "--timeout-s"]
     assert [command[i + 1] for i, a in enumerate(command) if a == "--model"] == ["minilm", "reranker"]
@@ -139,3 +140,50 @@ def test_autoscaling_scales_the_rollout_and_the_default_is_a_plain_deployment(he
 def test_a_rollout_of_a_statefulset_is_refused(helm: Path) -> None:  # noqa: F811
     result = template(helm, sets={"rollout.strategy": "canary", "workload.kind": "StatefulSet"}, check=False)
     assert result.returncode != 0 and "rollout.strategy needs workload.kind Deployment" in result.stderr
+
+
+def test_a_rollout_on_a_single_node_cache_claim_is_refused_with_the_fix(helm: Path) -> None:  # noqa: F811
+    """Blue-green and canary run the old and new pods together: on a ReadWriteOnce claim (the default) a new pod
+    on another node never starts (Multi-Attach error), even with one replica."""
+    for strategy in ("blueGreen", "canary"):
+        result = template(helm, sets={"rollout.strategy": strategy, "metrics.podMonitor.enabled": "true"}, check=False)
+        assert result.returncode != 0 and f"rollout.strategy={strategy}" in result.stderr
+        assert "Multi-Attach" in result.stderr and "[ReadWriteMany]" in result.stderr
+
+
+def test_blue_green_analysis_reads_series_of_every_preview_pod_and_a_quiet_p99_passes(helm: Path) -> None:  # noqa: F811
+    """The -preview Service has no metrics port, and after promotion selects the same pods as the active one: a
+    ServiceMonitor never scrapes the previewed pods, so the pre-promotion queries come back empty and abort.
+    The chart refuses it and names the PodMonitor. Preview pods get only the canary's requests: their p99 is
+    NaN or absent, which is no slow answer (Argo Rollouts' documented guards)."""
+    refused = template(helm, sets={**SHARED, "rollout.strategy": "blueGreen", "metrics.serviceMonitor.enabled": "true"},
+                       check=False)
+    assert refused.returncode != 0 and "metrics.podMonitor.enabled=true" in refused.stderr
+    rendered(helm, **{"rollout.strategy": "canary", "metrics.serviceMonitor.enabled": "true"})  # one Service: fine
+    docs = rendered(helm, **{"rollout.strategy": "blueGreen", "metrics.podMonitor.enabled": "true"})
+    (monitor,) = objects(docs, "PodMonitor")
+    assert "rollouts-pod-template-hash" in monitor["spec"]["podTargetLabels"]
+    p99 = next(m for m in objects(docs, "AnalysisTemplate")[0]["spec"]["metrics"] if m["name"] == "p99-ms")
+    assert p99["successCondition"] == "len(result) == 0 || isNaN(result[0]) || result[0] <= 500"
+
+
+def test_the_analysis_canary_job_runs_like_the_test_pod_on_the_servers_nodes(helm: Path) -> None:  # noqa: F811
+    """The Job pulls the serving image from the same registry (pull secrets), under the same security contexts,
+    on the GPU nodes (nodeSelector, tolerations) where the image is cached, with bounded resources."""
+    docs = rendered(helm, **{"rollout.strategy": "canary", "imagePullSecrets[0].name": "ngc-registry",
+                             "nodeSelector.pool": "gpu", "tests.resources.limits.memory": "300Mi"})
+    (analysis,) = objects(docs, "AnalysisTemplate")
+    validate(analysis)
+    job = next(m for m in analysis["spec"]["metrics"] if m["name"] == "canary")["provider"]["job"]
+    spec = job["spec"]["template"]["spec"]
+    (test_pod,) = objects(docs, "Pod")
+    for key in ("imagePullSecrets", "securityContext", "nodeSelector", "tolerations", "automountServiceAccountToken"):
+        assert spec[key] == test_pod["spec"][key], key
+    assert spec["imagePullSecrets"] == [{"name": "ngc-registry"}] and spec["nodeSelector"] == {"pool": "gpu"}
+    (container,) = spec["containers"]
+    (tester,) = test_pod["spec"]["containers"]
+    assert container["securityContext"] == tester["securityContext"] and container["securityContext"]["readOnlyRootFilesystem"]
+    assert container["resources"] == tester["resources"] and container["resources"]["limits"]["memory"] == "300Mi"
+    assert container["image"] == tester["image"]
+    as_job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "canary"}, "spec": job["spec"]}
+    kubernetes_validate.validate(as_job, "1.29", strict=True)

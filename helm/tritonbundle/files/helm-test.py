@@ -2,7 +2,8 @@
 
 Settings come from the environment (the test pod's spec): TRITON_URL, MODEL, INPUT_NAME, OUTPUT_NAME,
 TEXT, EXPECTED_DIMS, READY_TIMEOUT_S, and when the model-repository API is restricted, API_HEADER and
-API_KEY. Standard library only: runs in the tritonserver image.
+API_KEY. With gateway tenants, the edge lets inference through only with a tenant's key: TENANT_KEY (sent as
+Authorization: Bearer), or SKIP_INFERENCE, why the inference step is skipped. Standard library only: runs in the tritonserver image.
 """
 
 import json
@@ -51,8 +52,13 @@ def wait_ready():
 
 def infer():
     model, text = os.environ["MODEL"], os.environ["TEXT"]
+    if os.environ.get("SKIP_INFERENCE"):
+        print(f"skip: no inference on {model}: {os.environ['SKIP_INFERENCE']}")
+        return
     body = {"inputs": [{"name": os.environ["INPUT_NAME"], "datatype": "BYTES", "shape": [1, 1], "data": [text]}]}
-    status, raw = call("POST", f"/v2/models/{model}/infer", body, timeout_s=60)
+    key = os.environ.get("TENANT_KEY", "").strip()
+    headers = {"Authorization": f"Bearer {key}"} if key else None
+    status, raw = call("POST", f"/v2/models/{model}/infer", body, headers=headers, timeout_s=60)
     if status != 200:
         fail(f"inference on {model} answered HTTP {status}: {raw[:500]!r}")
     outputs = {o["name"]: o for o in json.loads(raw)["outputs"]}

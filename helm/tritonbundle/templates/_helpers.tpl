@@ -172,6 +172,46 @@ imagePullSecrets:
 {{- end }}
 
 {{/*
+The pods that call the release from beside it: the `helm test` pod (component test) and the canary Job of the
+Rollout's analysis (component rollout-analysis), which the NetworkPolicy lets in by these labels. They run
+the serving image (or tests.image) on the server's nodes, where it is cached, under the server's pull secrets
+and security contexts, with tests.resources and no GPU. Call with (dict "root" $ "component" <component>).
+*/}}
+{{- define "tritonbundle.callerLabels" -}}
+{{ include "tritonbundle.labels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/* Their pod spec's settings (besides restartPolicy, containers and volumes). */}}
+{{- define "tritonbundle.callerPodSettings" -}}
+automountServiceAccountToken: false
+enableServiceLinks: false
+{{- with (include "tritonbundle.imagePullSecrets" .) }}
+{{ . | trim }}
+{{- end }}
+securityContext:
+  {{- toYaml .Values.podSecurityContext | nindent 2 }}
+{{- with .Values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* Their container's image, security context and resources. */}}
+{{- define "tritonbundle.callerContainerSettings" -}}
+image: {{ include "tritonbundle.testImage" . }}
+imagePullPolicy: IfNotPresent
+securityContext:
+  {{- toYaml .Values.securityContext | nindent 2 }}
+resources:
+  {{- toYaml .Values.tests.resources | nindent 2 }}
+{{- end }}
+
+{{/*
 Workload
 */}}
 {{- define "tritonbundle.isStatefulSet" -}}
@@ -201,6 +241,28 @@ Model repository
 {{/* True when the chart renders a standalone PersistentVolumeClaim object (not a volumeClaimTemplate). */}}
 {{- define "tritonbundle.createPvc" -}}
 {{- if and (eq .Values.modelRepository.source "pvc") (not .Values.modelRepository.pvc.existingClaim) (not (include "tritonbundle.isStatefulSet" .)) }}true{{ end }}
+{{- end }}
+
+{{/*
+True when the chart's own model cache claim (createPvc) can be mounted on one node only (accessModes without
+ReadWriteMany): a pod on another node waits on a Multi-Attach error while the old pod holds it.
+*/}}
+{{- define "tritonbundle.singleNodeClaim" -}}
+{{- if and (include "tritonbundle.createPvc" .) (not (has "ReadWriteMany" .Values.modelRepository.pvc.accessModes)) }}true{{ end }}
+{{- end }}
+
+{{/*
+The Deployment's update strategy: deployment.strategy, or when empty {maxSurge 1, maxUnavailable 0} (serving
+capacity kept) with a claim every node can mount and {maxSurge 0, maxUnavailable 1} with a single-node claim
+(the new pod can only start once the old one let the volume go).
+*/}}
+{{- define "tritonbundle.deploymentStrategy" -}}
+{{- if .Values.deployment.strategy }}
+{{- toYaml .Values.deployment.strategy }}
+{{- else }}
+{{- $surge := ternary 0 1 (eq (include "tritonbundle.singleNodeClaim" .) "true") }}
+{{- toYaml (dict "type" "RollingUpdate" "rollingUpdate" (dict "maxSurge" $surge "maxUnavailable" (sub 1 $surge))) }}
+{{- end }}
 {{- end }}
 
 {{/* The folder of your own models on the volume (engineBuild.userModels.path): the manifest and its files. */}}
@@ -242,6 +304,10 @@ The canary the liveness and readiness probes exec (files/canary.py, mounted from
 every served model gets its smallest real request on the container's own HTTP port. The models: those of
 probes.canary.models; else, with explicit model control, server.loadModels (unless "*"); else every model
 folder of the repository the server reads (source pvc or image: a path inside the pod; s3 needs models).
+With model control (poll, explicit) a model may be in the repository and not loaded (a folder copied in
+before the next poll, one that failed to load, one unloaded): --loaded probes only those Triton's repository
+index reports READY, with the restricted API's key when that API is restricted (the container's
+TRITONBUNDLE_API_KEY), so such a model takes down neither the pod nor the other models.
 */}}
 {{- define "tritonbundle.canaryCommand" -}}
 {{- $v := .Values }}
@@ -256,6 +322,12 @@ folder of the repository the server reads (source pvc or image: a path inside th
 {{- end }}
 {{- else }}
 {{- $cmd = append (append $cmd "--repository") (include "tritonbundle.modelRepositoryUrl" .) }}
+{{- end }}
+{{- if ne $v.server.modelControlMode "none" }}
+{{- $cmd = append $cmd "--loaded" }}
+{{- if and $v.restrictedApi.enabled (has "model-repository" $v.restrictedApi.apis) }}
+{{- $cmd = append (append $cmd "--api-header") $v.restrictedApi.headerName }}
+{{- end }}
 {{- end }}
 {{- toJson $cmd }}
 {{- end }}
@@ -340,11 +412,24 @@ Checks that values.schema.json cannot express. Included by the workload template
 {{- if and $v.metrics.serviceMonitor.enabled $v.metrics.podMonitor.enabled }}
 {{- fail "enable metrics.serviceMonitor or metrics.podMonitor, not both (every series would be scraped twice)" }}
 {{- end }}
+{{- if and $v.metrics.serviceMonitor.enabled (eq $v.rollout.strategy "blueGreen") }}
+{{- fail "rollout.strategy=blueGreen with metrics.serviceMonitor: the new pods sit behind the -preview Service only, and after promotion both Services select the same pods (each scraped twice, every sum doubled), so the pre-promotion analysis has no series to read: use metrics.podMonitor.enabled=true (and metrics.serviceMonitor.enabled=false), which scrapes every pod once" }}
+{{- end }}
 {{- if and $v.autoscaling.enabled (lt (int $v.autoscaling.maxReplicas) (int $v.autoscaling.minReplicas)) }}
 {{- fail (printf "autoscaling.maxReplicas (%d) must be >= autoscaling.minReplicas (%d)" (int $v.autoscaling.maxReplicas) (int $v.autoscaling.minReplicas)) }}
 {{- end }}
 {{- if and (include "tritonbundle.createPvc" .) (gt (int (include "tritonbundle.maxReplicas" .)) 1) (not (has "ReadWriteMany" $v.modelRepository.pvc.accessModes)) }}
 {{- fail "a Deployment with more than one replica shares one model cache claim: set modelRepository.pvc.accessModes to [ReadWriteMany], or workload.kind=StatefulSet (one claim per replica), or an existingClaim" }}
+{{- end }}
+{{- if include "tritonbundle.singleNodeClaim" . }}
+{{- if ne $v.rollout.strategy "none" }}
+{{- fail (printf "rollout.strategy=%s runs the new pods beside the old ones, but the model cache claim is %s (one node: a new pod on another node never starts, Multi-Attach error): set modelRepository.pvc.accessModes to [ReadWriteMany], or an existingClaim every node can mount, or rollout.strategy=none" $v.rollout.strategy (join "," $v.modelRepository.pvc.accessModes)) }}
+{{- end }}
+{{- $strategy := $v.deployment.strategy | default dict }}
+{{- $surge := dig "rollingUpdate" "maxSurge" "25%" $strategy | toString }}
+{{- if and $strategy (ne (get $strategy "type" | default "RollingUpdate") "Recreate") (not (has $surge (list "0" "0%"))) }}
+{{- fail (printf "deployment.strategy surges (maxSurge %s), but the model cache claim is %s (one node): the surge pod lands on another node and never starts (Multi-Attach error), stalling the rollout. Set deployment.strategy.rollingUpdate to {maxSurge: 0, maxUnavailable: 1} (or leave deployment.strategy empty), or modelRepository.pvc.accessModes to [ReadWriteMany]" $surge (join "," $v.modelRepository.pvc.accessModes)) }}
+{{- end }}
 {{- end }}
 {{- if $v.edge.enabled }}
 {{- range $name, $port := $v.server.ports }}

@@ -9,6 +9,38 @@ The pod template shared by the Deployment and the StatefulSet.
 {{- toYaml $res }}
 {{- end }}
 
+{{/*
+The preStop hook of every serving container (tritonserver, edge, gateway): keep answering while the endpoints
+and load balancers stop sending traffic, before the container gets its SIGTERM.
+*/}}
+{{- define "tritonbundle.preStop" -}}
+preStop:
+  exec:
+    command: ["/bin/sleep", {{ .Values.lifecycle.preStopSleepSeconds | quote }}]
+{{- end }}
+
+{{/*
+The gateway's command: wait (python3, in the gateway image) until Triton in the same pod is ready, at most
+probes.startup.budgetSeconds, then exec `tritonbundle gateway`, which checks its models at start within its
+own --timeout-s (30 s: also its deadline per call, so not stretched to the startup budget). Without the wait
+the gateway exits while Triton loads and crash-loops (backing off up to 5 minutes after Triton is ready).
+*/}}
+{{- define "tritonbundle.gatewayWait" -}}
+import os, sys, time, urllib.request
+url, budget, argv = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
+deadline = time.monotonic() + budget
+while True:
+    try:
+        urllib.request.urlopen(url, timeout=5).close()
+        break
+    except OSError as e:
+        if time.monotonic() > deadline:
+            sys.exit(f"gateway: Triton at {url} is not ready after {budget:g} s (probes.startup.budgetSeconds): {e}")
+        time.sleep(2)
+print(f"gateway: Triton at {url} is ready", flush=True)
+os.execvp(argv[0], argv)
+{{- end }}
+
 {{- define "tritonbundle.podTemplate" -}}
 {{- $v := .Values }}
 {{- $engineBuild := include "tritonbundle.engineBuildEnabled" . }}
@@ -343,9 +375,7 @@ spec:
         failureThreshold: {{ $v.probes.readiness.failureThreshold }}
         successThreshold: {{ $v.probes.readiness.successThreshold }}
       lifecycle:
-        preStop:
-          exec:
-            command: ["/bin/sleep", {{ $v.lifecycle.preStopSleepSeconds | quote }}]
+        {{- include "tritonbundle.preStop" . | nindent 8 }}
       securityContext:
         {{- toYaml $v.securityContext | nindent 8 }}
       resources:
@@ -408,9 +438,7 @@ spec:
       {{- /* Keeps taking requests while the endpoints are updated, like Triton; the image's stop signal (SIGQUIT)
       then lets in-flight requests finish. */}}
       lifecycle:
-        preStop:
-          exec:
-            command: ["/bin/sleep", {{ $v.lifecycle.preStopSleepSeconds | quote }}]
+        {{- include "tritonbundle.preStop" . | nindent 8 }}
       securityContext:
         {{- toYaml $v.securityContext | nindent 8 }}
       resources:
@@ -432,6 +460,11 @@ spec:
       image: {{ include "tritonbundle.gatewayImage" . }}
       imagePullPolicy: {{ $v.gateway.image.pullPolicy }}
       command:
+        - python3
+        - -c
+        - {{ include "tritonbundle.gatewayWait" . | quote }}
+        - {{ printf "http://127.0.0.1:%d/v2/health/ready" (int $v.server.ports.http) | quote }}
+        - {{ $v.probes.startup.budgetSeconds | quote }}
         - tritonbundle
         - gateway
         - --url
@@ -465,11 +498,19 @@ spec:
         periodSeconds: 5
         timeoutSeconds: 5
         failureThreshold: 3
+      {{- /* Its metrics port opens once Triton is ready and the models checked: liveness waits for it as
+      long as Triton's own startup may take, plus the gateway's 30 s check. */}}
+      startupProbe:
+        tcpSocket:
+          port: gateway-metrics
+        periodSeconds: 10
+        failureThreshold: {{ div (add $v.probes.startup.budgetSeconds 60 9) 10 }}
       livenessProbe:
         tcpSocket:
           port: gateway-metrics
-        initialDelaySeconds: 30
         periodSeconds: 10
+      lifecycle:
+        {{- include "tritonbundle.preStop" . | nindent 8 }}
       securityContext:
         {{- toYaml $v.securityContext | nindent 8 }}
       resources:
