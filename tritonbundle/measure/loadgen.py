@@ -290,6 +290,8 @@ class LoadPool:
     log_dir: Path
     name: str
     uvloop: bool = False
+    #: What each worker runs (this module's ``_serve``): one JSON command per line in, one answer out.
+    worker: tuple[str, ...] = (sys.executable, "-m", "tritonbundle.measure.loadgen")
 
     def __post_init__(self) -> None:
         self.procs: list[subprocess.Popen[str]] = []
@@ -303,10 +305,10 @@ class LoadPool:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         env = python_child_env()
         for i in range(self.processes):
-            log = open(self.log_dir / f"loadgen-{self.name}-{i}.log", "w")  # noqa: SIM115 - closed in stop()
+            log = open(self.log_dir / f"loadgen-{self.name}-{i}.log", "a")  # noqa: SIM115 - closed in stop()
             self._logs.append(log)
             self.procs.append(subprocess.Popen(  # noqa: S603
-                [sys.executable, "-m", "tritonbundle.measure.loadgen", *(["--uvloop"] if self.uvloop else [])],
+                [*self.worker, *(["--uvloop"] if self.uvloop else [])],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=log, text=True, env=env, bufsize=1,
             ))
@@ -317,17 +319,26 @@ class LoadPool:
             assert proc.stdin is not None
             proc.stdin.write(json.dumps(cmd) + "\n")
             proc.stdin.flush()
-        answers = []
+        # Every generator's answer is read before any is judged: one left in its pipe would be read as the
+        # answer to the next command (a setup's error as a step's result).
+        answers, errors, lost = [], [], []
         deadline = time.monotonic() + timeout_s
         for i, proc in enumerate(self.procs):
-            assert proc.stdout is not None
             line = _readline(proc, deadline)
             if not line:
-                raise LoadError(f"load generator {i} ({self.name}) exited or timed out; see loadgen-{self.name}-{i}.log")
+                lost.append(i)
+                continue
             answer = json.loads(line)
             if "error" in answer:
-                raise LoadError(f"load generator {i} ({self.name}): {answer['error']}")
+                errors.append(f"load generator {i} ({self.name}): {answer['error']}")
             answers.append(answer)
+        if lost:  # one that did not answer may still answer late: the pool starts again, in step
+            self.stop()
+            self.start()
+            raise LoadError(f"load generator(s) {lost} ({self.name}) exited or timed out, and the pool was started "
+                            f"again; see loadgen-{self.name}-{lost[0]}.log")
+        if errors:
+            raise LoadError(errors[0])
         return answers
 
     def setup(self, *, kind: str, url: str, model: str, traffic: str, seed: int, timeout_s: float, pool: int = 2000,
