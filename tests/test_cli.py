@@ -98,7 +98,7 @@ def test_earlier_spellings_still_work_as_hidden_aliases() -> None:
     old = parser().parse_args(["loadtest", "--duration-s", "7", "--synthetic", "bimodal", "--shape", "spike",
                                "--slo-ms", "30", "--search", "5"])
     assert (old.window_s, old.traffic_shape, old.load_shape, old.slo_p99_ms, old.search) == (7.0, "bimodal", "spike",
-                                                                                             30.0, "5")
+                                                                                             30.0, 5.0)
     bench = parser().parse_args(["bench", "gpu", "--slo-ms", "40", "--ladder-start", "3", "--ladder-factor", "2"])
     from tritonbundle.cli.bench import _start_rates
 

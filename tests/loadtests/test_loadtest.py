@@ -192,3 +192,75 @@ def test_open_model_sweep_reports_the_best_level(server: Any, tmp_path: Path) ->
     assert [lvl["level"] for lvl in sweep["levels"]] == [2.0, 6.0]
     assert sweep["best"]["level"] == 6.0
     assert (tmp_path / "sweep.png").exists()
+
+
+def test_fewer_users_than_protocols_is_refused_naming_the_fix() -> None:
+    with pytest.raises(ConfigError, match=r"1 user\(s\) cannot cover the 2 protocols \(http and grpc\).*--users 2"):
+        LoadSettings(users=1)
+    assert LoadSettings(users=1, grpc_url=None).protocols == ["http"]
+
+
+def test_a_targeted_protocol_that_sent_nothing_fails_the_gate() -> None:
+    summary = _summary(50, 90)
+    summary["hosts"] = {"http": "http://127.0.0.1:8000", "grpc": "grpc://127.0.0.1:8001"}
+    del summary["by_protocol"]["http"]  # one user, and it spoke gRPC
+    gates = evaluate_gates(summary, Slo(p99_ms=250))
+    assert not gates["passed"] and gates["failures"] == ["http: no requests were sent"]
+
+
+def test_load_shapes_keep_one_user_per_protocol_and_scale_the_open_models_rate() -> None:
+    assert [shape_users("step", 2, 40, t, minimum=2) for t in (0, 39)] == [2, 2]
+    both = LoadSettings(users=4, shape="spike", duration_s=100, mode="open", rate=60)
+    assert [both.users_at(t) for t in (10, 50)] == [2, 4]  # a quarter of 4 is 1: one per protocol instead
+    spike = LoadSettings(users=20, shape="spike", duration_s=100, mode="open", rate=60)
+    assert [spike.rate_at(t) for t in (10, 50, 70)] == [15.0, 60.0, 15.0]  # the rate follows the users
+    step = LoadSettings(users=8, shape="step", duration_s=40, mode="open", rate=40)
+    assert [step.rate_at(t) for t in (0, 10, 20, 30)] == [10.0, 20.0, 30.0, 40.0]
+    assert LoadSettings(mode="open", rate=40, shape="soak").rate_at(5) == 40.0
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--search", "abc"], "argument --search: 'abc' is not a number"),
+    (["--sweep", "1,x"], "argument --sweep: 'x' is not a number"),
+    (["--sweep", ","], "argument --sweep: ',' names no level"),
+    (["--rate", "0"], "argument --rate: 0 must be more than 0"),
+    (["--users", "0"], "argument --users: 0 must be more than 0"),
+])
+def test_bad_flag_values_are_one_line_usage_errors(flags: list[str], message: str,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from tritonbundle.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["loadtest", *flags])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--sweep", "1,4"], "sweep level 1: 1 user(s) cannot cover the 2 protocols"),
+    (["--sweep", "2.5"], "closed-model sweep levels are users, whole numbers: 2.5 is not"),
+    (["--search", "5"], "a rate search needs the open model (--mode open)"),
+])
+def test_settings_a_sweep_or_search_cannot_run_are_refused_before_any_run(
+        flags: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from tritonbundle.cli import main
+    from tritonbundle.loadtests import runner
+
+    monkeypatch.setattr(runner, "preflight", lambda settings: pytest.fail("checked the server first"))
+    assert main(["loadtest", *flags, "--out", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_load_shape_leaves_the_end_to_the_window_and_every_request_sent_is_reported(server: Any,
+                                                                                     tmp_path: Path) -> None:
+    from tritonbundle.loadtests import runner
+
+    settings = LoadSettings(http_url=server.http_url, grpc_url=None, mode="open", rate=20.0, users=2, duration_s=5,
+                            shape="soak", report_dir=str(tmp_path), slo=Slo(max_failure_ratio=0.0))
+    summary = runner.run(settings).summary
+    assert summary["total"]["failures"] == 0, summary["errors"]
+    assert summary["window"]["sending_s"] == pytest.approx(5, abs=0.3)  # the window's, not Locust's clock
+    assert summary["sent"] == summary["total"]["requests"] > 0, "requests in flight at the end were reported"

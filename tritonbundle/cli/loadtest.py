@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tritonbundle.cli import args as shared
 from tritonbundle.cli import defaults
+
+if TYPE_CHECKING:
+    from tritonbundle.loadtests.runner import Stop
+    from tritonbundle.loadtests.settings import LoadSettings
 
 
 def cmd_loadtest(args: argparse.Namespace) -> int:
@@ -26,10 +33,22 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         shape=args.load_shape, timeout_s=args.timeout_s, retries=args.retries, report_dir=str(args.out),
         slo=shared.slo_from(args),
     )
+    if args.search is not None:  # every setting is checked before the server is waited for
+        runner.check_search(settings)
+    elif args.sweep:
+        runner.sweep_levels(settings, args.sweep)
+    runner.preflight(settings)
+    with runner.stop_on_signals() as stop:
+        return _run(args, settings, stop)
+
+
+def _run(args: argparse.Namespace, settings: LoadSettings, stop: Stop) -> int:
+    from tritonbundle.loadtests import runner
+
     if args.search is not None:
-        start = float(args.search) if args.search else args.start_rate  # `--search START`: the earlier spelling
+        start = args.start_rate if args.search is SEARCH_FROM_START_RATE else args.search  # `--search START`: earlier
         found = runner.search(settings, start=start, factor=args.rate_factor, refine=args.refine,
-                              max_rate=args.max_rate)
+                              max_rate=args.max_rate, stop=stop)
         for s in found.steps:
             print(f"{s.offered_rps:9.1f} req/s offered: {s.achieved_rps:9.1f} answered/s, p99 {s.p99_ms:.1f} ms, "
                   f"SLO {'met' if s.passed else 'missed'}")
@@ -37,19 +56,50 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         print(f"report: {args.out}/search.json")
         return 0 if found.best is not None else 1
     if args.sweep:
-        levels = [float(x) for x in args.sweep.split(",") if x.strip()]
-        code, results, best = runner.sweep(settings, levels)
+        code, results, best = runner.sweep(settings, args.sweep, stop)
         for r in results:
             print(f"level {r['level']:g}: {r['total']['throughput_rps']:.1f} req/s, p99 {r['total']['p99_ms']} ms, "
                   f"SLO {'met' if r['gates']['passed'] else 'missed'}")
         print(f"best: level {best['level']:g} at {best['total']['throughput_rps']:.1f} req/s" if best
               else "no level met the SLO")
         print(f"report: {args.out}/sweep.json {args.out}/sweep.png")
-        return code
-    result = runner.run(settings)
+        return _stopped(stop, f"the sweep ran {len(results)} of its {len(args.sweep)} levels") if stop.is_set() else code
+    result = runner.run(settings, stop)
     print(runner.describe(result.summary))
     print(f"report: {result.report_dir}")
+    if result.stopped:
+        return _stopped(stop, f"the report covers its first {result.summary['duration_s']:.1f} s of the "
+                        f"{settings.duration_s:g}-s window")
     return 0 if result.summary["gates"]["passed"] else 1
+
+
+def _stopped(stop: Stop, what: str) -> int:
+    """A run cut short by a signal is no verdict: say so, and exit as the signal asks (128 + its number)."""
+    print(f"stopped by {stop.reason}: {what}; the SLO verdict above is not the full run's", file=sys.stderr)
+    return stop.exit_code
+
+
+#: ``--search`` without a value: start from --start-rate (not a string: argparse would convert it).
+SEARCH_FROM_START_RATE = object()
+
+
+def _levels(text: str) -> list[float]:
+    """``--sweep`` levels, for argparse: comma-separated numbers > 0."""
+    levels = []
+    for part in (x.strip() for x in text.split(",")):
+        if not part:
+            continue
+        try:
+            value = float(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part!r} is not a number: give comma-separated levels, e.g. 1,4,16 "
+                                             "(users; requests/s with --mode open)") from None
+        if not (value > 0 and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"level {part!r}: every level must be above 0")
+        levels.append(value)
+    if not levels:
+        raise argparse.ArgumentTypeError(f"{text!r} names no level: give comma-separated levels, e.g. 1,4,16")
+    return levels
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -67,8 +117,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     shared.traffic(p, sample=f"default {defaults.TRAFFIC} when present")
     p.add_argument("--mode", choices=("closed", "open"), default="closed",
                    help="closed: USERS send back-to-back; open: Poisson arrivals at RATE requests/s")
-    p.add_argument("--users", type=int, default=8, help="concurrent users (open model: Poisson sources)")
-    p.add_argument("--rate", type=float, default=20.0, help="open model: requests per second")
+    p.add_argument("--users", type=shared.above(0, whole=True), default=8, help="concurrent users (open model: Poisson sources)")
+    p.add_argument("--rate", type=shared.above(0), default=20.0, help="open model: requests per second")
     p.add_argument("--spawn-rate", type=float, default=100.0, help="users started per second")
     shared.window(p, default=20.0, what="seconds the test runs (each level of a sweep or search)")
     shared.hidden(p, "--duration-s", dest="window_s", type=float)
@@ -78,9 +128,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--timeout-s", type=float, default=10.0, help="deadline per request")
     p.add_argument("--retries", type=int, default=1, help="attempts per request (1: report raw failures)")
     shared.slo(p)
-    p.add_argument("--sweep", help="comma-separated levels (users, or requests/s with --mode open); "
+    p.add_argument("--sweep", type=_levels, metavar="LEVELS", help="comma-separated levels (users, or requests/s with --mode open); "
                    "reports the highest throughput that meets the SLO")
-    p.add_argument("--search", nargs="?", const="", metavar="START",
+    p.add_argument("--search", nargs="?", const=SEARCH_FROM_START_RATE, type=shared.above(0), metavar="START",
                    help="open model: find the highest rate that meets the SLO, from --start-rate (x --rate-factor, "
                         "then --refine bisections; one --window-s run per level)")
     shared.rate_search(p, start=10.0)

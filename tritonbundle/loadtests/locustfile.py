@@ -14,9 +14,11 @@ with Locust's web UI: ``locust -f loadtests/locustfile.py`` (settings from ``$TR
 
 The sending window opens when the first user starts scheduling requests (after connecting) and
 closes ``duration_s`` later in a headless run, or when Locust stops the users earlier
-(``test_stopping``: a load shape's end, Ctrl-C, the web UI's stop button, Locust's ``-t``, which the
-runner sets as a backstop past the window); the summary's rates are over that window. Every few
-seconds a ``loadtest:`` progress line is printed (the runner echoes those to the console).
+(``test_stopping``: SIGTERM, Ctrl-C, the web UI's stop button or a load shape's end there, Locust's
+``-t``, which the runner sets as a backstop past the window); the summary's rates are over that
+window. Load shapes are timed from the window's opening. Every few seconds a ``loadtest:`` progress
+line is printed (the runner echoes those to the console), and so is the first error that ended a user
+(an ``on_start`` that could not connect, an unknown model, unusable inputs).
 
 Every call fires ``events.request`` with the protocol as request type and the input kind as name,
 so Locust's statistics and CSV files cover both protocols. The first failure of the run is
@@ -39,13 +41,14 @@ import numpy as np
 from gevent.util import print_run_info
 from locust import LoadTestShape, User, constant, events, task
 from locust.env import Environment
+from locust.runners import STATE_CLEANUP, STATE_RUNNING, STATE_SPAWNING
 
 from tritonbundle.clients import RetryPolicy, connect
 from tritonbundle.errors import ClientError
 from tritonbundle.loadtests import timeline
 from tritonbundle.loadtests.recorder import Recorder
 from tritonbundle.loadtests.report import evaluate_gates, finite, summarize
-from tritonbundle.loadtests.settings import LoadSettings, shape_users
+from tritonbundle.loadtests.settings import LoadSettings
 from tritonbundle.measure import triton_metrics as metrics
 from tritonbundle.payloads import Requests, for_model
 from tritonbundle.traffic import TrafficSample, load, synthetic
@@ -78,12 +81,24 @@ _user_ids = itertools.count()
 #: tritonclient's ``__del__``): whatever is left is closed on Locust's quit event, before it exits.
 OPEN_CLIENTS: set[Any] = set()
 _first_failure: list[str] = []
+#: Errors that ended a user (its ``on_start`` failed: server unreachable, unknown model, unusable
+#: inputs) or one of its tasks, as "protocol: error" -> occurrences; the first is printed as it happens.
+USER_ERRORS: dict[str, int] = {}
 
 
 def _report_first_failure(protocol: str, kind: str, error: BaseException) -> None:
     if not _first_failure:
         _first_failure.append(f"{protocol} {kind}: {error}")
         print(f"loadtest: first failed request: {_first_failure[0]}", file=sys.stderr, flush=True)
+
+
+def _on_user_error(user_instance: Any, exception: BaseException, **_: Any) -> None:
+    """Count an error that ended a user or a task; print the first (otherwise only in locust.log)."""
+    protocol = getattr(user_instance, "protocol", None) or getattr(getattr(user_instance, "user", None), "protocol", "?")
+    key = f"{protocol}: {exception}"
+    if not USER_ERRORS:
+        print(f"loadtest: a {protocol} user failed: {exception}", file=sys.stderr, flush=True)
+    USER_ERRORS[key] = USER_ERRORS.get(key, 0) + 1
 
 
 class TritonUser(User):
@@ -188,9 +203,10 @@ class OpenModel(TritonUser):
         return 0.0 if self.due is None else max(0.0, self.due - time.time())
 
     def _gap(self) -> float:
+        """The next gap: the total rate the load shape wants now, spread over the users running now."""
         runner = self.environment.runner
         sources = max(1, runner.user_count if runner else 1)
-        return float(self.rng.exponential(sources / self.settings.rate))
+        return float(self.rng.exponential(sources / self.settings.rate_at(_window_time())))
 
     @task
     def request(self) -> None:
@@ -249,14 +265,36 @@ class OpenGrpcUser(OpenModel):
     protocol = "grpc"
 
 
-if SETTINGS.shape != "constant":
+def _window_time() -> float:
+    """Seconds since the sending window opened (0 before it does)."""
+    return 0.0 if RECORDER.started is None else max(0.0, time.time() - RECORDER.started)
 
-    class TrafficShape(LoadTestShape):
-        """Step ramp, spike or soak over ``duration_s`` (users = concurrency, or Poisson sources)."""
 
-        def tick(self) -> tuple[int, float] | None:
-            users = shape_users(SETTINGS.shape, SETTINGS.users, SETTINGS.duration_s, self.get_run_time())  # type: ignore[no-untyped-call]
-            return None if users is None else (users, SETTINGS.spawn_rate)
+class TrafficShape(LoadTestShape):
+    """Step ramp, spike or soak over the sending window (users = concurrency, or Poisson sources; the
+    open model's rate follows the users, :meth:`LoadSettings.rate_at`). Timed from the window's opening,
+    not from Locust's start (users connect in between). In a headless run the shape never ends the
+    test: the window's closer does, letting requests in flight drain (a shape ending the test raced
+    it, and the summary was written with requests still in flight); in the web UI it ends the test at
+    the window's end. Locust uses it only with a shape other than constant (``abstract`` otherwise)."""
+
+    abstract = SETTINGS.shape == "constant"
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.last: tuple[int, float] | None = None
+
+    def tick(self) -> tuple[int, float] | None:
+        users = SETTINGS.users_at(_window_time())
+        if users is None and not _headless(self.runner.environment if self.runner else None):
+            return None
+        if users is not None:
+            self.last = (users, SETTINGS.spawn_rate)
+        return self.last or (SETTINGS.users, SETTINGS.spawn_rate)
+
+
+def _headless(environment: Environment | None) -> bool:
+    return bool(getattr(getattr(environment, "parsed_options", None), "headless", False))
 
 
 # -- progress, server-side metrics and gates -----------------------------------------------------
@@ -321,7 +359,7 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
         environment._tritonbundle_scraper = gevent.spawn(_scrape_forever, SETTINGS.metrics_url)  # type: ignore[attr-defined]
     if not getattr(environment, "_tritonbundle_ticker", None):
         environment._tritonbundle_ticker = gevent.spawn(_tick_forever, environment)  # type: ignore[attr-defined]
-        if getattr(environment.parsed_options, "headless", False):  # in the web UI, the user stops the run
+        if _headless(environment):  # in the web UI, the user stops the run
             environment._tritonbundle_closer = gevent.spawn(_close_window, environment, time.time())  # type: ignore[attr-defined]
 
 
@@ -329,9 +367,25 @@ def _on_test_stopping(environment: Environment, **_: Any) -> None:
     RECORDER.end()  # the sending window closes: the users send nothing more, requests in flight drain
 
 
+def _stop_users(environment: Environment) -> None:
+    """Stop the users if they still run (their requests in flight drain), or wait for a stop under way;
+    bounded by Locust's --stop-timeout, after which Locust kills the users that are left."""
+    runner = environment.runner
+    if runner is None:
+        return
+    if runner.state in (STATE_SPAWNING, STATE_RUNNING):
+        runner.stop()
+    deadline = time.monotonic() + (environment.stop_timeout or 0.0) + 1.0
+    while runner.state == STATE_CLEANUP and time.monotonic() < deadline:
+        gevent.sleep(0.05)
+
+
 def _gate(environment: Environment, **_: Any) -> None:
-    """Write the JSON summary and set the exit code from the SLO gates."""
+    """Stop the users if they still run, then write the JSON summary and set the exit code from the SLO
+    gates. Locust fires ``quitting`` before it stops the users when it is sent SIGTERM: stopping them
+    here (bounded by --stop-timeout) lets the requests in flight drain into the summary, and stops the load."""
     RECORDER.end()
+    _stop_users(environment)
     for name in ("_tritonbundle_ticker", "_tritonbundle_closer"):
         greenlet = getattr(environment, name, None)
         if greenlet is not None and greenlet is not gevent.getcurrent():
@@ -345,6 +399,8 @@ def _gate(environment: Environment, **_: Any) -> None:
     errors = [{"method": e.method, "name": e.name, "error": str(e.error), "occurrences": e.occurrences}
               for e in stats.errors.values()]
     summary = summarize(RECORDER, SETTINGS, errors)
+    summary["user_errors"] = [{"error": e, "occurrences": n} for e, n in USER_ERRORS.items()]
+    summary["sent"] = RECORDER.n_sent  # more than total's requests: some were still in flight here
     if len(_scrapes) >= 2:
         summary["server"] = [v.to_json() for v in metrics.view(_scrapes[0][1], _scrapes[-1][1])]
         summary["server_timeline"] = {
@@ -374,5 +430,6 @@ def close_open_clients(**_: Any) -> None:
 
 events.test_start.add_listener(_on_test_start)  # type: ignore[no-untyped-call]
 events.test_stopping.add_listener(_on_test_stopping)  # type: ignore[no-untyped-call]
+events.user_error.add_listener(_on_user_error)  # type: ignore[no-untyped-call]
 events.quitting.add_listener(_gate)  # type: ignore[no-untyped-call]
 events.quit.add_listener(close_open_clients)  # type: ignore[no-untyped-call]

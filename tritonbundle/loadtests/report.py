@@ -63,11 +63,21 @@ def summarize(recorder: Recorder, settings: Any, errors: Sequence[dict[str, Any]
 
 
 def evaluate_gates(summary: dict[str, Any], slo: Slo) -> dict[str, Any]:
-    """Check every protocol's p95/p99 and failure ratio against the SLO (:meth:`Slo.violations`)."""
+    """Check every protocol's p95/p99 and failure ratio against the SLO (:meth:`Slo.violations`). A
+    protocol the run targeted (``hosts``) that sent nothing fails; so does a run whose users could not
+    start (``user_errors``), naming the first reason."""
     failures: list[str] = []
-    groups = summary["by_protocol"] or {"total": summary["total"]}
+    groups = {p: None for p in summary.get("hosts") or {}} | summary["by_protocol"]
+    if not groups:
+        groups = {"total": summary["total"]}
     for name, row in groups.items():
-        failures += slo.violations(row, sent=row["requests"], failed=row["failures"], label=name)
+        sent, failed = (0, 0) if row is None else (row["requests"], row["failures"])
+        failures += slo.violations(row or {}, sent=sent, failed=failed, label=name)
+    user_errors = summary.get("user_errors") or []
+    if user_errors:
+        first = user_errors[0]
+        others = f" (and {len(user_errors) - 1} other user error(s), in summary.json)" if len(user_errors) > 1 else ""
+        failures.append(f"users failed {first['occurrences']} time(s): {first['error']}{others}")
     return {"passed": not failures, "failures": failures, "slo": slo.to_json()}
 
 

@@ -59,12 +59,27 @@ class LoadSettings:
             raise ConfigError("give at least one of --http-url and --grpc-url")
         if self.users < 1 or self.rate <= 0 or self.duration_s <= 0:
             raise ConfigError("users must be >= 1, rate and duration > 0")
+        if self.users < len(self.protocols):  # one user speaks one protocol: fewer users leave one untested
+            raise ConfigError(
+                f"{self.users} user(s) cannot cover the {len(self.protocols)} protocols ({' and '.join(self.protocols)}): "
+                f"each user speaks one; give --users {len(self.protocols)} or more (closed-model --sweep levels too), "
+                "or test one protocol with --protocol http or --protocol grpc")
         if self.duration_s > 24 * 3600:
             raise ConfigError("a load test is bounded: duration at most 24 h")
 
     @property
     def protocols(self) -> list[str]:
         return [p for p, url in (("http", self.http_url), ("grpc", self.grpc_url)) if url]
+
+    def users_at(self, t: float) -> int | None:
+        """Users the load shape wants ``t`` seconds into the sending window (None: past it); never fewer
+        than one per protocol."""
+        return shape_users(self.shape, self.users, self.duration_s, t, minimum=len(self.protocols))
+
+    def rate_at(self, t: float) -> float:
+        """Open model: the total rate ``t`` seconds into the sending window, ``rate`` scaled as the load
+        shape scales the users (``rate`` throughout for the constant and soak shapes)."""
+        return self.rate * (self.users_at(t) or self.users) / self.users
 
     def user_classes(self) -> list[str]:
         """The locustfile's user classes to run for these settings."""
@@ -84,8 +99,8 @@ class LoadSettings:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
-def shape_users(shape: str, users: int, duration_s: float, t: float) -> int | None:
-    """Users wanted at ``t`` seconds for a load shape (None: the test is over).
+def shape_users(shape: str, users: int, duration_s: float, t: float, minimum: int = 1) -> int | None:
+    """Users wanted at ``t`` seconds for a load shape (None: the test is over), at least ``minimum``.
 
     * step: four equal steps up to ``users``;
     * spike: a quarter of ``users``, all of them from 40 % to 60 % of the run, then back;
@@ -95,8 +110,8 @@ def shape_users(shape: str, users: int, duration_s: float, t: float) -> int | No
         return None
     if shape == "step":
         steps = 4
-        return max(1, math.ceil(users * (int(t / (duration_s / steps)) + 1) / steps))
+        return max(minimum, math.ceil(users * (int(t / (duration_s / steps)) + 1) / steps))
     if shape == "spike":
-        base = max(1, users // 4)
+        base = max(minimum, users // 4)
         return users if 0.4 * duration_s <= t < 0.6 * duration_s else base
     return users
