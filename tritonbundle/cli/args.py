@@ -22,6 +22,7 @@ traffic's ``--shape``). Every command's ``--help`` shows the defaults (:class:`F
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -126,7 +127,7 @@ def above(low: float, *, whole: bool = False, at_least: bool = False) -> Callabl
             value = int(text) if whole else float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a {'whole ' if whole else ''}number") from None
-        if not (value >= low if at_least else value > low) or value != value:
+        if not math.isfinite(value) or not (value >= low if at_least else value > low):
             raise argparse.ArgumentTypeError(f"{text} must be {'at least' if at_least else 'more than'} {low:g}")
         return value
     return parse
