@@ -118,6 +118,8 @@ class Canary:
     loaded_only: bool = False
     #: Headers of the repository index request (the restricted API's key).
     index_headers: dict[str, str] = field(default_factory=dict)
+    #: Headers of every request (a tenant's key, where an edge with tenants stands before the server).
+    headers: dict[str, str] = field(default_factory=dict)
     _requests: dict[str, dict[str, Any]] = field(default_factory=dict, init=False, repr=False)
 
     def check(self) -> list[Problem]:
@@ -248,8 +250,8 @@ class Canary:
 
     def _call(self, path: str, body: dict[str, Any] | None = None, headers: dict[str, str] | None = None) -> bytes:
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url.rstrip("/") + path, data=data,
-                                     headers={**({"Content-Type": "application/json"} if data else {}), **(headers or {})})
+        req = urllib.request.Request(self.url.rstrip("/") + path, data=data, headers={
+            **({"Content-Type": "application/json"} if data else {}), **self.headers, **(headers or {})})
         with urllib.request.urlopen(req, timeout=self.timeout_s) as r:  # noqa: S310 - the server's own address
             return bytes(r.read())
 
@@ -350,21 +352,29 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "POST /v2/repository/index); a model not loaded or still loading is listed, not counted as down")
     ap.add_argument("--api-header", help="with --loaded: the restricted API's header, sent with the key in "
                                          f"${API_KEY_ENV} (the model-repository API is restricted)")
+    ap.add_argument("--bearer-env", metavar="VARIABLE", help="send 'Authorization: Bearer' with the key in this "
+                                                             "variable (a tenant's key, through an edge with tenants)")
+    ap.add_argument("--strict", action="store_true",
+                    help="every model must answer: a refusal or a busy server fails too (a release gate, not a "
+                         "liveness probe)")
     args = ap.parse_args(argv)
     models = list(args.model) + (served_models(args.repository) if args.repository else [])
     if not models:
         ap.error("name the models: --repository DIR or --model NAME")
+    bearer = os.environ.get(args.bearer_env, "").strip() if args.bearer_env else None
+    if bearer == "":
+        ap.error(f"--bearer-env: ${args.bearer_env} is empty or not set")
     headers = {args.api_header: os.environ.get(API_KEY_ENV, "")} if args.api_header else {}
     started = time.monotonic()
     problems = Canary(args.url, models, timeout_s=args.timeout_s, metrics_url=args.metrics_url,
                       cpu_s=server_cpu_s if args.server_cpu else None, loaded_only=args.loaded,
-                      index_headers=headers).check()
+                      index_headers=headers, headers={"Authorization": f"Bearer {bearer}"} if bearer else {}).check()
     for problem in problems:
         aside = " (not loaded: not counted as down)" if "has not loaded" in problem.message else " (busy or refused: not counted as down)"
         print(f"canary: {problem}{'' if problem.fatal else aside}", file=sys.stderr)
     print(f"canary: {len(models) - len(problems)} of {len(models)} models answered in "
           f"{(time.monotonic() - started) * 1000:.0f} ms")
-    return 1 if any(p.fatal for p in problems) else 0
+    return 1 if any(p.fatal or args.strict for p in problems) else 0
 
 
 if __name__ == "__main__":

@@ -187,3 +187,26 @@ def test_the_analysis_canary_job_runs_like_the_test_pod_on_the_servers_nodes(hel
     assert container["image"] == tester["image"]
     as_job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "canary"}, "spec": job["spec"]}
     kubernetes_validate.validate(as_job, "1.29", strict=True)
+
+
+def test_with_tenants_the_analysis_canary_sends_a_tenants_key_and_fails_on_any_refusal(helm: Path) -> None:  # noqa: F811
+    """Through the edge with tenants on, the canary's inferences were answered 401 and counted as refusals,
+    not failures: the gate passed having checked nothing. It now must answer (--strict), with the key of
+    tests.tenantKey; without that Secret the chart refuses the combination."""
+    tenants = {"rollout.strategy": "canary", "metrics.podMonitor.enabled": "true", "gateway.enabled": "true",
+               "gateway.tenants.existingSecret": "tenants"}
+    result = template(helm, sets={**SHARED, **tenants}, check=False)
+    assert result.returncode != 0 and "needs tests.tenantKey.existingSecret" in result.stderr
+    docs = rendered(helm, **tenants, **{"tests.tenantKey.existingSecret": "canary-tenant"})
+    (analysis,) = objects(docs, "AnalysisTemplate")
+    validate(analysis)
+    (container,) = next(m for m in analysis["spec"]["metrics"] if m["name"] == "canary")["provider"]["job"]["spec"][
+        "template"]["spec"]["containers"]
+    command = container["command"]
+    assert "--strict" in command and command[command.index("--bearer-env") + 1] == "TRITONBUNDLE_CANARY_KEY"
+    (key,) = [e for e in container["env"] if e["name"] == "TRITONBUNDLE_CANARY_KEY"]
+    assert key["valueFrom"]["secretKeyRef"] == {"name": "canary-tenant", "key": "key"}
+    plain = next(m for m in objects(rendered(helm, **{"rollout.strategy": "canary", "metrics.podMonitor.enabled": "true"}),
+                                    "AnalysisTemplate")[0]["spec"]["metrics"] if m["name"] == "canary")
+    (container,) = plain["provider"]["job"]["spec"]["template"]["spec"]["containers"]
+    assert "--strict" in container["command"] and "--bearer-env" not in container["command"]

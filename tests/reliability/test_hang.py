@@ -31,6 +31,8 @@ class StandIn(BaseHTTPRequestHandler):
     metrics_hang = False
     #: An HTTP status every inference is refused with at once (None: it never answers); model "ok" answers.
     refuse: int | None = None
+    #: A tenant's key the edge wants (None: none): without it an inference is 401, with it answered.
+    key: str | None = None
     release = threading.Event()
 
     def log_message(self, *args: object) -> None:
@@ -57,7 +59,10 @@ class StandIn(BaseHTTPRequestHandler):
             self._send(b"")
 
     def do_POST(self) -> None:  # noqa: N802
-        if self.path.startswith("/v2/models/ok/"):
+        if self.key is not None:
+            given = self.headers.get("Authorization") == f"Bearer {self.key}"
+            self._send(b"{}" if given else b'{"error": "no API key"}', 200 if given else 401)
+        elif self.path.startswith("/v2/models/ok/"):
             self._send(b"{}")
         elif self.refuse is not None:
             self._send(json.dumps({"error": "refused"}).encode(), self.refuse)
@@ -67,7 +72,7 @@ class StandIn(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def stand_in() -> Iterator[tuple[str, type[StandIn]]]:
-    StandIn.successes, StandIn.pending, StandIn.metrics_hang, StandIn.refuse = [7.0], 1.0, False, None
+    StandIn.successes, StandIn.pending, StandIn.metrics_hang, StandIn.refuse, StandIn.key = [7.0], 1.0, False, None, None
     StandIn.release = threading.Event()
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), StandIn)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
@@ -115,6 +120,26 @@ def test_a_refused_probe_on_an_idle_server_is_not_hung_and_a_full_queue_that_nev
     handler.refuse = 503
     (problem,) = Canary(url, ["m"], timeout_s=0.5, metrics_url=f"{url}/metrics").check()
     assert problem.fatal and "(the model is stuck)" in problem.message, problem
+
+
+@pytest.mark.timeout(60)
+def test_a_release_gate_fails_on_a_refusal_and_sends_a_tenants_key(stand_in: tuple[str, type[StandIn]],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chart's rollout analysis runs the canary through the edge: with tenants on it was answered 401,
+    which a liveness probe rightly does not count as down, so the release gate passed having checked
+    nothing. --strict fails on any model that did not answer; --bearer-env sends a tenant's key."""
+    from tritonbundle.canary import main
+
+    url, handler = stand_in
+    handler.key = "k-123"
+    probe = ["--url", url, "--model", "m", "--timeout-s", "2"]
+    assert main(probe) == 0, "a liveness probe: a refusal is not the server down"
+    assert main([*probe, "--strict"]) == 1, "a release gate: a model that did not answer fails it"
+    monkeypatch.setenv("CANARY_KEY", "k-123")
+    assert main([*probe, "--strict", "--bearer-env", "CANARY_KEY"]) == 0
+    monkeypatch.setenv("CANARY_KEY", "")
+    with pytest.raises(SystemExit):
+        main([*probe, "--strict", "--bearer-env", "CANARY_KEY"])
 
 
 @pytest.mark.timeout(60)
