@@ -369,11 +369,8 @@ def test_canary_follows_the_http_port_the_request_timeout_and_the_models_asked_f
     assert _canary_targets(command) == ["--repository", "/run/tritonbundle/model_repository"]
 
 
-class _ModelControlTriton(http.server.BaseHTTPRequestHandler):
-    """A Triton in poll mode: model ``served`` loaded (dead when ``dead``), ``new`` a folder not loaded yet,
-    ``broken`` one that failed to load; the repository index needs the restricted API's key."""
-
-    key, dead = "s3cret", False
+class _JsonHandler(http.server.BaseHTTPRequestHandler):
+    """A stand-in Triton's plumbing: quiet, answering JSON."""
 
     def log_message(self, *args: object) -> None:
         pass
@@ -385,6 +382,13 @@ class _ModelControlTriton(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+
+class _ModelControlTriton(_JsonHandler):
+    """A Triton in poll mode: model ``served`` loaded (dead when ``dead``), ``new`` a folder not loaded yet,
+    ``broken`` one that failed to load; the repository index needs the restricted API's key."""
+
+    key, dead = "s3cret", False
 
     def do_GET(self) -> None:  # noqa: N802
         if self.path == "/v2/models/served/ready":
@@ -1311,19 +1315,8 @@ def test_copy_python_packages_copies_an_importable_package(tmp_path: Path) -> No
     assert missing.returncode == 1 and "no_such_pkg" in missing.stderr
 
 
-class _FakeTriton(http.server.BaseHTTPRequestHandler):
+class _FakeTriton(_JsonHandler):
     key = "s3cret"
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-    def _reply(self, status: int, body: Obj) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
     def do_GET(self) -> None:  # noqa: N802
         self._reply(200 if self.path == "/v2/health/ready" else 404, {})
