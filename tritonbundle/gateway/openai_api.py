@@ -51,6 +51,8 @@ class EmbeddingsRequest:
     token_rows: tuple[tuple[int, ...], ...] = ()
     encoding: str = "float"
     dimensions: int | None = None
+    #: Each text's size in UTF-8 bytes, as :func:`parse` measured it.
+    text_bytes: tuple[int, ...] = ()
 
     @property
     def count(self) -> int:
@@ -63,7 +65,7 @@ class EmbeddingsRequest:
         if self.token_rows:
             return sum(len(r) for r in self.token_rows)
         cap = max_length or float("inf")
-        return int(sum(min(cap, len(t.encode("utf-8")) + 2) for t in self.texts))
+        return int(sum(min(cap, size + 2) for size in self.text_bytes))
 
 
 def parse(body: Any) -> EmbeddingsRequest:
@@ -96,6 +98,7 @@ def parse(body: Any) -> EmbeddingsRequest:
     count = len(texts) or len(rows)
     if count > MAX_INPUTS:
         raise invalid(f"'input' holds {count} items; at most {MAX_INPUTS} per request")
+    sizes = []
     for i, text in enumerate(texts):  # the tokenizer's own rules, checked here to name the request's index
         try:
             size = len(text.encode("utf-8"))
@@ -107,7 +110,9 @@ def parse(body: Any) -> EmbeddingsRequest:
         if size > MAX_TEXT_BYTES:
             raise invalid(f"'input' item {i} is {size} bytes; the limit is {MAX_TEXT_BYTES} bytes per text (it would be "
                           "cut to the model's maximum length in tokens anyway)")
-    return EmbeddingsRequest(model=model, texts=texts, token_rows=rows, encoding=encoding, dimensions=dimensions)
+        sizes.append(size)
+    return EmbeddingsRequest(model=model, texts=texts, token_rows=rows, encoding=encoding, dimensions=dimensions,
+                             text_bytes=tuple(sizes))
 
 
 #: Token ids travel as int64; the encoder refuses those outside its vocabulary.
