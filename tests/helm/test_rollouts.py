@@ -125,6 +125,21 @@ def test_the_analysis_reads_the_new_pods_error_ratio_and_p99_and_runs_the_canary
     assert "rollouts-pod-template-hash" in monitor["spec"]["podTargetLabels"]
 
 
+def test_the_analysis_canary_ships_its_script_when_the_probes_do_not_use_it(helm: Path) -> None:  # noqa: F811
+    """The analysis Job mounts canary.py from the scripts ConfigMap: with httpGet probes
+    (probes.canary.enabled=false) it is there all the same, and without a gate it is left out."""
+    def scripts(docs: list[Obj]) -> Obj:
+        return next(c for c in objects(docs, "ConfigMap") if c["metadata"]["name"] == f"{FULLNAME}-scripts")
+
+    gated = rendered(helm, **{"rollout.strategy": "canary", "probes.canary.enabled": "false"})
+    job = next(m for m in objects(gated, "AnalysisTemplate")[0]["spec"]["metrics"] if m["name"] == "canary")
+    assert job["provider"]["job"]["spec"]["template"]["spec"]["containers"][0]["command"][1] == "/scripts/canary.py"
+    assert scripts(gated)["data"]["canary.py"] == (Path(__file__).parents[2] / "tritonbundle" / "canary.py").read_text()
+    ungated = rendered(helm, **{"rollout.strategy": "canary", "probes.canary.enabled": "false",
+                                "rollout.analysis.enabled": "false"})
+    assert "canary.py" not in scripts(ungated)["data"]
+
+
 def test_autoscaling_scales_the_rollout_and_the_default_is_a_plain_deployment(helm: Path) -> None:  # noqa: F811
     docs = rendered(helm, **{"rollout.strategy": "canary", "autoscaling.enabled": "true"})
     (hpa,) = objects(docs, "HorizontalPodAutoscaler")
