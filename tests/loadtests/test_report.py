@@ -13,7 +13,8 @@ import pytest
 
 from tritonbundle.loadtests import charts, htmlreport, timeline
 from tritonbundle.loadtests.recorder import Recorder
-from tritonbundle.loadtests.report import evaluate_gates, finite, summarize
+from tritonbundle.loadtests.report import evaluate_gates, finite, summarize, unanswered
+from tritonbundle.loadtests.runner import describe, step_from
 from tritonbundle.loadtests.settings import LoadSettings
 from tritonbundle.measure.latency import Slo, percentile
 
@@ -58,6 +59,24 @@ def test_a_server_that_falls_behind_is_credited_with_its_own_rate_not_the_backlo
     assert summary["rate"]["offered_rps"] == pytest.approx(10.0)
     assert summary["rate"]["achieved_rps"] == pytest.approx(5.0, abs=0.2)  # not 100 answers / 10 s
     assert summary["window"]["drain_s"] == pytest.approx(9.9, abs=0.01)
+
+
+def test_requests_left_in_flight_when_the_users_stopped_fail_the_gate_and_the_level() -> None:
+    """33 recorded, 36 sent: the 3 killed with their users in flight are neither answers nor failures in
+    the recorder; the gate, the console and the rate search's level count them as failed."""
+    recorder, settings = _open_run()
+    summary = summarize(recorder, settings)
+    summary["sent"] = 36
+    summary["unanswered"] = unanswered(summary)
+    summary["gates"] = gates = evaluate_gates(summary, settings.slo)
+    assert summary["unanswered"] == 3 and not gates["passed"]
+    assert gates["failures"] == ["3 request(s) unanswered: sent, but neither answered nor failed when the users "
+                                 "were stopped after the drain (each counts as failed)"]
+    assert "unanswered: 3 request(s) still in flight" in describe(summary)
+    level = step_from(summary, offered_rps=3.0)
+    assert (level.sent, level.failed, level.completed) == (36, 3, 33)
+    summary["sent"] = 33  # every request sent was recorded: nothing to say
+    assert unanswered(summary) == 0 and evaluate_gates(summary, settings.slo)["passed"]
 
 
 def test_timeline_spans_the_run_in_one_second_rows_with_exact_percentiles() -> None:

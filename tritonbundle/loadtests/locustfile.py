@@ -47,7 +47,7 @@ from tritonbundle.clients import RetryPolicy, connect
 from tritonbundle.errors import ClientError
 from tritonbundle.loadtests import timeline
 from tritonbundle.loadtests.recorder import Recorder
-from tritonbundle.loadtests.report import evaluate_gates, finite, summarize
+from tritonbundle.loadtests.report import evaluate_gates, finite, summarize, unanswered
 from tritonbundle.loadtests.settings import LoadSettings
 from tritonbundle.measure import triton_metrics as metrics
 from tritonbundle.payloads import Requests, for_model
@@ -401,6 +401,7 @@ def _gate(environment: Environment, **_: Any) -> None:
     summary = summarize(RECORDER, SETTINGS, errors)
     summary["user_errors"] = [{"error": e, "occurrences": n} for e, n in USER_ERRORS.items()]
     summary["sent"] = RECORDER.n_sent  # more than total's requests: some were still in flight here
+    summary["unanswered"] = unanswered(summary)
     if len(_scrapes) >= 2:
         summary["server"] = [v.to_json() for v in metrics.view(_scrapes[0][1], _scrapes[-1][1])]
         summary["server_timeline"] = {

@@ -65,7 +65,7 @@ def summarize(recorder: Recorder, settings: Any, errors: Sequence[dict[str, Any]
 def evaluate_gates(summary: dict[str, Any], slo: Slo) -> dict[str, Any]:
     """Check every protocol's p95/p99 and failure ratio against the SLO (:meth:`Slo.violations`). A
     protocol the run targeted (``hosts``) that sent nothing fails; so does a run whose users could not
-    start (``user_errors``), naming the first reason."""
+    start (``user_errors``), naming the first reason, or one that left requests unanswered (:func:`unanswered`)."""
     failures: list[str] = []
     groups = {p: None for p in summary.get("hosts") or {}} | summary["by_protocol"]
     if not groups:
@@ -73,12 +73,22 @@ def evaluate_gates(summary: dict[str, Any], slo: Slo) -> dict[str, Any]:
     for name, row in groups.items():
         sent, failed = (0, 0) if row is None else (row["requests"], row["failures"])
         failures += slo.violations(row or {}, sent=sent, failed=failed, label=name)
+    missing = unanswered(summary)
+    if missing:
+        failures.append(f"{missing} request(s) unanswered: sent, but neither answered nor failed when the users "
+                        "were stopped after the drain (each counts as failed)")
     user_errors = summary.get("user_errors") or []
     if user_errors:
         first = user_errors[0]
         others = f" (and {len(user_errors) - 1} other user error(s), in summary.json)" if len(user_errors) > 1 else ""
         failures.append(f"users failed {first['occurrences']} time(s): {first['error']}{others}")
     return {"passed": not failures, "failures": failures, "slo": slo.to_json()}
+
+
+def unanswered(summary: dict[str, Any]) -> int:
+    """Requests sent that neither got an answer nor failed by the end of the run (``sent``, counted as
+    they went out, less the requests recorded): in flight when the users were stopped."""
+    return max(0, int(summary.get("sent", 0)) - int(summary["total"]["requests"]))
 
 
 def finite(value: Any) -> Any:

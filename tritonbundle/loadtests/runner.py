@@ -294,6 +294,8 @@ def describe(summary: dict[str, Any]) -> str:
             f"{name:<10}{row['requests']:>9}{row['failures']:>9}{row['throughput_rps']:>9.1f}"
             f"{fmt(row['p50_ms']):>9}{fmt(row['p90_ms']):>9}{fmt(row['p95_ms']):>9}{fmt(row['p99_ms']):>9}"
         )
+    if summary.get("unanswered"):
+        lines.append(f"unanswered: {summary['unanswered']} request(s) still in flight when the users were stopped")
     window, rate = summary.get("window"), summary.get("rate")
     if window and rate:
         target = f" (target {rate['target_rps']:g})" if rate.get("target_rps") else ""
@@ -376,7 +378,9 @@ def step_from(summary: dict[str, Any], offered_rps: float) -> StepResult:
         v = total.get(key)
         return float("inf") if v is None else float(v)
 
-    sent, failed = int(total["requests"]), int(total["failures"])
+    # A request still unanswered when the users were stopped is a failure of its level.
+    missing = report.unanswered(summary)
+    sent, failed = int(total["requests"]) + missing, int(total["failures"]) + missing
     return StepResult(
         offered_rps=offered_rps, window_s=float(summary["duration_s"]), sent=sent, completed=sent - failed,
         failed=failed, p50_ms=value("p50_ms"), p90_ms=value("p90_ms"), p95_ms=value("p95_ms"), p99_ms=value("p99_ms"),
