@@ -33,10 +33,11 @@ class _Client:
         return np.ones((len(texts), 4), np.float32), np.full(len(texts), 3)
 
 
-def _app(client: _Client, tenants: object) -> tuple[Any, Meter]:
+def _app(client: _Client, tenants: object, dims: int | None = 4) -> tuple[Any, Meter]:
+    """The gateway over ``client`` for two models of ``dims`` dimensions (None: left dynamic)."""
     backend = Backend("127.0.0.1:1", ["public", "secret"])
     backend.clients = {"public": client, "secret": client}  # type: ignore[dict-item]
-    backend.dims = {"public": 4, "secret": 4}
+    backend.dims = {"public": dims, "secret": dims}
     backend.max_lengths = {"public": 16, "secret": None}
     meter = Meter()
     return create_app(backend, parse(tenants, where="tenants.yaml"), meter), meter
@@ -101,17 +102,20 @@ def test_a_model_the_gateway_does_not_serve_is_a_404_naming_only_the_callers_mod
 
 def test_a_request_reserves_the_tokens_it_may_use_and_one_larger_than_the_quota_is_refused() -> None:
     """One request of many texts was admitted while the bucket held anything: 33 minutes of a tenant's
-    tokens in one call. Texts are estimated from above (bytes + 2, at most the model's 16 tokens here)."""
+    tokens in one call. Texts are reserved by an estimate from above (bytes + 2, at most the model's 16
+    tokens here, at most the whole bucket) and refused as too large by one from below (their words)."""
     client = _Client()
     app, meter = _app(client, {"tenants": [{"name": "alpha", "keys": [KEY_A], "limits": {"tokens_per_min": 1000}}]})
-    status, body = _post(app, {"model": "public", "input": ["hello world"] * 80}, KEY_A)  # 80 x 13 = 1,040
+    status, body = _post(app, {"model": "public", "input": ["hello world"] * 501}, KEY_A)  # 501 x 2 words
     assert status == 400 and body["error"]["code"] == "request_too_large", body
-    assert "up to 1040 tokens" in body["error"]["message"] and client.texts == 0
-    status, body = _post(app, {"model": "public", "input": ["hello world"] * 70}, KEY_A)  # 910 reserved, 210 used
-    assert status == 200 and body["usage"]["prompt_tokens"] == 210
-    status, body = _post(app, {"model": "public", "input": ["x" * 100] * 50}, KEY_A)  # 50 x 16 = 800 > 790 left
-    assert status == 429 and "790 left, this request may use up to 800" in body["error"]["message"], body
-    assert _requests(meter, "alpha", "refused") == 2 and client.texts == 70
+    assert "at least 1002 tokens" in body["error"]["message"] and client.texts == 0
+    # 80 x 13 = 1,040 by bytes, over the minute's 1,000, but 160 by words: the whole bucket is reserved,
+    # 240 are used, 760 are left.
+    status, body = _post(app, {"model": "public", "input": ["hello world"] * 80}, KEY_A)
+    assert status == 200 and body["usage"]["prompt_tokens"] == 240
+    status, body = _post(app, {"model": "public", "input": ["x" * 100] * 50}, KEY_A)  # 50 x 16 = 800 > 760 left
+    assert status == 429 and "760 left, this request may use up to 800" in body["error"]["message"], body
+    assert _requests(meter, "alpha", "refused") == 2 and client.texts == 80
 
 
 def test_text_the_tokenizer_would_refuse_is_a_400_naming_its_index_in_the_request() -> None:

@@ -27,6 +27,28 @@ def test_every_input_form_of_the_api_parses() -> None:
     assert many.count == 2
 
 
+def test_the_token_estimates_bound_minilms_real_counts_from_both_sides() -> None:
+    """most_tokens (bytes + 2) and least_tokens (words) on texts of every kind against MiniLM's own
+    tokenizer, with its special tokens, at its 512-token cap and without one."""
+    from tokenizers import Tokenizer
+
+    from tritonbundle.recipes import tokenizer_file
+
+    tok = Tokenizer.from_file(str(tokenizer_file("minilm")))
+    tok.no_padding()
+    tok.no_truncation()
+    texts = ["hello world", "Tokenizers split un-hyphenated, punctuated words!", "naïve café 東京 🙂 x", "a " * 600,
+             "pneumonoultramicroscopicsilicovolcanoconiosis " * 3, "  spaced\tout\nlines  ", "x"]
+    for cap in (None, 512):
+        if cap:
+            tok.enable_truncation(cap)
+        for text in texts:
+            real, request = len(tok.encode(text).ids), parse({"model": "m", "input": [text]})
+            assert request.least_tokens(cap) <= real <= request.most_tokens(cap), (text, cap)
+    rows = parse({"model": "m", "input": [[101, 7592, 102], [101, 102]]})
+    assert rows.least_tokens(512) == rows.most_tokens(512) == 5
+
+
 @pytest.mark.parametrize("body, param, words", [
     ({"input": "hi"}, "model", "'model' is required"),
     ({"model": "m"}, "input", "'input' must be"),

@@ -110,9 +110,28 @@ def test_a_request_reserves_the_tokens_it_may_use_and_gets_back_what_it_did_not(
 def test_a_request_larger_than_the_tokens_per_minute_is_refused_whatever_the_bucket_holds() -> None:
     clock, tenant = Clock(), Tenant("a", limits=Limits(tokens_per_min=600, concurrent_requests=1))
     admission = Admission([tenant], clock)
-    with pytest.raises(TooLarge, match=r"up to 601 tokens, more than the tokens_per_min of tenant 'a' \(600\)"):
-        admission.admit(tenant, tokens=601)
-    admission.admit(tenant, tokens=600)  # the refusal took nothing: a full bucket, no place in flight
+    with pytest.raises(TooLarge, match=r"at least 601 tokens, more than the tokens_per_min of tenant 'a' \(600\)"):
+        admission.admit(tenant, tokens=2000, least_tokens=601)
+    assert admission.admit(tenant, tokens=600, least_tokens=600) == 600  # the refusal took nothing
+
+
+def test_a_request_that_may_use_more_than_the_minute_but_surely_not_reserves_the_whole_bucket() -> None:
+    """Bytes overstate a text's tokens ~3x: a batch that fits by its words is served, not refused by its
+    bytes; it waits for a full bucket, and what it used over the bucket is owed."""
+    clock, tenant = Clock(), Tenant("a", limits=Limits(tokens_per_min=600))  # 10 tokens a second
+    admission = Admission([tenant], clock)
+    assert admission.admit(tenant, tokens=1800, least_tokens=300) == 600
+    with pytest.raises(Refused, match="0 left, this request may use up to 10"):
+        admission.admit(tenant, tokens=10, least_tokens=5)  # the whole bucket is held until it settles
+    admission.release(tenant, 600, 450)  # it used 450: 150 come back
+    admission.admit(tenant, tokens=150)
+    admission.release(tenant, 150, 150)
+    clock.now += 60  # full again
+    reserved = admission.admit(tenant, tokens=1800, least_tokens=300)
+    admission.release(tenant, reserved, 700)  # 100 over the bucket: owed, refilled at 10/s
+    with pytest.raises(Refused) as refused:
+        admission.admit(tenant, tokens=1)
+    assert refused.value.retry_after_s == 11.0  # 100 owed + 1 needed, at 10/s
 
 
 def test_concurrency_counts_requests_in_flight_and_a_refusal_takes_nothing() -> None:

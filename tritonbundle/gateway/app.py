@@ -267,9 +267,9 @@ def create_app(backend: Backend, tenants: Tenants | None = None, meter: Meter | 
                 raise not_found(parsed.model, visible(tenant))  # the models this key may use, no others
             backend.check(parsed)
             if admission is not None and tenant is not None:
-                reserved = parsed.most_tokens(backend.max_lengths.get(parsed.model))
+                cap = backend.max_lengths.get(parsed.model)
                 with refusals():  # after the body is read, so that refusals are metered per model too
-                    admission.admit(tenant, tokens=reserved)
+                    reserved = admission.admit(tenant, tokens=parsed.most_tokens(cap), least_tokens=parsed.least_tokens(cap))
                 admitted = True
             headers = {TENANT_HEADER: tenant.name} if tenant is not None else None
             vectors, tokens = await backend.embed(parsed, headers)

@@ -19,11 +19,15 @@ so); a caller's key is hashed and looked up, and neither the key nor its hash is
 limit is refused at once, with the seconds after which the same request would be admitted. Requests per
 second are a token bucket; tokens per minute a bucket of ``tokens_per_min`` refilled continuously: a
 request is admitted only while the bucket holds the most tokens it can use (the gateway's estimate from
-above, :meth:`~tritonbundle.gateway.openai_api.EmbeddingsRequest.most_tokens`), which is reserved at once
-and settled to the answer's real token count when it ends (all of it given back when the server failed
-it), so that one large request cannot take many minutes' worth, nor many requests at once overshoot;
-a request that could use more than ``tokens_per_min`` by itself is refused whatever the bucket holds
-(the caller splits it). Concurrency is a counter. A refused request takes nothing from any limit.
+above, :meth:`~tritonbundle.gateway.openai_api.EmbeddingsRequest.most_tokens`, at most the whole
+``tokens_per_min``), which is reserved at once and settled to the answer's real token count when it ends
+(all of it given back when the server failed it), so that many requests at once cannot overshoot; one
+that used more than it reserved leaves the bucket owing. A request that uses more than
+``tokens_per_min`` by itself even by the estimate from below (its words,
+:meth:`~tritonbundle.gateway.openai_api.EmbeddingsRequest.least_tokens`) is refused whatever the bucket
+holds (the caller splits it): the estimate from above, bytes, is ~4x a text's real count, and refusing
+on it turned away requests that fit. Concurrency is a counter. A refused request takes nothing from any
+limit.
 """
 
 from __future__ import annotations
@@ -180,7 +184,7 @@ class Refused(Exception):
 
 
 class TooLarge(Exception):
-    """A request that could use more tokens than its tenant's ``tokens_per_min`` by itself."""
+    """A request that uses more tokens than its tenant's ``tokens_per_min`` by itself."""
 
 
 class _State:
@@ -208,18 +212,23 @@ class Admission:
         now = clock()
         self._state = {t.name: _State(t.limits, now) for t in tenants}
 
-    def admit(self, tenant: Tenant, *, in_flight: bool = True, tokens: int = 0) -> None:
-        """Count one request in, reserving the ``tokens`` it may use, or raise :class:`Refused` (nothing
-        counted). ``in_flight=False``: a request whose end this process never sees (the edge's KServe
-        requests, ``tokens`` 0): its rate and the tokens left are checked, it is not counted in flight, and
-        no :meth:`release` follows."""
-        s = self._check(tenant, in_flight, tokens)
+    def admit(self, tenant: Tenant, *, in_flight: bool = True, tokens: int = 0, least_tokens: int = 0) -> int:
+        """Count one request in, reserving the ``tokens`` it may use (an estimate from above; at most the
+        whole ``tokens_per_min``), and return the reservation; or raise :class:`Refused` (nothing counted),
+        or :class:`TooLarge` when even ``least_tokens`` (an estimate from below) is over ``tokens_per_min``.
+        A request that uses more than it reserved leaves the bucket below zero until it refills.
+        ``in_flight=False``: a request whose end this process never sees (the edge's KServe requests,
+        ``tokens`` 0): its rate and the tokens left are checked, it is not counted in flight, and no
+        :meth:`release` follows."""
+        reserved = min(tokens, tenant.limits.tokens_per_min or tokens)
+        s = self._check(tenant, in_flight, reserved, least_tokens)
         if s.limits.requests_per_s:
             s.requests -= 1
         if in_flight:
             s.in_flight += 1
         if s.limits.tokens_per_min:
-            s.tokens -= tokens
+            s.tokens -= reserved
+        return reserved
 
     def release(self, tenant: Tenant, reserved: int, used: int) -> None:
         """One admitted request is done: of the ``reserved`` tokens it ``used`` this many (0 when it failed)."""
@@ -229,15 +238,15 @@ class Admission:
         if s.limits.tokens_per_min:
             s.tokens = min(float(s.limits.tokens_per_min), s.tokens + reserved - used)
 
-    def _check(self, tenant: Tenant, in_flight: bool, tokens: int) -> _State:
+    def _check(self, tenant: Tenant, in_flight: bool, tokens: int, least_tokens: int) -> _State:
         s = self._state[tenant.name]
         s.refill(self.clock())
         limits = s.limits
         if in_flight and limits.concurrent_requests and s.in_flight >= limits.concurrent_requests:
             raise Refused("concurrency", f"tenant {tenant.name!r} has {s.in_flight} requests in flight, its limit "
                                          f"(concurrent_requests {limits.concurrent_requests})", 1.0)
-        if limits.tokens_per_min and tokens > limits.tokens_per_min:
-            raise TooLarge(f"this request may use up to {tokens} tokens, more than the tokens_per_min of tenant "
+        if limits.tokens_per_min and least_tokens > limits.tokens_per_min:
+            raise TooLarge(f"this request uses at least {least_tokens} tokens, more than the tokens_per_min of tenant "
                            f"{tenant.name!r} ({limits.tokens_per_min}): send fewer or shorter texts per request")
         if limits.tokens_per_min and (s.tokens <= 0 or s.tokens < tokens):
             rate = limits.tokens_per_min / 60
