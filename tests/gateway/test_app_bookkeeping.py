@@ -135,3 +135,16 @@ def test_a_body_nested_past_what_json_reads_is_a_400_not_a_server_error() -> Non
     assert status == 400 and body["error"]["type"] == "invalid_request_error", body
     assert _requests(meter, "alpha", "error") == 0 and _requests(meter, "alpha", "invalid") == 1
 
+
+
+
+def test_dimensions_are_checked_against_the_answer_when_the_models_size_is_dynamic() -> None:
+    """A model whose config leaves the embedding's size dynamic (-1) took any ``dimensions`` and answered
+    its own width: a vector store sized for 256 got 4."""
+    client = _Client()
+    app, _ = _app(client, {"tenants": [{"name": "alpha", "keys": [KEY_A]}]}, dims=None)
+    status, body = _post(app, {"model": "public", "input": ["hi"], "dimensions": 4}, KEY_A)
+    assert status == 200 and len(body["data"][0]["embedding"]) == 4, body
+    status, body = _post(app, {"model": "public", "input": ["hi"], "dimensions": 256}, KEY_A)
+    assert status == 400 and body["error"]["param"] == "dimensions", body
+    assert "returned 4 dimensions; it cannot return 256" in body["error"]["message"]

@@ -138,11 +138,16 @@ class Backend:
         try:
             if request.texts:
                 vectors, counts = await client.embed_counted(list(request.texts), headers=headers)
-                return vectors, int(counts.sum())
-            vectors = await client.embed_tokens([list(r) for r in request.token_rows], headers=headers)
-            return vectors, sum(len(r) for r in request.token_rows)
+                used = int(counts.sum())
+            else:
+                vectors = await client.embed_tokens([list(r) for r in request.token_rows], headers=headers)
+                used = sum(len(r) for r in request.token_rows)
         except ClientError as e:
             raise api_error(e) from e
+        if request.dimensions is not None and vectors.shape[-1] != request.dimensions:  # a size left dynamic
+            raise invalid(f"model {request.model!r} returned {vectors.shape[-1]} dimensions; it cannot return "
+                          f"{request.dimensions}", "dimensions")
+        return vectors, used
 
 
 def not_found(model: str, served: Sequence[str]) -> ApiError:
