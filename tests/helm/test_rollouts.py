@@ -225,3 +225,30 @@ def test_with_tenants_the_analysis_canary_sends_a_tenants_key_and_fails_on_any_r
                                     "AnalysisTemplate")[0]["spec"]["metrics"] if m["name"] == "canary")
     (container,) = plain["provider"]["job"]["spec"]["template"]["spec"]["containers"]
     assert "--strict" in container["command"] and "--bearer-env" not in container["command"]
+
+
+def _selects(selector: Obj, labels: dict[str, str]) -> bool:
+    """Kubernetes' label selector semantics for matchLabels and the Exists/DoesNotExist expressions."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for e in selector.get("matchExpressions", []):
+        if (e["key"] in labels) != (e["operator"] == "Exists"):
+            return False
+    return True
+
+
+def test_the_pdb_and_the_spread_count_the_serving_pods_not_the_callers(helm: Path) -> None:  # noqa: F811
+    """The analysis Job's pod and the helm test pod share the selector labels: a PodDisruptionBudget that
+    selected the Job's pod finds no scale for its owner and allows no disruption (node drains stall)."""
+    docs = rendered(helm, **{"rollout.strategy": "canary", "topologySpreadConstraints[0].maxSkew": "1",
+                             "topologySpreadConstraints[0].topologyKey": "kubernetes.io/hostname",
+                             "topologySpreadConstraints[0].whenUnsatisfiable": "ScheduleAnyway"})
+    (pdb,) = objects(docs, "PodDisruptionBudget")
+    pod = workload(docs)["spec"]["template"]
+    (spread,) = pod["spec"]["topologySpreadConstraints"]
+    (analysis,) = objects(docs, "AnalysisTemplate")
+    job = next(m for m in analysis["spec"]["metrics"] if m["name"] == "canary")["provider"]["job"]["spec"]["template"]
+    (test_pod,) = objects(docs, "Pod")
+    for selector in (pdb["spec"]["selector"], spread["labelSelector"]):
+        assert _selects(selector, pod["metadata"]["labels"])
+        assert not _selects(selector, job["metadata"]["labels"]) and not _selects(selector, test_pod["metadata"]["labels"])

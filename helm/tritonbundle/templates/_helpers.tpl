@@ -34,6 +34,20 @@ app.kubernetes.io/name: {{ include "tritonbundle.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
+{{/*
+The serving pods alone, as a label selector: the pods that call the release from beside it (the `helm test`
+pod, the Rollout analysis's canary Job; tritonbundle.callerLabels) share the selector labels and carry a
+component. A PodDisruptionBudget that selected the Job's pod would find no scale for its owner and allow
+no disruption at all (kubernetes/kubernetes#129625): node drains would stall.
+*/}}
+{{- define "tritonbundle.serverPodSelector" -}}
+matchLabels:
+  {{- include "tritonbundle.selectorLabels" . | nindent 2 }}
+matchExpressions:
+  - key: app.kubernetes.io/component
+    operator: DoesNotExist
+{{- end }}
+
 {{- define "tritonbundle.labels" -}}
 helm.sh/chart: {{ include "tritonbundle.chart" . }}
 {{ include "tritonbundle.selectorLabels" . }}

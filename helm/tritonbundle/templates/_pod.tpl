@@ -599,7 +599,7 @@ spec:
     {{- range . }}
     {{- $c := deepCopy . }}
     {{- if not (hasKey $c "labelSelector") }}
-    {{- $_ := set $c "labelSelector" (dict "matchLabels" (include "tritonbundle.selectorLabels" $ | fromYaml)) }}
+    {{- $_ := set $c "labelSelector" (include "tritonbundle.serverPodSelector" $ | fromYaml) }}
     {{- end }}
     - {{ toYaml $c | indent 6 | trim }}
     {{- end }}
