@@ -887,6 +887,11 @@ def test_monitoring_renders_recording_rules_and_the_grafana_dashboard(rendered: 
     assert "nv_inference_count" in rules["tritonbundle:batch_size:rate1m"]
     assert "nv_inference_exec_count" in rules["tritonbundle:batch_size:rate1m"]
     assert {"TritonbundleInferenceFailures", "TritonbundleQueueSaturated"} <= set(rules)
+    # Triton's failure series carry a reason label the success series lack: each counter is summed to the
+    # model before success and failure are added, or the sum matches no series and the alert never fires.
+    failures = rules["TritonbundleInferenceFailures"]
+    summed = r"sum by \(namespace, app_kubernetes_io_instance, model\) \(rate\(nv_inference_request_(?:success|failure)\{"
+    assert len(re.findall(summed, failures)) == failures.count("rate(nv_inference_request_") == 3, failures
     dashboard_cm = next(c for c in objects(docs, "ConfigMap") if c["metadata"]["name"] == f"{FULLNAME}-dashboard")
     assert dashboard_cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert dashboard_cm["metadata"]["namespace"] == "monitoring"
