@@ -934,6 +934,24 @@ def test_notes_tell_how_to_reach_the_server_and_get_the_key(helm: Path, scenario
     assert f"get secret {secret or FULLNAME + '-api-key'}" in notes
 
 
+def test_notes_name_the_rollout_and_the_metric_the_hpa_reads(helm: Path) -> None:
+    """With a Rollout the Deployment is a 0-replica template: its rollout status said ready at once; with
+    target=requestsPerSecond the notes named the queue/compute metric the HPA does not read."""
+    def notes(*sets: str) -> str:
+        args = [a for s in sets for a in ("--set", s)]
+        result = run_helm(helm, "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client", *args)
+        assert result.returncode == 0, result.stderr
+        return result.stdout.split("NOTES:", 1)[1]
+
+    canary = notes("rollout.strategy=canary", "replicaCount=2", "modelRepository.pvc.accessModes[0]=ReadWriteMany")
+    assert f"kubectl argo rollouts -n {NAMESPACE} status {FULLNAME}" in canary and "rollout status deployment/" not in canary
+    assert f"rollout status deployment/{FULLNAME}" in notes()
+    rps = notes("autoscaling.enabled=true", "autoscaling.target=requestsPerSecond", "autoscaling.requestsPerSecond=40",
+                "modelRepository.pvc.accessModes[0]=ReadWriteMany")
+    assert "target 40 requests per second per pod" in rps and "queue/compute" not in rps
+    assert "pods/*/tritonbundle_requests_per_second" in rps and "tritonbundle_queue_compute_ratio" not in rps
+
+
 # -- the edge ---------------------------------------------------------------------------------------
 EDGE_NGINX = CHART / "files" / "edge-nginx.conf"
 EDGE_TEMPLATE = CHART / "files" / "edge-settings.conf.template"
