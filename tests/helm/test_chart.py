@@ -638,6 +638,14 @@ def test_keda_query_is_the_queue_compute_ratio_of_this_release(rendered: dict[st
     assert not objects(rendered["keda-values.yaml"], "HorizontalPodAutoscaler"), "KEDA creates its own HPA"
 
 
+@pytest.mark.parametrize(("ratio", "threshold"), [("500m", "0.5"), ("1500m", "1.5"), ("0.75", "0.75"), ("2", "2")])
+def test_keda_takes_the_ratio_as_a_decimal_where_the_hpa_takes_a_quantity(helm: Path, ratio: str, threshold: str) -> None:
+    """KEDA's Prometheus scaler parses its threshold as a decimal: the quantity "500m" the HPA takes failed it."""
+    result = template(helm, "keda-values.yaml", set_strings={"autoscaling.targetQueueComputeRatio": ratio})
+    docs = [doc for doc in yaml.load_all(result.stdout, Loader=LOADER) if doc]
+    assert one(docs, "ScaledObject")["spec"]["triggers"][0]["metadata"]["threshold"] == threshold
+
+
 @pytest.mark.parametrize("scenario", ALL)
 def test_restricted_api_flags_carry_the_key_from_a_secret(rendered: dict[str, list[Obj]], scenario: str) -> None:
     c = server_container(rendered[scenario])
