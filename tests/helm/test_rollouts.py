@@ -252,3 +252,18 @@ def test_the_pdb_and_the_spread_count_the_serving_pods_not_the_callers(helm: Pat
     for selector in (pdb["spec"]["selector"], spread["labelSelector"]):
         assert _selects(selector, pod["metadata"]["labels"])
         assert not _selects(selector, job["metadata"]["labels"]) and not _selects(selector, test_pod["metadata"]["labels"])
+
+
+def test_migrating_a_serving_deployment_keeps_its_pods_until_the_rollout_is_healthy(helm: Path) -> None:  # noqa: F811
+    """Turning the Rollout on set the Deployment to 0 replicas in the same apply: no serving pod while the
+    Rollout's first pods built engines. Migrating, the Deployment keeps them and Argo scales it down."""
+    for strategy in ("canary", "blueGreen"):
+        docs = rendered(helm, **{"rollout.strategy": strategy, "rollout.migrateFromDeployment": "true",
+                                 "metrics.podMonitor.enabled": "true"})
+        (rollout,) = objects(docs, "Rollout")
+        validate(rollout)
+        assert rollout["spec"]["workloadRef"]["scaleDown"] == "onsuccess"
+        assert workload(docs)["spec"]["replicas"] == rollout["spec"]["replicas"] == 2
+    settled = rendered(helm, **{"rollout.strategy": "canary"})
+    assert objects(settled, "Rollout")[0]["spec"]["workloadRef"]["scaleDown"] == "never"
+    assert workload(settled)["spec"]["replicas"] == 0
