@@ -167,6 +167,13 @@ def option(argv: list[str], name: str) -> str:
     raise AssertionError(f"{name} is not in {argv}")
 
 
+def canary_fits(test: list[str], timeout_s: float) -> bool:
+    """The canary's requests are long enough for a dead stub's 500 and its whole check ends, by
+    --deadline-s, at least 2 s inside the healthcheck's timeout."""
+    request_s, deadline_s = float(option(test, "--timeout-s")), float(option(test, "--deadline-s"))
+    return 2 <= request_s < deadline_s <= timeout_s - 2
+
+
 def assert_canary_probes_the_served_repository(triton: Config) -> None:
     """The healthcheck sends every model of the repository Triton serves (inside the read-only mount) its
     smallest request on the container's own HTTP port; its request timeouts fit in the check's timeout."""
@@ -176,10 +183,10 @@ def assert_canary_probes_the_served_repository(triton: Config) -> None:
     assert option(test, "--repository") == served == "/models/model_repository"
     assert any(served.startswith(v["target"] + "/") for v in triton["volumes"]), "the repository is a mount"
     assert option(test, "--url") == "http://127.0.0.1:8000" and option(triton["command"], "--http-port") == "8000"
-    # Two requests per model (config, then inference), each given --timeout-s: three models fit. A dead
-    # stub's 500 comes after the Python backend's 1 s stub check: shorter, and it would pass as busy.
-    assert 2 * 3 * float(option(test, "--timeout-s")) < duration_s(health["timeout"])
-    assert float(option(test, "--timeout-s")) >= 2
+    # Three requests per model (ready, config, inference), each given --timeout-s: the check ends by
+    # --deadline-s, inside the check's timeout, with time for one request. A dead stub's 500 comes after
+    # the Python backend's 1 s stub check: a shorter timeout, and it would pass as busy.
+    assert canary_fits(test, duration_s(health["timeout"]))
     assert "/v2/health/ready" not in " ".join(test), "ready says nothing about a dead Python stub"
     # A hung server (ready, yet nothing answers) is told from a busy one by Triton's metrics.
     assert option(test, "--metrics-url") == "http://127.0.0.1:8002/metrics"
@@ -204,7 +211,7 @@ def test_images_healthchecks_run_the_canary_on_the_repository_their_command_serv
         assert option(test, "--url") == "http://127.0.0.1:8000", name
         assert option(test, "--metrics-url") == "http://127.0.0.1:8002/metrics" and "--server-cpu" in test, name
         timeout = duration_s(re.search(r"--timeout=(\S+)", health.group(1)).group(1))  # type: ignore[union-attr]
-        assert 2 * 3 * float(option(test, "--timeout-s")) < timeout and float(option(test, "--timeout-s")) >= 2, name
+        assert canary_fits(test, timeout), name
     server = (DOCKER_DIR / "Dockerfile.server").read_text()
     assert re.search(rf"^COPY tritonbundle/canary\.py {re.escape(SERVER_CANARY)}$", server, re.M)
     # The module runs as a script there: standard library only, no tritonbundle imports.

@@ -293,13 +293,15 @@ def test_server_has_a_startup_probe_on_readiness_then_liveness_and_readiness_thr
         assert _canary_targets(command) == ["--repository", served]
         assert any(served == m["mountPath"] or served.startswith(m["mountPath"] + "/") for m in c["volumeMounts"]) \
             or scenario == "baked-image-values.yaml", "the repository the canary reads is inside the pod"
-    # Two requests per model (its config, one inference), each given --timeout-s: three models fit. A dead
-    # stub's 500 comes after the Python backend's 1 s stub check: a shorter timeout would call it busy.
+    # A dead stub's 500 comes after the Python backend's 1 s stub check: a shorter timeout would call it
+    # busy. Three requests per model (ready, config, inference) could outlast the probe: the check ends
+    # inside the shorter probe timeout (--deadline-s), with time for one request.
     request_timeout = float(command[command.index("--timeout-s") + 1])
+    deadline = float(command[command.index("--deadline-s") + 1])
     assert "--server-cpu" in command, "a long execute() (its processes busy) is busy, not hung"
     assert request_timeout >= 2
     for probe in (liveness, readiness):
-        assert 2 * 3 * request_timeout < probe["timeoutSeconds"]
+        assert request_timeout < deadline <= probe["timeoutSeconds"] - 2
     assert _scripts(docs)["data"]["canary.py"] == CANARY.read_text()
 
 
@@ -358,7 +360,7 @@ def test_canary_follows_the_http_port_the_request_timeout_and_the_models_asked_f
                                      "probes:\n  canary:\n    requestTimeoutSeconds: 0.5\n    models: [minilm]\n")
     docs = render(helm, values)
     command = server_container(docs)["livenessProbe"]["exec"]["command"]
-    assert command[2:6] == ["--url", "http://127.0.0.1:9000", "--timeout-s", "0.5"]
+    assert command[2:8] == ["--url", "http://127.0.0.1:9000", "--timeout-s", "0.5", "--deadline-s", "18"]
     assert _canary_targets(command) == ["--model", "minilm"]
     # Explicit model control: the models loaded at start, not every folder of the repository.
     docs = render(helm, sets={"server.modelControlMode": "explicit", "server.loadModels": "{minilm,minilm_encoder}"})

@@ -266,3 +266,20 @@ def test_a_sigkilled_serve_takes_its_tritonserver_along(repository: Path, tmp_pa
     if alive:
         os.kill(pid, signal.SIGKILL)
     assert not alive, "tritonserver outlived a SIGKILLed serve"
+
+
+@pytest.mark.timeout(60)
+def test_a_check_ends_by_its_deadline_and_the_models_left_are_busy(stand_in: tuple[str, type[StandIn]]) -> None:
+    """Three requests per model, each given --timeout-s: three silent models took 3 x (3 + metrics) s,
+    past the kubelet's probe timeout, which counts as a failure. With --deadline-s the check ends in time,
+    the models not asked are busy, and the request the deadline cut short is not called hung."""
+    url, handler = stand_in
+    handler.successes, handler.pending = [0.0], 1.0  # pending, none answered: hung, given a whole timeout
+    started = time.monotonic()
+    problems = Canary(url, ["m", "m2", "m3"], timeout_s=3.0, metrics_url=f"{url}/metrics", deadline_s=2.0).check()
+    took = time.monotonic() - started
+    assert took < 2.6, took
+    assert [p.model for p in problems] == ["m", "m2", "m3"] and not any(p.fatal for p in problems), problems
+    assert "timed out" in problems[0].message and "(--deadline-s) ran out" in problems[-1].message, problems
+    (problem,) = Canary(url, ["m"], timeout_s=0.5, metrics_url=f"{url}/metrics", deadline_s=5.0).check()
+    assert problem.fatal and "the server is hung" in problem.message

@@ -120,24 +120,35 @@ class Canary:
     index_headers: dict[str, str] = field(default_factory=dict)
     #: Headers of every request (a tenant's key, where an edge with tenants stands before the server).
     headers: dict[str, str] = field(default_factory=dict)
+    #: Seconds the whole check may take (None: no bound). A kubelet counts a probe that outlasts its
+    #: ``timeoutSeconds`` as failed, and a check of three models makes 9 requests: past the deadline the
+    #: models not yet asked are "not probed" (busy, never fatal), and no request cut short by it is
+    #: judged hung.
+    deadline_s: float | None = None
     _requests: dict[str, dict[str, Any]] = field(default_factory=dict, init=False, repr=False)
+    _end: float | None = field(default=None, init=False, repr=False)
 
     def check(self) -> list[Problem]:
         """One problem per model that did not answer (empty: every model answered). With ``loaded_only``
         the models Triton has not loaded are problems that are never fatal."""
         problems: list[Problem] = []
         models = list(self.models)
+        self._end = None if self.deadline_s is None else time.monotonic() + self.deadline_s
         if self.loaded_only:
             models, skipped = self._loaded(models)
             problems += skipped
         before = self._progress()
         cpu_before = self._cpu()
         for i, model in enumerate(models):
+            if self._late():
+                problems += [Problem(m, f"not probed: the check's {self.deadline_s:g} s (--deadline-s) ran out", False)
+                             for m in models[i:]]
+                break
             try:
                 self._infer(model)
             except (OSError, ValueError) as e:
                 problem = Problem(model, _describe(e), _fatal(e))
-                if self.metrics_url and (_timed_out(e) or _overloaded(e)):
+                if self.metrics_url and (_timed_out(e) or _overloaded(e)) and not self._late():
                     problem = self._hung(model, problem, before) if _timed_out(e) else self._stuck(model, problem)
                     problem = self._unless_working(problem, cpu_before)
                 problems.append(problem)
@@ -156,7 +167,7 @@ class Canary:
             why, fatal = _describe(e), _fatal(e)
             if isinstance(e, urllib.error.HTTPError) and e.code in (401, 403):
                 why += f" (the restricted API's key: --api-header, ${API_KEY_ENV})"
-            elif _timed_out(e) and self.metrics_url and self._metrics() is None:
+            elif _timed_out(e) and self.metrics_url and not self._late() and self._metrics() is None:
                 why, fatal = f"{why}, and the metrics endpoint did not answer either: {HUNG}", True
             return [], [Problem(m, f"not probed: the repository index: {why}", fatal) for m in models]
         states: dict[str, str] = {}
@@ -168,6 +179,16 @@ class Canary:
         skipped = [Problem(m, f"not probed: Triton has not loaded it ({states.get(m, 'not in its repository index')})",
                            fatal=False) for m in models if m not in ready]
         return ready, skipped
+
+    def _timeout(self) -> float:
+        """One request's timeout: ``timeout_s``, or what is left of the deadline when that is less."""
+        if self._end is None:
+            return self.timeout_s
+        return max(0.05, min(self.timeout_s, self._end - time.monotonic()))
+
+    def _late(self) -> bool:
+        """Whether the check's deadline has passed (never without ``deadline_s``)."""
+        return self._end is not None and time.monotonic() >= self._end - 0.05
 
     def _cpu(self) -> tuple[float, float] | None:
         """(the server's CPU seconds, when) or None without ``cpu_s``."""
@@ -197,13 +218,15 @@ class Canary:
         if not self.metrics_url:
             return None
         try:
-            with urllib.request.urlopen(self.metrics_url, timeout=self.timeout_s) as r:  # noqa: S310 - the server's own address
+            with urllib.request.urlopen(self.metrics_url, timeout=self._timeout()) as r:  # noqa: S310 - the server's own address
                 return str(r.read().decode("utf-8", "replace"))
         except OSError:
             return None
 
     def _hung(self, model: str, busy: Problem, before: tuple[float, float] | None) -> Problem:
         after = self._progress()
+        if after is None and self._late():  # the metrics cut short by the deadline: no verdict
+            return busy
         if after is None:
             return Problem(model, f"{busy.message}, and the metrics endpoint did not answer either: {HUNG} (stopped, "
                                   "or deadlocked)", fatal=True)
@@ -218,12 +241,12 @@ class Canary:
         refused at once and a timeout never comes (the H200's stalled lanes, docs/benchmarks.md)."""
         first = self._answered(model)
         deadline = time.monotonic() + self.timeout_s
-        while first is not None and time.monotonic() < deadline:
+        while first is not None and time.monotonic() < deadline and not self._late():
             time.sleep(0.2)
             now = self._answered(model)
             if now is None or now > first:
                 return refused
-        if first is None:
+        if first is None or time.monotonic() < deadline:  # no answer from the metrics, or out of time
             return refused
         return Problem(model, f"{refused.message}, and no request of it answered in {self.timeout_s:g} s: {HUNG} "
                               "(the model is stuck)", fatal=True)
@@ -252,7 +275,7 @@ class Canary:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.url.rstrip("/") + path, data=data, headers={
             **({"Content-Type": "application/json"} if data else {}), **self.headers, **(headers or {})})
-        with urllib.request.urlopen(req, timeout=self.timeout_s) as r:  # noqa: S310 - the server's own address
+        with urllib.request.urlopen(req, timeout=self._timeout()) as r:  # noqa: S310 - the server's own address
             return bytes(r.read())
 
 
@@ -342,6 +365,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--repository", type=Path, help="probe every model of this repository folder")
     ap.add_argument("--model", action="append", default=[], help="probe this model (repeatable)")
     ap.add_argument("--timeout-s", type=float, default=4.0, help="per request")
+    ap.add_argument("--deadline-s", type=float, help="the whole check (a probe's timeoutSeconds less a margin): the "
+                                                     "models not asked by then are busy, not down")
     ap.add_argument("--metrics-url", help="Triton's metrics (http://127.0.0.1:8002/metrics): tells a hung server from "
                                           "a busy one when a request times out")
     ap.add_argument("--server-cpu", action="store_true",
@@ -368,7 +393,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     problems = Canary(args.url, models, timeout_s=args.timeout_s, metrics_url=args.metrics_url,
                       cpu_s=server_cpu_s if args.server_cpu else None, loaded_only=args.loaded,
-                      index_headers=headers, headers={"Authorization": f"Bearer {bearer}"} if bearer else {}).check()
+                      index_headers=headers, headers={"Authorization": f"Bearer {bearer}"} if bearer else {},
+                      deadline_s=args.deadline_s).check()
     for problem in problems:
         aside = " (not loaded: not counted as down)" if "has not loaded" in problem.message else " (busy or refused: not counted as down)"
         print(f"canary: {problem}{'' if problem.fatal else aside}", file=sys.stderr)

@@ -325,7 +325,10 @@ TRITONBUNDLE_API_KEY), so such a model takes down neither the pod nor the other 
 */}}
 {{- define "tritonbundle.canaryCommand" -}}
 {{- $v := .Values }}
-{{- $cmd := list "python3" "/opt/tritonbundle/scripts/canary.py" "--url" (printf "http://127.0.0.1:%d" (int $v.server.ports.http)) "--timeout-s" (toString $v.probes.canary.requestTimeoutSeconds) "--metrics-url" (printf "http://127.0.0.1:%d/metrics" (int $v.server.ports.metrics)) "--server-cpu" }}
+{{- /* The whole check ends 2 s inside the shorter probe timeout: a probe the kubelet times out is a failure,
+     and models not asked by then are busy, not down (canary.py --deadline-s). */}}
+{{- $deadline := max 1 (sub (min (int $v.probes.liveness.timeoutSeconds) (int $v.probes.readiness.timeoutSeconds)) 2) }}
+{{- $cmd := list "python3" "/opt/tritonbundle/scripts/canary.py" "--url" (printf "http://127.0.0.1:%d" (int $v.server.ports.http)) "--timeout-s" (toString $v.probes.canary.requestTimeoutSeconds) "--deadline-s" (toString $deadline) "--metrics-url" (printf "http://127.0.0.1:%d/metrics" (int $v.server.ports.metrics)) "--server-cpu" }}
 {{- $models := $v.probes.canary.models }}
 {{- if and (not $models) (eq $v.server.modelControlMode "explicit") (not (has "*" $v.server.loadModels)) }}
 {{- $models = $v.server.loadModels }}
