@@ -944,22 +944,32 @@ def test_notes_tell_how_to_reach_the_server_and_get_the_key(helm: Path, scenario
     assert f"get secret {secret or FULLNAME + '-api-key'}" in notes
 
 
+def install_notes(helm: Path, *sets: str) -> str:
+    """The NOTES a dry-run install with these --set values prints."""
+    args = [a for s in sets for a in ("--set", s)]
+    result = run_helm(helm, "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client", *args)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split("NOTES:", 1)[1]
+
+
 def test_notes_name_the_rollout_and_the_metric_the_hpa_reads(helm: Path) -> None:
     """With a Rollout the Deployment is a 0-replica template: its rollout status said ready at once; with
     target=requestsPerSecond the notes named the queue/compute metric the HPA does not read."""
-    def notes(*sets: str) -> str:
-        args = [a for s in sets for a in ("--set", s)]
-        result = run_helm(helm, "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client", *args)
-        assert result.returncode == 0, result.stderr
-        return result.stdout.split("NOTES:", 1)[1]
-
-    canary = notes("rollout.strategy=canary", "replicaCount=2", "modelRepository.pvc.accessModes[0]=ReadWriteMany")
+    canary = install_notes(helm, "rollout.strategy=canary", "replicaCount=2", "modelRepository.pvc.accessModes[0]=ReadWriteMany")
     assert f"kubectl argo rollouts -n {NAMESPACE} status {FULLNAME}" in canary and "rollout status deployment/" not in canary
-    assert f"rollout status deployment/{FULLNAME}" in notes()
-    rps = notes("autoscaling.enabled=true", "autoscaling.target=requestsPerSecond", "autoscaling.requestsPerSecond=40",
+    assert f"rollout status deployment/{FULLNAME}" in install_notes(helm)
+    rps = install_notes(helm, "autoscaling.enabled=true", "autoscaling.target=requestsPerSecond", "autoscaling.requestsPerSecond=40",
                 "modelRepository.pvc.accessModes[0]=ReadWriteMany")
     assert "target 40 requests per second per pod" in rps and "queue/compute" not in rps
     assert "pods/*/tritonbundle_requests_per_second" in rps and "tritonbundle_queue_compute_ratio" not in rps
+
+
+def test_notes_warn_when_the_build_image_would_come_from_docker_hub(helm: Path) -> None:
+    assert "WARNING: engineBuild.image.registry is empty" in install_notes(helm)
+    assert "tritonbundle-build:" in install_notes(helm)
+    for given in ("engineBuild.image.registry=registry.example.com/ml", "global.imageRegistry=mirror.example.com"):
+        assert "engineBuild.image.registry is empty" not in install_notes(helm, given), given
+    assert "engineBuild.image.registry is empty" not in install_notes(helm, "engineBuild.enabled=false")
 
 
 # -- the edge ---------------------------------------------------------------------------------------
