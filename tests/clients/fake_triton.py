@@ -74,14 +74,16 @@ def grpc_result(outputs: Mapping[str, np.ndarray[Any, Any]]) -> Any:
 
 
 def info(name: str, inputs: Mapping[str, str], outputs: Mapping[str, str], *, max_batch_size: int = 0,
-         task: str | None = None) -> modelinfo.ModelInfo:
-    """A ModelInfo parsed from metadata and config as Triton's HTTP API writes them."""
+         task: str | None = None, parameters: Mapping[str, str] | None = None) -> modelinfo.ModelInfo:
+    """A ModelInfo parsed from metadata and config as Triton's HTTP API writes them (``parameters``: the
+    config's, e.g. an encoder's ``EncoderParameters.to_parameters()``)."""
     metadata = {"name": name, "versions": ["1"],
                 "inputs": [{"name": n, "datatype": d, "shape": [-1, 1]} for n, d in inputs.items()],
                 "outputs": [{"name": n, "datatype": d, "shape": [-1, 1]} for n, d in outputs.items()]}
     config: dict[str, Any] = {"name": name, "max_batch_size": max_batch_size}
-    if task is not None:
-        config["parameters"] = {"task": {"string_value": task}}
+    given = {**(parameters or {}), **({"task": task} if task is not None else {})}
+    if given:
+        config["parameters"] = {k: {"string_value": v} for k, v in given.items()}
     return modelinfo.model_info(metadata, config)
 
 

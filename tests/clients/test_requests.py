@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from tests.clients import fake_triton as fake
+from tritonbundle import contract
 from tritonbundle.clients import (
     AsyncGrpcClient,
     AsyncHttpClient,
@@ -36,8 +37,11 @@ TEXTS = ["a", "bb", "ccc", "dddd", "eeeee"]
 
 
 def respond(model: str, arrays: fake.Arrays) -> fake.Arrays:
-    """Token ids in: logits and token_scores; TEXT: a classifier's outputs; QUERY and TEXT: a
-    cross-encoder's. Each row's answer depends on that row only, so order and splitting show."""
+    """An encoder (``*_encoder``): its ids as the embedding; token ids in: logits and token_scores; TEXT: a
+    classifier's outputs; QUERY and TEXT: a cross-encoder's. Each row's answer depends on that row only, so
+    order and splitting show."""
+    if model.endswith("_encoder"):  # an embedding model's encoder: one vector per row
+        return {"embedding": arrays["input_ids"].astype(np.float32)}
     if "TEXT" not in arrays:
         ids = arrays["input_ids"].astype(np.float32)
         return {"logits": np.stack([ids.sum(axis=1), arrays["attention_mask"].sum(axis=1)], axis=1).astype(np.float32),
@@ -169,6 +173,19 @@ def test_no_rows_and_a_list_for_the_query_are_refused_before_sending() -> None:
         call("http", "rerank", ["q"], ["x"], models=(RERANKER,), model="reranker")
     with pytest.raises(TypeError, match="not a single string"):
         call("http", "rerank", "q", "passage", models=(RERANKER,), model="reranker")
+
+
+@pytest.mark.parametrize("protocol", list(CLIENTS))
+def test_token_ids_outside_the_encoders_vocabulary_are_refused_before_sending(protocol: str) -> None:
+    """A TensorRT plan gathers with whatever ids it is sent; the encoder's config says its vocabulary."""
+    encoder = fake.info("minilm_encoder", {"input_ids": "INT64", "attention_mask": "INT64"}, {"embedding": "FP32"},
+                        max_batch_size=8, parameters=contract.EncoderParameters(
+                            padding_policy="ragged", padding_targets=(), max_sequence_length=16,
+                            vocab_sizes={"input_ids": 30522}).to_parameters())
+    with pytest.raises(InvalidInputError, match=r"input_ids holds 30522 at \[1, 2\]: token ids must lie in \[0, 30522\)"):
+        call(protocol, "embed_tokens", [[101, 7592, 102], [101, 7, 30522, 102]], models=(MINILM, encoder), model="minilm")
+    (_, server) = call(protocol, "embed_tokens", [[101, 30521, 102]], models=(MINILM, encoder), model="minilm")
+    assert [r.model for r in server.requests] == ["minilm_encoder"]
 
 
 @pytest.mark.parametrize("protocol", list(CLIENTS))

@@ -39,6 +39,7 @@ def _app(client: _Client, tenants: object, dims: int | None = 4) -> tuple[Any, M
     backend.clients = {"public": client, "secret": client}  # type: ignore[dict-item]
     backend.dims = {"public": dims, "secret": dims}
     backend.max_lengths = {"public": 16, "secret": None}
+    backend.vocab = {"public": 200, "secret": None}
     meter = Meter()
     return create_app(backend, parse(tenants, where="tenants.yaml"), meter), meter
 
@@ -148,3 +149,14 @@ def test_dimensions_are_checked_against_the_answer_when_the_models_size_is_dynam
     status, body = _post(app, {"model": "public", "input": ["hi"], "dimensions": 256}, KEY_A)
     assert status == 400 and body["error"]["param"] == "dimensions", body
     assert "returned 4 dimensions; it cannot return 256" in body["error"]["message"]
+
+
+def test_token_ids_outside_the_vocabulary_are_refused_before_they_take_anything() -> None:
+    """A TensorRT plan does not check the ids it gathers with: tiktoken's ids (LangChain's default) or a
+    tenant's made-up ones reached it. Refused by the encoder's vocabulary size, from its config."""
+    client = _Client()
+    app, meter = _app(client, {"tenants": [{"name": "alpha", "keys": [KEY_A], "limits": {"tokens_per_min": 1000}}]})
+    status, body = _post(app, {"model": "public", "input": [[101, 150, 102], [101, 200, 102]]}, KEY_A)
+    assert status == 400 and body["error"]["param"] == "input", body
+    assert "'input' item 1 holds the token id 200" in body["error"]["message"] and "[0, 200)" in body["error"]["message"]
+    assert _requests(meter, "alpha", "invalid") == 1

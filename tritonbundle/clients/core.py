@@ -364,6 +364,10 @@ class ClientBase:
         check_inputs(info, dict.fromkeys(self.token_inputs, "INT64"), protocol=self.protocol, url=self.url)
         output = check_output(info, self.output, protocol=self.protocol, url=self.url)
         padded_ids, padded_mask = pad_tokens(ids, mask, info.padding_targets, max_length=info.max_sequence_length)
+        # Refused here, before a request: a TensorRT plan indexes its table with whatever it is sent.
+        problem = contract.token_ids_problem(self.token_inputs[0], padded_ids, info.vocab_sizes.get(self.token_inputs[0], 0))
+        if problem:
+            raise InvalidInputError(f"model {info.name!r}: {problem}")
         return {self.token_inputs[0]: padded_ids, self.token_inputs[1]: padded_mask}, output
 
     def _outputs(self, result: Any, names: Sequence[str], model: str) -> dict[str, np.ndarray[Any, Any]]:

@@ -70,6 +70,11 @@ class ModelInfo:
     def max_sequence_length(self) -> int:
         return self.encoder.max_sequence_length if self.encoder else 0
 
+    @property
+    def vocab_sizes(self) -> dict[str, int]:
+        """Input name -> the ids its values may take (``EncoderParameters.vocab_sizes``; empty: unknown)."""
+        return self.encoder.vocab_sizes if self.encoder else {}
+
 
 def model_info(metadata: dict[str, Any], config: dict[str, Any]) -> ModelInfo:
     """Build :class:`ModelInfo` from the JSON-shaped metadata and config (HTTP form, or gRPC via

@@ -81,6 +81,8 @@ class Backend:
         self.dims: dict[str, int | None] = {}
         #: The longest token sequence per model (its encoder's ``max_sequence_length``; None: not known).
         self.max_lengths: dict[str, int | None] = {}
+        #: The token ids each model's encoder takes, [0, n) (None: not known).
+        self.vocab: dict[str, int | None] = {}
         self.created = int(time.time())
 
     async def start(self) -> None:
@@ -107,15 +109,17 @@ class Backend:
                 raise
             size = int(info.outputs[0].shape[-1])
             self.dims[name] = size if size > 0 else None
-            self.max_lengths[name] = await self._max_length(client)
+            self.max_lengths[name], self.vocab[name] = await self._encoder_limits(client)
             self.clients[name] = client
 
     @staticmethod
-    async def _max_length(client: AsyncGrpcClient) -> int | None:
+    async def _encoder_limits(client: AsyncGrpcClient) -> tuple[int | None, int | None]:
+        """The encoder's longest sequence and vocabulary size (None where it does not say)."""
         try:
-            return (await client.model_info(client.token_model)).max_sequence_length or None
+            info = await client.model_info(client.token_model)
         except ClientError:  # an encoder that does not say: texts are estimated by their bytes alone
-            return None
+            return None, None
+        return info.max_sequence_length or None, info.vocab_sizes.get(client.token_inputs[0]) or None
 
     async def close(self) -> None:
         for client in self.clients.values():
@@ -125,6 +129,13 @@ class Backend:
         """:class:`ApiError` for a request this model cannot answer, before it takes anything from a limit."""
         if request.model not in self.clients:
             raise not_found(request.model, self.names)
+        vocab = self.vocab.get(request.model)
+        if vocab:  # a TensorRT plan indexes its table with whatever it is sent
+            for i, row in enumerate(request.token_rows):
+                bad = next((t for t in row if t >= vocab), None)  # parse refused negative ids
+                if bad is not None:
+                    raise invalid(f"'input' item {i} holds the token id {bad}: model {request.model!r} takes ids in "
+                                  f"[0, {vocab}) (its own tokenizer's vocabulary, not tiktoken's)")
         size = self.dims[request.model]
         if request.dimensions is not None and size is not None and request.dimensions != size:
             raise invalid(f"model {request.model!r} returns {size} dimensions; it cannot return {request.dimensions}",

@@ -224,6 +224,24 @@ def axis_sizes(plan: ModelPlan) -> dict[str, str]:
     return {name: f"{b[0].min},{max(b, key=lambda x: x.share).opt},{b[-1].max}" for name, b in buckets.items() if b}
 
 
+def index_tables(onnx_path: Path, input_names: list[str]) -> dict[str, int]:
+    """Graph input -> rows of the initializer it indexes with ``Gather`` (token ids -> vocabulary size)."""
+    import onnx
+
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    dims = {t.name: list(t.dims) for t in graph.initializer}
+    tables: dict[str, int] = {}
+    for node in graph.node:
+        if node.op_type != "Gather" or len(node.input) != 2:
+            continue
+        table, indices = node.input
+        axis = next((int(a.i) for a in node.attribute if a.name == "axis"), 0)
+        if indices in input_names and len(dims.get(table, ())) > axis:
+            rows = int(dims[table][axis])
+            tables[indices] = min(rows, tables.get(indices, rows))
+    return tables
+
+
 def encoder_config(
     ctx: BuildContext, parameters: Parameters, *, ragged: bool, kind: str, instances: int | None = None,
     **fields: Any,
@@ -235,9 +253,12 @@ def encoder_config(
     inputs, outputs = tensor_specs(spec, ragged=ragged)
     fields.setdefault("instance_groups", (InstanceGroup(count=count, kind=kind),))
     if isinstance(parameters, EncoderParameters):  # what the build knows and the runtime need not
+        # The FP32 graph: a quantized one may index its tables through DequantizeLinear.
+        graph = next((p for p in (ctx.reference_onnx, ctx.onnx_path) if p is not None and p.is_file()), None)
         parameters = dataclasses.replace(
             parameters, task=spec.task, axes={t.name: ",".join(map(str, t.shape)) for t in spec.inputs},
-            axis_sizes=axis_sizes(ctx.plan))
+            axis_sizes=axis_sizes(ctx.plan),
+            vocab_sizes=parameters.vocab_sizes or (index_tables(graph, [t.name for t in spec.inputs]) if graph else {}))
     return ModelConfig(
         name=spec.encoder_name, max_batch_size=spec.max_batch_size, inputs=inputs, outputs=outputs,
         dynamic_batching=dynamic_batching(ctx, count), parameters=parameters.to_parameters(), **fields,

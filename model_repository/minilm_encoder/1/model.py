@@ -60,24 +60,6 @@ class RequestError(ValueError):
     pass
 
 
-def index_tables(onnx_path: Path, input_names: list[str]) -> dict[str, int]:
-    """Graph input -> rows of the initializer it indexes with ``Gather`` (token ids -> vocabulary size)."""
-    import onnx
-
-    graph = onnx.load(str(onnx_path), load_external_data=False).graph
-    dims = {t.name: list(t.dims) for t in graph.initializer}
-    tables: dict[str, int] = {}
-    for node in graph.node:
-        if node.op_type != "Gather" or len(node.input) != 2:
-            continue
-        table, indices = node.input
-        axis = next((int(a.i) for a in node.attribute if a.name == "axis"), 0)
-        if indices in input_names and len(dims.get(table, ())) > axis:
-            rows = int(dims[table][axis])
-            tables[indices] = min(rows, tables.get(indices, rows))
-    return tables
-
-
 def exact_dims(axes: str, dims: list[int]) -> tuple[int, ...]:
     """Dynamic dims (indices into ``dims``, batch excluded) that requests in one run must share: every
     named axis but ``sequence``, which is padded. ``axes`` is the config's "batch,sequence" naming;
@@ -114,7 +96,7 @@ class TritonPythonModel:
         self.inputs = [(i["name"], _NP[i["data_type"]], [int(d) for d in i["dims"]]) for i in config["input"]]
         self.exact_dims = {name: exact_dims(params.axes.get(name, ""), dims) for name, _, dims in self.inputs}
         self.outputs = [o["name"] for o in config["output"]]
-        self.tables = index_tables(version_dir / params.onnx_file, [name for name, _, _ in self.inputs])
+        self.tables = params.vocab_sizes  # the build read them from the graph
         graph_inputs = {i.name for i in self.session.get_inputs()}
         missing = [name for name, _, _ in self.inputs if name not in graph_inputs]
         if missing:

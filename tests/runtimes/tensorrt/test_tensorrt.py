@@ -7,11 +7,13 @@ runs only where ``tensorrt`` imports (the NGC image)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tritonbundle import manifest, traffic
@@ -335,3 +337,28 @@ def test_multi_arch_keeps_only_other_gpus_plans_of_this_tensorrt_and_onnx(tmp_pa
     _meta(previous / "model_cc90.plan", "9.0", "11.1.0.106", "abc", options)   # this GPU: rebuilt, not kept
     here = te.Platform("NVIDIA H200", "9.0", "11.1.0.106")
     assert other_arch_plans(previous, here, onnx_sha256="abc", options=options) == {"8.0": "model_cc80.plan"}
+
+
+def test_the_config_says_the_vocabulary_the_plan_gathers_from(tmp_path: Path) -> None:
+    """A TensorRT plan indexes its embedding table with whatever ids it is sent: the config carries the
+    table's rows (from the FP32 graph when there is one), which the clients and the gateway check against."""
+    import json
+
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    def graph_file(name: str, rows: int) -> Path:
+        table = numpy_helper.from_array(np.zeros((rows, 4), np.float32), "word_embeddings")
+        node = helper.make_node("Gather", ["word_embeddings", "input_ids"], ["embedded"])
+        graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, 3])],
+                                  [helper.make_tensor_value_info("embedded", TensorProto.FLOAT, [1, 3, 4])], [table])
+        path = tmp_path / name
+        onnx.save(helper.make_model(graph), str(path))
+        return path
+
+    ctx = dataclasses.replace(_ctx(tmp_path), onnx_path=graph_file("served.onnx", 50))
+    cfg = parse_pbtxt(TensorRTRuntime().config(ctx, Written()).to_pbtxt())
+    assert json.loads(cfg.parameters["vocab_sizes"].string_value) == {"input_ids": 50}
+    ctx = dataclasses.replace(ctx, reference_onnx=graph_file("fp32.onnx", 70))
+    cfg = parse_pbtxt(TensorRTRuntime().config(ctx, Written()).to_pbtxt())
+    assert json.loads(cfg.parameters["vocab_sizes"].string_value) == {"input_ids": 70}

@@ -271,6 +271,10 @@ class EncoderParameters(Parameters):
     #: Named axis -> "least,typical,largest" size the plan serves (typical: the ``opt`` of the bucket
     #: that holds most of the traffic), for requests made up without a traffic sample.
     axis_sizes: dict[str, str] = dataclasses.field(default_factory=dict, kw_only=True)
+    #: Input name -> rows of the table its values index (token ids -> the vocabulary size), from the ONNX
+    #: graph's Gather nodes: the server and the clients refuse ids outside it (a TensorRT plan does not
+    #: check them). Empty where the build found none.
+    vocab_sizes: dict[str, int] = dataclasses.field(default_factory=dict, kw_only=True)
 
 
 @dataclasses.dataclass(frozen=True)
