@@ -60,3 +60,33 @@ def test_a_model_the_server_does_not_serve_is_named_before_locust_starts(
                  "--out", str(tmp_path)])
     err = capsys.readouterr().err
     assert code != 0 and "'nosuch'" in err and "does not serve it" in err, err
+
+
+def test_the_requests_come_from_the_models_own_traffic_sample(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """loadtest drew every model's requests from the chat sample: an image model planned from its own
+    traffic got chat lengths and the plan's typical sizes. The manifest's sample comes first."""
+    from tritonbundle.cli.loadtest import planned_traffic
+
+    shipped = (Path(__file__).parents[2] / "build" / "models.yaml").read_text()
+    (tmp_path / "build" / "traffic").mkdir(parents=True)
+    for name in ("chat.jsonl", "mine.jsonl"):
+        (tmp_path / "build" / "traffic" / name).write_text('{"tokens": 12}\n')
+    monkeypatch.chdir(tmp_path)
+    assert planned_traffic("minilm") == Path("build/traffic/chat.jsonl")  # no manifest here yet
+    (tmp_path / "build" / "models.yaml").write_text(shipped.replace("traffic: traffic/chat.jsonl", "traffic: traffic/mine.jsonl"))
+    assert planned_traffic("minilm") == Path("build/traffic/mine.jsonl")
+    assert planned_traffic("served-elsewhere") == Path("build/traffic/chat.jsonl")
+
+
+def test_a_remote_triton_url_without_a_grpc_address_is_refused(monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """$TRITON_URL points the HTTP users at a remote server; the gRPC users called 127.0.0.1:8001."""
+    from tritonbundle.cli import main
+
+    _no_locust(monkeypatch)
+    monkeypatch.setenv("TRITON_URL", "10.1.2.3:8000")
+    assert main(["loadtest", "--window-s", "1"]) != 0
+    assert "$TRITON_URL (10.1.2.3:8000) names the HTTP address only" in capsys.readouterr().err
+    monkeypatch.setattr(runner, "preflight", lambda settings: pytest.fail(f"settings passed: {settings.grpc_url}"))
+    with pytest.raises(pytest.fail.Exception, match="settings passed: 10.1.2.3:8001"):
+        main(["loadtest", "--window-s", "1", "--grpc-url", "10.1.2.3:8001"])

@@ -49,7 +49,8 @@ API_KEY_ENV = "TRITONBUNDLE_API_KEY"
 #: Every environment variable tritonbundle reads: name -> what it does.
 ENVIRONMENT = {
     URL_ENV: "server address host:port for `infer`, `health`, `models`, `load`, `unload`, `loadtest`, `release` (default "
-             f"{HTTP_URL} for HTTP, {GRPC_URL} for gRPC)",
+             f"{HTTP_URL} for HTTP, {GRPC_URL} for gRPC; `loadtest` reads it for its HTTP users only: `--grpc-url` "
+             "for gRPC)",
     API_KEY_ENV: "the key of the restricted APIs (model control, repository, shared memory, trace, logging): "
                  "`serve` locks them with it (a random key when unset), clients send it",
     "TRITONSERVER": "tritonserver binary for `serve` (default: the one inside the nvidia-pytriton wheel)",

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from tritonbundle.cli import args as shared
 from tritonbundle.cli import defaults
+from tritonbundle.errors import ConfigError
 
 if TYPE_CHECKING:
     from tritonbundle.loadtests.runner import Stop
@@ -21,11 +22,16 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     from tritonbundle.loadtests import runner
     from tritonbundle.loadtests.settings import LoadSettings
 
-    traffic = args.traffic or (defaults.TRAFFIC if defaults.TRAFFIC.exists() else None)
+    traffic = args.traffic or planned_traffic(args.model)
+    from_env = os.environ.get(defaults.URL_ENV)
+    if from_env and not args.http_url and args.grpc_url is None and args.protocol != "http" \
+            and from_env.split("://")[-1].rsplit(":", 1)[0] not in ("127.0.0.1", "localhost"):
+        raise ConfigError(f"${defaults.URL_ENV} ({from_env}) names the HTTP address only: the gRPC users would call "
+                          f"{defaults.GRPC_URL}; give --grpc-url HOST:PORT (or --protocol http)")
     settings = LoadSettings(
-        http_url=(args.http_url or os.environ.get(defaults.URL_ENV) or defaults.HTTP_URL)
+        http_url=(args.http_url or from_env or defaults.HTTP_URL)
         if args.protocol in ("http", "both") else None,
-        grpc_url=args.grpc_url if args.protocol in ("grpc", "both") else None,
+        grpc_url=(args.grpc_url or defaults.GRPC_URL) if args.protocol in ("grpc", "both") else None,
         metrics_url=args.metrics_url, model=args.model, input=args.input,
         inputs=str(args.inputs.resolve()) if args.inputs else None,
         traffic=str(traffic) if traffic else None, synthetic=args.traffic_shape, seed=args.seed, mode=args.mode,
@@ -40,6 +46,21 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     runner.preflight(settings)
     with runner.stop_on_signals() as stop:
         return _run(args, settings, stop)
+
+
+def planned_traffic(model: str) -> Path | None:
+    """The traffic sample the build planned ``model`` from (the manifest's, ``build/models.yaml``), else the
+    shipped chat sample when present: an image model's requests take the sizes of its own traffic."""
+    from tritonbundle import manifest
+
+    if defaults.MANIFEST.exists():
+        try:
+            sample = manifest.load(defaults.MANIFEST).model(model).traffic
+        except ConfigError:  # not a model of this manifest (another server's), or no manifest to read
+            sample = None
+        if sample is not None and sample.exists():
+            return sample
+    return defaults.TRAFFIC if defaults.TRAFFIC.exists() else None
 
 
 def _run(args: argparse.Namespace, settings: LoadSettings, stop: Stop) -> int:
@@ -106,15 +127,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = shared.parser(sub, "loadtest", help="run a bounded Locust load test (HTTP and gRPC) and write a report with SLO gates")
     p.add_argument("--protocol", choices=("http", "grpc", "both"), default="both", help="protocols the users speak")
     p.add_argument("--http-url", help=f"the server's HTTP address (${defaults.URL_ENV}, else {defaults.HTTP_URL})")
-    p.add_argument("--grpc-url", default=defaults.GRPC_URL, help="the server's gRPC address")
+    p.add_argument("--grpc-url", help=f"the server's gRPC address (default {defaults.GRPC_URL})")
     p.add_argument("--metrics-url", help="Triton's metrics endpoint, scraped for the server-side view "
                    f"(e.g. http://127.0.0.1:{defaults.METRICS_PORT}/metrics)")
-    p.add_argument("--model", default=defaults.MODEL, help="model to load")
+    p.add_argument("--model", default=defaults.MODEL, help="model to call")
     shared.request_input(p, both=True)
     p.add_argument("--inputs", type=Path, metavar="FILE.npz",
                    help="tensor model: recorded inputs (one array per input, first axis the samples) instead of "
                         "random ones")
-    shared.traffic(p, sample=f"default {defaults.TRAFFIC} when present")
+    shared.traffic(p, sample=f"default: the model's own in {defaults.MANIFEST}, else {defaults.TRAFFIC} when present")
     p.add_argument("--mode", choices=("closed", "open"), default="closed",
                    help="closed: USERS send back-to-back; open: Poisson arrivals at RATE requests/s")
     p.add_argument("--users", type=shared.above(0, whole=True), default=8, help="concurrent users (open model: Poisson sources)")
