@@ -121,9 +121,10 @@ class Canary:
     #: Headers of every request (a tenant's key, where an edge with tenants stands before the server).
     headers: dict[str, str] = field(default_factory=dict)
     #: Seconds the whole check may take (None: no bound). A kubelet counts a probe that outlasts its
-    #: ``timeoutSeconds`` as failed, and a check of three models makes 9 requests: past the deadline the
-    #: models not yet asked are "not probed" (busy, never fatal), and no request cut short by it is
-    #: judged hung.
+    #: ``timeoutSeconds`` as failed, and a check of three models makes 9 requests: a model after the first
+    #: is asked only while the deadline leaves it its worst case (:data:`MODEL_TIMEOUTS` timeouts); the
+    #: others are "not probed" (busy, never fatal). No request is cut short: a verdict (a dead stub's 500
+    #: after its 1 s check, a hang told by the metrics) needs its whole timeout.
     deadline_s: float | None = None
     _requests: dict[str, dict[str, Any]] = field(default_factory=dict, init=False, repr=False)
     _end: float | None = field(default=None, init=False, repr=False)
@@ -140,15 +141,15 @@ class Canary:
         before = self._progress()
         cpu_before = self._cpu()
         for i, model in enumerate(models):
-            if self._late():
-                problems += [Problem(m, f"not probed: the check's {self.deadline_s:g} s (--deadline-s) ran out", False)
-                             for m in models[i:]]
+            if i and self._end is not None and self._end - time.monotonic() < MODEL_TIMEOUTS * self.timeout_s:
+                problems += [Problem(m, f"not probed: the check's {self.deadline_s:g} s (--deadline-s) would not hold "
+                                        "another model's requests", False) for m in models[i:]]
                 break
             try:
                 self._infer(model)
             except (OSError, ValueError) as e:
                 problem = Problem(model, _describe(e), _fatal(e))
-                if self.metrics_url and (_timed_out(e) or _overloaded(e)) and not self._late():
+                if self.metrics_url and (_timed_out(e) or _overloaded(e)):
                     problem = self._hung(model, problem, before) if _timed_out(e) else self._stuck(model, problem)
                     problem = self._unless_working(problem, cpu_before)
                 problems.append(problem)
@@ -167,7 +168,7 @@ class Canary:
             why, fatal = _describe(e), _fatal(e)
             if isinstance(e, urllib.error.HTTPError) and e.code in (401, 403):
                 why += f" (the restricted API's key: --api-header, ${API_KEY_ENV})"
-            elif _timed_out(e) and self.metrics_url and not self._late() and self._metrics() is None:
+            elif _timed_out(e) and self.metrics_url and self._metrics() is None:
                 why, fatal = f"{why}, and the metrics endpoint did not answer either: {HUNG}", True
             return [], [Problem(m, f"not probed: the repository index: {why}", fatal) for m in models]
         states: dict[str, str] = {}
@@ -179,16 +180,6 @@ class Canary:
         skipped = [Problem(m, f"not probed: Triton has not loaded it ({states.get(m, 'not in its repository index')})",
                            fatal=False) for m in models if m not in ready]
         return ready, skipped
-
-    def _timeout(self) -> float:
-        """One request's timeout: ``timeout_s``, or what is left of the deadline when that is less."""
-        if self._end is None:
-            return self.timeout_s
-        return max(0.05, min(self.timeout_s, self._end - time.monotonic()))
-
-    def _late(self) -> bool:
-        """Whether the check's deadline has passed (never without ``deadline_s``)."""
-        return self._end is not None and time.monotonic() >= self._end - 0.05
 
     def _cpu(self) -> tuple[float, float] | None:
         """(the server's CPU seconds, when) or None without ``cpu_s``."""
@@ -218,15 +209,13 @@ class Canary:
         if not self.metrics_url:
             return None
         try:
-            with urllib.request.urlopen(self.metrics_url, timeout=self._timeout()) as r:  # noqa: S310 - the server's own address
+            with urllib.request.urlopen(self.metrics_url, timeout=self.timeout_s) as r:  # noqa: S310 - the server's own address
                 return str(r.read().decode("utf-8", "replace"))
         except OSError:
             return None
 
     def _hung(self, model: str, busy: Problem, before: tuple[float, float] | None) -> Problem:
         after = self._progress()
-        if after is None and self._late():  # the metrics cut short by the deadline: no verdict
-            return busy
         if after is None:
             return Problem(model, f"{busy.message}, and the metrics endpoint did not answer either: {HUNG} (stopped, "
                                   "or deadlocked)", fatal=True)
@@ -241,12 +230,12 @@ class Canary:
         refused at once and a timeout never comes (the H200's stalled lanes, docs/benchmarks.md)."""
         first = self._answered(model)
         deadline = time.monotonic() + self.timeout_s
-        while first is not None and time.monotonic() < deadline and not self._late():
+        while first is not None and time.monotonic() < deadline:
             time.sleep(0.2)
             now = self._answered(model)
             if now is None or now > first:
                 return refused
-        if first is None or time.monotonic() < deadline:  # no answer from the metrics, or out of time
+        if first is None:
             return refused
         return Problem(model, f"{refused.message}, and no request of it answered in {self.timeout_s:g} s: {HUNG} "
                               "(the model is stuck)", fatal=True)
@@ -275,11 +264,14 @@ class Canary:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.url.rstrip("/") + path, data=data, headers={
             **({"Content-Type": "application/json"} if data else {}), **self.headers, **(headers or {})})
-        with urllib.request.urlopen(req, timeout=self._timeout()) as r:  # noqa: S310 - the server's own address
+        with urllib.request.urlopen(req, timeout=self.timeout_s) as r:  # noqa: S310 - the server's own address
             return bytes(r.read())
 
 
 HUNG = "the server is hung"
+#: One model's worst case, in request timeouts: ready, config and inference, then Triton's metrics (or
+#: the wait for an answer counted while the queue refuses). The check's first metrics read is one more.
+MODEL_TIMEOUTS = 4
 #: Where ``--api-header``'s key comes from: the server container's own variable (the Helm chart's).
 API_KEY_ENV = "TRITONBUNDLE_API_KEY"
 
@@ -359,14 +351,22 @@ def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, not {text!r}")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="exit 0 when every served model answers its smallest request")
     ap.add_argument("--url", default="http://127.0.0.1:8000", help="the server's HTTP address")
     ap.add_argument("--repository", type=Path, help="probe every model of this repository folder")
     ap.add_argument("--model", action="append", default=[], help="probe this model (repeatable)")
     ap.add_argument("--timeout-s", type=float, default=4.0, help="per request")
-    ap.add_argument("--deadline-s", type=float, help="the whole check (a probe's timeoutSeconds less a margin): the "
-                                                     "models not asked by then are busy, not down")
+    ap.add_argument("--deadline-s", type=_positive, help="the whole check (a probe's timeoutSeconds less a margin): a "
+                    f"model after the first is asked only while {MODEL_TIMEOUTS} request timeouts are left; the others "
+                    "count as busy, not down")
     ap.add_argument("--metrics-url", help="Triton's metrics (http://127.0.0.1:8002/metrics): tells a hung server from "
                                           "a busy one when a request times out")
     ap.add_argument("--server-cpu", action="store_true",

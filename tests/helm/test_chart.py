@@ -294,14 +294,14 @@ def test_server_has_a_startup_probe_on_readiness_then_liveness_and_readiness_thr
         assert any(served == m["mountPath"] or served.startswith(m["mountPath"] + "/") for m in c["volumeMounts"]) \
             or scenario == "baked-image-values.yaml", "the repository the canary reads is inside the pod"
     # A dead stub's 500 comes after the Python backend's 1 s stub check: a shorter timeout would call it
-    # busy. Three requests per model (ready, config, inference) could outlast the probe: the check ends
-    # inside the shorter probe timeout (--deadline-s), with time for one request.
+    # busy. Three requests per model (ready, config, inference) could outlast the probe: the check's
+    # deadline (--deadline-s) is inside the shorter probe timeout and holds one model's worst case.
     request_timeout = float(command[command.index("--timeout-s") + 1])
     deadline = float(command[command.index("--deadline-s") + 1])
     assert "--server-cpu" in command, "a long execute() (its processes busy) is busy, not hung"
     assert request_timeout >= 2
     for probe in (liveness, readiness):
-        assert request_timeout < deadline <= probe["timeoutSeconds"] - 2
+        assert 5 * request_timeout <= deadline <= probe["timeoutSeconds"] - 2
     assert _scripts(docs)["data"]["canary.py"] == CANARY.read_text()
 
 
@@ -1526,3 +1526,19 @@ def test_readme_prometheus_adapter_rule_serves_the_metric_the_hpa_reads() -> Non
     assert "rate(nv_inference_compute_infer_duration_us{<<.LabelMatchers>>" in query
     assert f'model=~"{values_yaml()["autoscaling"]["models"]}"' in query
     assert _balanced(query.replace("<<", "").replace(">>", ""))
+
+
+@pytest.mark.parametrize(("sets", "ok"), [
+    ({}, True),  # 20 s probes, 3 s requests: 18 >= 15
+    ({"probes.liveness.timeoutSeconds": "10"}, False),  # 8 s cannot hold one model's 4 requests and the metrics
+    ({"probes.readiness.timeoutSeconds": "12", "probes.canary.requestTimeoutSeconds": "2"}, True),  # 10 >= 10
+    ({"probes.liveness.timeoutSeconds": "10", "probes.canary.enabled": "false"}, True),
+])
+def test_probe_timeouts_must_hold_one_models_canary(helm: Path, sets: dict[str, str], ok: bool) -> None:
+    """The canary never cuts a request short (a dead stub's 500, a hang, need their whole timeout): a probe
+    timeout that cannot hold one model's worst case would time the probe out, which the kubelet counts as
+    a failure."""
+    result = template(helm, sets=sets, check=False)
+    assert (result.returncode == 0) is ok, result.stderr
+    if not ok:
+        assert "must leave the canary 2 s plus 5 x probes.canary.requestTimeoutSeconds (15 s)" in result.stderr

@@ -325,9 +325,10 @@ TRITONBUNDLE_API_KEY), so such a model takes down neither the pod nor the other 
 */}}
 {{- define "tritonbundle.canaryCommand" -}}
 {{- $v := .Values }}
-{{- /* The whole check ends 2 s inside the shorter probe timeout: a probe the kubelet times out is a failure,
-     and models not asked by then are busy, not down (canary.py --deadline-s). */}}
-{{- $deadline := max 1 (sub (min (int $v.probes.liveness.timeoutSeconds) (int $v.probes.readiness.timeoutSeconds)) 2) }}
+{{- /* The whole check ends 2 s inside the shorter probe timeout (a probe the kubelet times out is a failure):
+     a model after the first is asked only while its worst case fits, the others are busy, not down
+     (canary.py --deadline-s; tritonbundle.validate checks the first model fits). */}}
+{{- $deadline := sub (min (int $v.probes.liveness.timeoutSeconds) (int $v.probes.readiness.timeoutSeconds)) 2 }}
 {{- $cmd := list "python3" "/opt/tritonbundle/scripts/canary.py" "--url" (printf "http://127.0.0.1:%d" (int $v.server.ports.http)) "--timeout-s" (toString $v.probes.canary.requestTimeoutSeconds) "--deadline-s" (toString $deadline) "--metrics-url" (printf "http://127.0.0.1:%d/metrics" (int $v.server.ports.metrics)) "--server-cpu" }}
 {{- $models := $v.probes.canary.models }}
 {{- if and (not $models) (eq $v.server.modelControlMode "explicit") (not (has "*" $v.server.loadModels)) }}
@@ -422,6 +423,14 @@ Checks that values.schema.json cannot express. Included by the workload template
 {{- end }}
 {{- if and (eq $v.modelRepository.source "s3") (not $v.modelRepository.s3.path) }}
 {{- fail "modelRepository.s3.path is required when modelRepository.source=s3 (bucket/prefix, no scheme)" }}
+{{- end }}
+{{- if $v.probes.canary.enabled }}
+{{- /* canary.py: one model's worst case is 4 request timeouts (MODEL_TIMEOUTS), and one more for the first metrics read. */}}
+{{- $probe := min (int $v.probes.liveness.timeoutSeconds) (int $v.probes.readiness.timeoutSeconds) }}
+{{- $needs := mulf 5 (float64 $v.probes.canary.requestTimeoutSeconds) }}
+{{- if lt (float64 (sub $probe 2)) $needs }}
+{{- fail (printf "probes.liveness/readiness.timeoutSeconds (%d) must leave the canary 2 s plus 5 x probes.canary.requestTimeoutSeconds (%v s) for one model's requests: a probe the kubelet times out counts as failed. Raise the timeouts or lower requestTimeoutSeconds (at least 2: a dead stub's 500 comes after its 1 s check)" $probe $needs) }}
+{{- end }}
 {{- end }}
 {{- if and $v.probes.canary.enabled (eq $v.modelRepository.source "s3") (not $v.probes.canary.models) (not (and (eq $v.server.modelControlMode "explicit") (not (has "*" $v.server.loadModels)))) }}
 {{- fail "probes.canary with modelRepository.source=s3 needs the models to probe in probes.canary.models (the repository is in the bucket, not in the pod), or probes.canary.enabled=false for the httpGet probes" }}
