@@ -99,6 +99,19 @@ def test_a_missing_or_renamed_parameter_is_named() -> None:
         PyTorchParameters.from_parameters(params, strict=True)  # ... and refused by the build's check
 
 
+def test_a_repository_written_before_a_key_was_added_reads_with_its_default() -> None:
+    """vocab_sizes came later than the encoders' other keys: a client reading an older repository's config
+    lost the whole record (padding targets, the length cap) over it. A key with a default may be missing;
+    the build's own check still wants every key."""
+    params = contract.EncoderParameters(padding_policy="targets", padding_targets=(16, 32), max_sequence_length=32,
+                                        vocab_sizes={"input_ids": 30522}).to_parameters()
+    del params["vocab_sizes"]
+    older = contract.EncoderParameters.from_parameters(params, model="enc")
+    assert older.padding_targets == (16, 32) and older.vocab_sizes == {}
+    with pytest.raises(ContractError, match="lack vocab_sizes"):
+        contract.EncoderParameters.from_parameters(params, strict=True, model="enc")
+
+
 def test_a_malformed_value_is_named() -> None:
     params = _pytorch().to_parameters() | {"cuda_graphs": "yes"}
     with pytest.raises(ContractError, match="parameter cuda_graphs: expected true or false, got 'yes'"):

@@ -228,10 +228,14 @@ class Parameters:
 
     @classmethod
     def from_parameters(cls: type[P], params: Mapping[str, str], *, strict: bool = False, model: str = "") -> P:
-        """Decode a record; missing keys are an error, and with ``strict`` so are unknown ones."""
+        """Decode a record; a missing key is an error, unless its field has a default (a key added later:
+        a repository written before it still reads, with the default); with ``strict`` (the build's own
+        check) every key must be there and no other."""
         where = f"model {model!r}" if model else cls.__name__
         hints = _field_types(cls)
-        missing = [k for k in cls.keys() if k not in params]
+        optional = {f.name for f in dataclasses.fields(cls)
+                    if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
+        missing = [k for k in cls.keys() if k not in params and (strict or k not in optional)]
         if missing:
             raise ContractError(
                 f"{where}: config parameters lack {', '.join(missing)} (the served model reads {cls.__name__}: "
@@ -241,7 +245,7 @@ class Parameters:
         if strict and unknown:
             raise ContractError(f"{where}: config parameters {', '.join(unknown)} are not in {cls.__name__} "
                                 f"({', '.join(cls.keys())})")
-        values = {k: _decode(params[k], hints[k], f"{where}: parameter {k}") for k in cls.keys()}
+        values = {k: _decode(params[k], hints[k], f"{where}: parameter {k}") for k in cls.keys() if k in params}
         return cls(**values)
 
     @classmethod
