@@ -958,16 +958,22 @@ def test_notes_name_the_rollout_and_the_metric_the_hpa_reads(helm: Path) -> None
     canary = install_notes(helm, "rollout.strategy=canary", "replicaCount=2", "modelRepository.pvc.accessModes[0]=ReadWriteMany")
     assert f"kubectl argo rollouts -n {NAMESPACE} status {FULLNAME}" in canary and "rollout status deployment/" not in canary
     assert f"rollout status deployment/{FULLNAME}" in install_notes(helm)
+    migrating = install_notes(helm, "rollout.strategy=canary", "rollout.migrateFromDeployment=true", "replicaCount=2",
+                              "modelRepository.pvc.accessModes[0]=ReadWriteMany")
+    assert "keeps its pods until the Rollout is healthy" in migrating and "at 0 replicas" not in migrating
     rps = install_notes(helm, "autoscaling.enabled=true", "autoscaling.target=requestsPerSecond", "autoscaling.requestsPerSecond=40",
                 "modelRepository.pvc.accessModes[0]=ReadWriteMany")
     assert "target 40 requests per second per pod" in rps and "queue/compute" not in rps
+    assert "\n\nAutoscaling (hpa)" in rps  # a paragraph of its own
     assert "pods/*/tritonbundle_requests_per_second" in rps and "tritonbundle_queue_compute_ratio" not in rps
 
 
 def test_notes_warn_when_the_build_image_would_come_from_docker_hub(helm: Path) -> None:
     assert "WARNING: engineBuild.image.registry is empty" in install_notes(helm)
     assert "tritonbundle-build:" in install_notes(helm)
-    for given in ("engineBuild.image.registry=registry.example.com/ml", "global.imageRegistry=mirror.example.com"):
+    for given in ("engineBuild.image.registry=registry.example.com/ml", "global.imageRegistry=mirror.example.com",
+                  "engineBuild.image.repository=ghcr.io/acme/tritonbundle-build",
+                  "engineBuild.image.repository=localhost:5000/tritonbundle-build"):
         assert "engineBuild.image.registry is empty" not in install_notes(helm, given), given
     assert "engineBuild.image.registry is empty" not in install_notes(helm, "engineBuild.enabled=false")
 

@@ -228,11 +228,15 @@ def test_with_tenants_the_analysis_canary_sends_a_tenants_key_and_fails_on_any_r
 
 
 def _selects(selector: Obj, labels: dict[str, str]) -> bool:
-    """Kubernetes' label selector semantics for matchLabels and the Exists/DoesNotExist expressions."""
+    """Kubernetes' label selector semantics for matchLabels and the In/NotIn/Exists/DoesNotExist expressions."""
     if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
         return False
     for e in selector.get("matchExpressions", []):
-        if (e["key"] in labels) != (e["operator"] == "Exists"):
+        key, op = e["key"], e["operator"]
+        holds = {"Exists": key in labels, "DoesNotExist": key not in labels,
+                 "In": key in labels and labels[key] in e["values"],
+                 "NotIn": key not in labels or labels[key] not in e["values"]}[op]
+        if not holds:
             return False
     return True
 
@@ -242,13 +246,16 @@ def test_the_pdb_and_the_spread_count_the_serving_pods_not_the_callers(helm: Pat
     selected the Job's pod finds no scale for its owner and allows no disruption (node drains stall)."""
     docs = rendered(helm, **{"rollout.strategy": "canary", "topologySpreadConstraints[0].maxSkew": "1",
                              "topologySpreadConstraints[0].topologyKey": "kubernetes.io/hostname",
-                             "topologySpreadConstraints[0].whenUnsatisfiable": "ScheduleAnyway"})
+                             "topologySpreadConstraints[0].whenUnsatisfiable": "ScheduleAnyway",
+                             # a component of the user's own on the serving pods (podLabels) is theirs to give
+                             "podLabels.app\\.kubernetes\\.io/component": "inference"})
     (pdb,) = objects(docs, "PodDisruptionBudget")
     pod = workload(docs)["spec"]["template"]
     (spread,) = pod["spec"]["topologySpreadConstraints"]
     (analysis,) = objects(docs, "AnalysisTemplate")
     job = next(m for m in analysis["spec"]["metrics"] if m["name"] == "canary")["provider"]["job"]["spec"]["template"]
     (test_pod,) = objects(docs, "Pod")
+    assert pod["metadata"]["labels"]["app.kubernetes.io/component"] == "inference"
     for selector in (pdb["spec"]["selector"], spread["labelSelector"]):
         assert _selects(selector, pod["metadata"]["labels"])
         assert not _selects(selector, job["metadata"]["labels"]) and not _selects(selector, test_pod["metadata"]["labels"])

@@ -36,16 +36,18 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/*
 The serving pods alone, as a label selector: the pods that call the release from beside it (the `helm test`
-pod, the Rollout analysis's canary Job; tritonbundle.callerLabels) share the selector labels and carry a
-component. A PodDisruptionBudget that selected the Job's pod would find no scale for its owner and allow
-no disruption at all (kubernetes/kubernetes#129625): node drains would stall.
+pod, the Rollout analysis's canary Job; tritonbundle.callerLabels) share the selector labels and carry
+their component. A PodDisruptionBudget that selected the Job's pod would find no scale for its owner and
+allow no disruption at all (kubernetes/kubernetes#129625): node drains would stall. NotIn, not
+DoesNotExist: a user's podLabels may give the serving pods a component of their own.
 */}}
 {{- define "tritonbundle.serverPodSelector" -}}
 matchLabels:
   {{- include "tritonbundle.selectorLabels" . | nindent 2 }}
 matchExpressions:
   - key: app.kubernetes.io/component
-    operator: DoesNotExist
+    operator: NotIn
+    values: [test, rollout-analysis]
 {{- end }}
 
 {{- define "tritonbundle.labels" -}}
