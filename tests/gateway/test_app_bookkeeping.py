@@ -149,6 +149,13 @@ def test_dimensions_are_checked_against_the_answer_when_the_models_size_is_dynam
     status, body = _post(app, {"model": "public", "input": ["hi"], "dimensions": 256}, KEY_A)
     assert status == 400 and body["error"]["param"] == "dimensions", body
     assert "returned 4 dimensions; it cannot return 256" in body["error"]["message"]
+    # With a quota, the refused request is charged the tokens it used (3 a text), not its reservation.
+    client = _Client()
+    app, _ = _app(client, {"tenants": [{"name": "alpha", "keys": [KEY_A], "limits": {"tokens_per_min": 1000}}]}, dims=None)
+    status, body = _post(app, {"model": "public", "input": ["hello world"] * 70, "dimensions": 256}, KEY_A)
+    assert status == 400, body  # 910 reserved (70 x 13 bytes), 210 used
+    status, body = _post(app, {"model": "public", "input": ["x" * 100] * 49}, KEY_A)  # 49 x 16 = 784 <= 790 left
+    assert status == 200, body
 
 
 def test_token_ids_outside_the_vocabulary_are_refused_before_they_take_anything() -> None:

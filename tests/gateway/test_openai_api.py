@@ -38,7 +38,8 @@ def test_the_token_estimates_bound_minilms_real_counts_from_both_sides() -> None
     tok.no_padding()
     tok.no_truncation()
     texts = ["hello world", "Tokenizers split un-hyphenated, punctuated words!", "naïve café 東京 🙂 x", "a " * 600,
-             "pneumonoultramicroscopicsilicovolcanoconiosis " * 3, "  spaced\tout\nlines  ", "x"]
+             "pneumonoultramicroscopicsilicovolcanoconiosis " * 3, "  spaced\tout\nlines  ", "x",
+             "x\x0c" * 200, "\x1f".join(["word"] * 100), "a\x0bb\x85c\x1cd\u2028e"]
     for cap in (None, 512):
         if cap:
             tok.enable_truncation(cap)

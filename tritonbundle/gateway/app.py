@@ -156,8 +156,10 @@ class Backend:
         except ClientError as e:
             raise api_error(e) from e
         if request.dimensions is not None and vectors.shape[-1] != request.dimensions:  # a size left dynamic
-            raise invalid(f"model {request.model!r} returned {vectors.shape[-1]} dimensions; it cannot return "
-                          f"{request.dimensions}", "dimensions")
+            error = invalid(f"model {request.model!r} returned {vectors.shape[-1]} dimensions; it cannot return "
+                            f"{request.dimensions}", "dimensions")
+            error.tokens_used = used  # what the tenant is charged, not the whole reservation
+            raise error
         return vectors, used
 
 
@@ -294,7 +296,7 @@ def create_app(backend: Backend, tenants: Tenants | None = None, meter: Meter | 
             answered = True
         except ApiError as e:
             if admitted and e.status == 400:  # input the server refused after taking it in: the tokens stay spent
-                spent = reserved
+                spent = reserved if e.tokens_used is None else e.tokens_used
             meter.record(Usage(time.time(), name, model, outcome(e), e.status, reason=e.reason,
                                latency_ms=(time.perf_counter() - start) * 1000))
             return error(e)

@@ -34,6 +34,8 @@ class ApiError(Exception):
         self.retry_after_s = retry_after_s
         #: Why a request was refused (metering: unauthenticated, rate, tokens, concurrency, server_busy).
         self.reason = reason
+        #: Tokens the server spent on the request before it was refused (None: not known).
+        self.tokens_used: int | None = None
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
@@ -71,7 +73,8 @@ class EmbeddingsRequest:
     def least_tokens(self, max_length: int | None) -> int:
         """An estimate, from below, of the tokens this request will use: a token row's length; a text's
         words (a WordPiece, BPE or SentencePiece tokenizer gives each word at least one token; only a word
-        of nothing but control characters gets none), at most ``max_length``. The project's docs in
+        of nothing but control characters gets none), split at whitespace other than the control
+        characters a BERT tokenizer deletes (:data:`_JOINERS`), at most ``max_length``. The project's docs in
         400-character chunks: 1.25-2.0 MiniLM tokens a word, 3.1 bytes a token (docs/tenants.md)."""
         if self.token_rows:
             return sum(len(r) for r in self.token_rows)
@@ -122,10 +125,14 @@ def parse(body: Any) -> EmbeddingsRequest:
             raise invalid(f"'input' item {i} is {size} bytes; the limit is {MAX_TEXT_BYTES} bytes per text (it would be "
                           "cut to the model's maximum length in tokens anyway)")
         sizes.append(size)
-        words.append(len(text.split()))
+        words.append(len(text.translate(_JOINERS).split()))
     return EmbeddingsRequest(model=model, texts=texts, token_rows=rows, encoding=encoding, dimensions=dimensions,
                              text_bytes=tuple(sizes), text_words=tuple(words))
 
+
+#: Control characters Python splits words at but a BERT tokenizer deletes, joining the words beside them
+#: ("x\x0cx" is one word to it): vertical tab, form feed (PDF text's page breaks), the separators, NEL.
+_JOINERS = dict.fromkeys(map(ord, "\x0b\x0c\x1c\x1d\x1e\x1f\x85"))
 
 #: Token ids travel as int64; the encoder refuses those outside its vocabulary.
 MAX_ID = (1 << 63) - 1

@@ -25,7 +25,7 @@ above, :meth:`~tritonbundle.gateway.openai_api.EmbeddingsRequest.most_tokens`, a
 that used more than it reserved leaves the bucket owing. A request that uses more than
 ``tokens_per_min`` by itself even by the estimate from below (its words,
 :meth:`~tritonbundle.gateway.openai_api.EmbeddingsRequest.least_tokens`) is refused whatever the bucket
-holds (the caller splits it): the estimate from above, bytes, is ~4x a text's real count, and refusing
+holds (the caller splits it): the estimate from above, bytes, is ~3x a text's real count, and refusing
 on it turned away requests that fit. Concurrency is a counter. A refused request takes nothing from any
 limit.
 """
