@@ -13,7 +13,14 @@ import pytest
 import yaml
 
 from tests.helm.test_chart import helm  # noqa: F401 - the fixture: helm fetched once, under the lock
-from tritonbundle.tune.capacity import DEFAULT_READY_S, Rule, autoscaling_values, replay, summary
+from tritonbundle.tune.capacity import (
+    DEFAULT_READY_S,
+    Rule,
+    autoscaling_values,
+    counted_model,
+    replay,
+    summary,
+)
 from tritonbundle.tune.report import write
 from tritonbundle.tune.result import TuneResult
 
@@ -27,6 +34,13 @@ def test_the_target_is_the_tune_winners_capacity_times_the_headroom() -> None:
     values = autoscaling_values(result)["autoscaling"]
     assert values["target"] == "requestsPerSecond" and values["requestsPerSecond"] == 5629  # floor(8042.4 x 0.7)
     assert values["measured"] == {"model": "bert_base", "capacityPerReplica": 8042.4, "sloP99Ms": 50.0, "headroom": 0.7}
+    assert values["models"] == "bert_base"  # recorded before the encoder was: the ensemble's requests
+    encoder = dataclasses.replace(result, encoder="bert_base_encoder")
+    assert autoscaling_values(encoder)["autoscaling"]["models"] == "bert_base_encoder"
+    assert result.winner is not None
+    folded = dataclasses.replace(result.winner, config={**result.winner.config, "tokenize_in_encoder": True})
+    assert counted_model(dataclasses.replace(encoder, verdict=dataclasses.replace(result.verdict, winner=folded))) == "bert_base"
+    assert TuneResult.from_json(encoder.to_json()).encoder == "bert_base_encoder"
     with pytest.raises(ValueError, match="no winner"):
         autoscaling_values(dataclasses.replace(result, verdict=None))
     with pytest.raises(ValueError, match="headroom"):

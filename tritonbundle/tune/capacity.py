@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tritonbundle.tune.result import TuneResult
+from tritonbundle.tune.space import FOLD
 
 #: Each replica's target as a share of its capacity at the SLO: room for the time new pods take.
 DEFAULT_HEADROOM = 0.7
@@ -35,6 +36,17 @@ def capacity_of(tune_result: TuneResult) -> float:
     return float(rate)
 
 
+def counted_model(tune_result: TuneResult) -> str:
+    """The model whose requests the chart counts (``autoscaling.models``): the encoder behind a text ensemble
+    (one encoder request per user request, and its queue and compute time are the ratio's); the model itself
+    for a tensor model, a winner that folds the tokenizer into it (no encoder is called), or a report that
+    did not record its encoder (the ensemble's requests are the users' too). The chart's default counted
+    minilm_encoder, whatever model was tuned: another model's pods never scaled."""
+    winner = tune_result.winner
+    folded = bool(winner is not None and winner.config.get(FOLD))
+    return tune_result.encoder if tune_result.encoder and not folded else tune_result.model
+
+
 def autoscaling_values(tune_result: TuneResult, *, headroom: float = DEFAULT_HEADROOM) -> dict[str, Any]:
     """Helm values that scale on requests per second per pod, from a tune run (``tune.json``)."""
     if not 0 < headroom <= 1:
@@ -42,7 +54,7 @@ def autoscaling_values(tune_result: TuneResult, *, headroom: float = DEFAULT_HEA
     capacity = capacity_of(tune_result)
     return {"autoscaling": {
         "enabled": True, "target": "requestsPerSecond",
-        "requestsPerSecond": max(1, math.floor(capacity * headroom)),
+        "requestsPerSecond": max(1, math.floor(capacity * headroom)), "models": counted_model(tune_result),
         "measured": {"model": tune_result.model, "capacityPerReplica": round(capacity, 1),
                      "sloP99Ms": tune_result.slo_p99_ms, "headroom": headroom},
     }}

@@ -140,6 +140,9 @@ class TuneResult:
     #: How the load generators sent their requests (``TRITONBUNDLE_LOAD_SENDER``); None in reports written
     #: before it was recorded, which sent through the client.
     load_sender: str | None = None
+    #: The model that runs the network (``<model>_encoder`` behind a text ensemble, else the model); None in
+    #: reports written before it was recorded.
+    encoder: str | None = None
 
     @property
     def winner(self) -> PointSummary | None:
@@ -157,6 +160,8 @@ class TuneResult:
             data["resumed_from"] = self.resumed_from
         if self.load_sender is not None:
             data["load_sender"] = self.load_sender
+        if self.encoder is not None:
+            data["encoder"] = self.encoder
         if self.space is not None:
             data["space"] = space_json(self.space)
         if self.verdict is not None:
@@ -171,7 +176,7 @@ class TuneResult:
                    dict(data.get("start") or {}), [Point.from_json(p) for p in data.get("points") or []],
                    data.get("status", ""), space_from_json(space) if space is not None else None,
                    Verdict.from_json(data) if "winner" in data else None, data.get("gpu_sharing"),
-                   data.get("resumed_from"), data.get("load_sender"))
+                   data.get("resumed_from"), data.get("load_sender"), data.get("encoder"))
 
 
 def resumed_points(path: Path, run: TuneResult) -> list[Point]:

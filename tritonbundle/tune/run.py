@@ -86,7 +86,7 @@ def run_tune(options: TuneOptions) -> TuneResult:
     result = TuneResult(command="tritonbundle " + " ".join(sys.argv[1:]), model=spec.name, slo_p99_ms=options.slo_ms,
                         budget_s=options.budget_s, manifest=str(options.manifest), overrides=options.overrides,
                         defaults=defaults, start=start, gpu_sharing=sharing_from_env() if spec.target == "gpu" else None,
-                        load_sender=sender())
+                        load_sender=sender(), encoder=spec.encoder_name)
     points = result.points
     run_name = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} pid {os.getpid()}"
     # --resume: the earlier run's points join this one's, and each configuration it measured is taken
