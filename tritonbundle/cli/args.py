@@ -4,7 +4,8 @@
 concept                flags                              commands
 =====================  =================================  ============================================
 server address         --url ($TRITON_URL), --protocol    infer, health, models, load, unload
-the restricted key     --api-key-env, --api-key-file      infer, health, models, load, unload, serve
+the restricted key     --api-key-env, --api-key-file      infer, health, models, load, unload (serve:
+                                                          --api-key-env only)
 SLO                    --slo-p99-ms, --slo-p95-ms,        loadtest, tune, bench gpu
                        --max-failure-ratio (1 %)
 rate search            --start-rate, --rate-factor,       loadtest (--search), tune, bench gpu
@@ -39,8 +40,10 @@ class Formatter(argparse.ArgumentDefaultsHelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
         if text == argparse.SUPPRESS or action.default in (None, False, argparse.SUPPRESS, [], ()) \
-                or "%(default)" in text or not action.option_strings:
+                or "%(default)" in text or "(default: " in text or not action.option_strings:
             return text
+        if isinstance(action.default, (tuple, list)):  # as it is typed: a,b,c, not a Python tuple
+            return f"{text} (default: {','.join(map(str, action.default)).replace('%', '%%')})".strip()
         return f"{text} (default: %(default)s)".strip()
 
 

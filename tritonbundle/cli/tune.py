@@ -146,7 +146,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--start", type=_start, default={},
                    help="where the search starts, as manifest keys: 'instances=1,max_queue_delay_us=0,batch_buckets=[1]' "
                         "(default: the manifest's values)")
-    p.add_argument("--knobs", type=_knobs, default=_DEFAULT.knobs, help=f"knobs to search, in this order (default: {','.join(ORDER)})")
+    p.add_argument("--knobs", type=_knobs, default=_DEFAULT.knobs, help="knobs to search, in this order")
     shared.window(p, default=_DEFAULT.window_s)
     shared.rate_search(p, start=_DEFAULT.start_rate, factor=_DEFAULT.rate_factor, refine=_DEFAULT.refine,
                        max_rate=_DEFAULT.max_rate)
