@@ -26,7 +26,8 @@ PROSE = {
                "Format: build/traffic/README.md.",
     "defaults": "Tunables (any key of the last table) applied to every model that does not set its own.",
     "models": "The models to build: a list of entries with the keys below.",
-    "models.name": "The name clients call (letters, digits, `_`, `-`). A text model is the ensemble `<name>`, its "
+    "models.name": "The name clients call: a letter, then letters, digits, `_`, `-` (`tritonbundle init` takes it "
+                   "from the file name unless `--name`). A text model is the ensemble `<name>`, its "
                    "network `<name>_encoder`; a tensor model is `<name>` itself.",
     "models.task": "What the model takes and returns: `tensor` (the graph's own inputs and outputs; the default), "
                    "`text-embedding` (TEXT in, the encoder's outputs out), `text-classification` (TEXT in; logits, "
