@@ -211,6 +211,7 @@ def test_bench_and_tune_flags_default_to_their_options_defaults(tmp_path: Path) 
     (["tune", "--start", "instances=abc"], "argument --start: instances: 'abc' is not of type 'integer'"),
     (["tune", "--start", "batch_buckets=[0]"], "argument --start: batch_buckets: 0 is less than the minimum of 1"),
     (["loadtest", "--slo-p99-ms", "-5"], "argument --slo-p99-ms: -5 must be more than 0"),
+    (["tune", "--model", "a", "--model", "b"], "--model given twice: it takes one value"),  # b alone was tuned
 ])
 def test_a_number_out_of_range_is_a_usage_error_naming_the_flag(argv: list[str], words: str,
                                                                capsys: pytest.CaptureFixture[str]) -> None:

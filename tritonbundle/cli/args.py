@@ -47,6 +47,17 @@ class Formatter(argparse.ArgumentDefaultsHelpFormatter):
         return f"{text} (default: %(default)s)".strip()
 
 
+class Once(argparse.Action):
+    """A flag that takes one value: given twice it is an error, not the last one silently winning
+    (``tune --model a --model b`` tuned b alone)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        if getattr(namespace, self.dest, None) not in (None, self.default):
+            parser.error(f"{option_string} given twice: it takes one value")
+        setattr(namespace, self.dest, values)
+
+
 def parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, **kwargs: object) -> argparse.ArgumentParser:
     """A subcommand's parser, with defaults shown in its help."""
     return sub.add_parser(name, formatter_class=Formatter, **kwargs)  # type: ignore[arg-type]

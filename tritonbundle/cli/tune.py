@@ -138,7 +138,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--budget-s", type=float, default=_DEFAULT.budget_s, help="wall time for the whole search; results are kept as it goes")
     p.add_argument("--manifest", type=Path, default=defaults.MANIFEST, help="models manifest (YAML)")
     p.add_argument("--artifacts", type=Path, default=defaults.ARTIFACTS, help="ONNX files, plans, logs")
-    p.add_argument("--model", help="the model to tune (default: the manifest's first)")
+    p.add_argument("--model", action=shared.Once, help="the model to tune (default: the manifest's first; one per run)")
     shared.traffic(p, sample="default: the manifest's", shape=False)
     p.add_argument("--target", choices=TARGETS, help="override the manifest's target server")
     p.add_argument("--runtime", choices=runtimes.names(), help="override the model's runtime")
