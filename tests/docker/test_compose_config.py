@@ -145,6 +145,12 @@ def test_triton_has_shm_size_ulimits_healthcheck_restart_policy_and_a_read_only_
     assert triton["restart"] == "unless-stopped"
     mounts = [v for v in triton["volumes"] if v["target"] == "/models"]
     assert mounts and mounts[0]["source"] == "model_repository" and mounts[0]["read_only"] is True
+    # Compose creates every container before `build` runs: copying the image's /models into the empty
+    # volume then gave its top folder root's ownership, and the build (uid 1000) could not write into it.
+    for name in ("triton", "edge"):
+        (mount,) = [v for v in gpu["services"][name]["volumes"] if v.get("source") == "model_repository"]
+        assert mount["volume"]["nocopy"] is True, name
+    assert re.search(r"mkdir -p /models && chown 1000:1000 /models", (DOCKER_DIR / "Dockerfile.server").read_text())
     assert "--model-control-mode=none" in triton["command"]
     assert triton["read_only"] is True and triton["cap_drop"] == ["ALL"]
     assert "TRITONBUNDLE_API_KEY" in triton["environment"], "restricted APIs take their key from the environment"
@@ -255,11 +261,26 @@ def test_ports_are_published_on_loopback_unless_a_bind_address_is_set(gpu: Confi
     assert published == {"export": [], "build": [], "gateway": [], "triton": [(8002, "8002")],
                          "edge": [(8080, "8000"), (8081, "8001")]}
     assert {p["host_ip"] for s in gpu["services"].values() for p in s.get("ports", [])} == {"127.0.0.1"}
-    exposed = compose_config(env={"TRITONBUNDLE_BIND_ADDRESS": "0.0.0.0", "TRITONBUNDLE_HTTP_PORT": "9000",
-                                  "TRITONBUNDLE_GRPC_PORT": "9001", "TRITONBUNDLE_METRICS_PORT": "9002"})
-    ports = exposed["services"]["edge"]["ports"] + exposed["services"]["triton"]["ports"]
+    exposed = compose_config("--profile", "monitoring", env={
+        "TRITONBUNDLE_BIND_ADDRESS": "0.0.0.0", "TRITONBUNDLE_HTTP_PORT": "9000", "TRITONBUNDLE_GRPC_PORT": "9001",
+        "TRITONBUNDLE_METRICS_PORT": "9002"})
+    ports = exposed["services"]["edge"]["ports"]
     assert {p["host_ip"] for p in ports} == {"0.0.0.0"}
-    assert {p["target"]: p["published"] for p in ports} == {8080: "9000", 8081: "9001", 8002: "9002"}
+    assert {p["target"]: p["published"] for p in ports} == {8080: "9000", 8081: "9001"}
+    # Triton's metrics, Prometheus and Grafana have no authentication: they open only with their own setting.
+    unauthenticated = [p for s in ("triton", "prometheus", "grafana") for p in exposed["services"][s]["ports"]]
+    assert {p["host_ip"] for p in unauthenticated} == {"127.0.0.1"} and len(unauthenticated) == 3
+    opened = compose_config("--profile", "monitoring", env={"TRITONBUNDLE_MONITORING_BIND_ADDRESS": "0.0.0.0"})
+    assert {p["host_ip"] for s in ("triton", "prometheus", "grafana") for p in opened["services"][s]["ports"]} == {"0.0.0.0"}
+    assert {p["host_ip"] for p in opened["services"]["edge"]["ports"]} == {"127.0.0.1"}
+
+
+def test_every_container_log_is_rotated(docker_engine: None) -> None:
+    """Docker's json-file driver keeps every line unless told, and the edge logs each request."""
+    for config in (compose_config("--profile", "loadtest", "--profile", "monitoring"),
+                   compose_config("-f", str(COMPOSE_FILE), "-f", str(COMPOSE_CPU_FILE), "--profile", "monitoring")):
+        for name, service in config["services"].items():
+            assert service.get("logging") == {"driver": "json-file", "options": {"max-size": "50m", "max-file": "5"}}, name
 
 
 def test_ngc_images_come_from_versions_env_through_both_entry_points(gpu: Config, docker_engine: None) -> None:
