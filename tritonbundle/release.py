@@ -28,8 +28,13 @@ from typing import Any
 
 import numpy as np
 
-from tritonbundle.contract import RESTRICTED_HEADER, TEXT_INPUT
+from tritonbundle.contract import QUERY_INPUT, RESTRICTED_HEADER, TEXT_INPUT, encoder_name, tokenizer_name
 from tritonbundle.errors import ClientError, ConfigError
+
+#: Seconds a load may take before the command gives up on it: a TensorRT engine warming every profile up
+#: takes minutes, and a load given up on by the client goes on in the server (Triton does not serialise
+#: loads of one model), so the restore could race it.
+LOAD_TIMEOUT_S = 900.0
 
 
 @dataclass
@@ -58,6 +63,8 @@ class Release:
 
         self.url = url.removeprefix("http://")
         self.client = httpclient.InferenceServerClient(self.url, network_timeout=timeout_s, connection_timeout=timeout_s)
+        self.loader = httpclient.InferenceServerClient(self.url, network_timeout=max(timeout_s, LOAD_TIMEOUT_S),
+                                                       connection_timeout=timeout_s)
         self.model, self.candidate = model, candidate
         self.headers = {RESTRICTED_HEADER: api_key} if api_key else {}
         self.log: list[str] = []
@@ -70,26 +77,35 @@ class Release:
     def _load(self, name: str, config: dict[str, Any], what: str) -> None:
         started = time.monotonic()
         try:
-            self.client.load_model(name, headers=self.headers, config=json.dumps(config))
+            self.loader.load_model(name, headers=self.headers, config=json.dumps(config))
         except Exception as e:  # noqa: BLE001 - tritonclient's own error: said in one line
             raise ClientError(f"release of {self.model!r}: {what} failed: {e}", model=name, protocol="http") from e
         self.log.append(f"{what} ({time.monotonic() - started:.1f} s)")
 
-    def _steps(self) -> tuple[dict[str, Any], dict[str, Any], str]:
-        """The ensemble's configuration, its encoder step and the encoder's name."""
+    def _steps(self) -> tuple[dict[str, Any], int, str, str]:
+        """The ensemble's configuration, its encoder step's index, the tokenizer's and the encoder's names
+        (by name: a classifier's ensemble ends with its post-processing model, not the encoder)."""
         ensemble = self._config(self.model)
         steps = (ensemble.get("ensemble_scheduling") or {}).get("step") or []
-        if ensemble.get("platform") != "ensemble" or len(steps) < 2:
-            raise ConfigError(f"model {self.model!r} is not a tokenizer + encoder ensemble: release works on the "
-                              "text models the build stage writes")
-        step = steps[-1]
-        return ensemble, step, str(step["model_name"])
+        names = [str(s.get("model_name")) for s in steps]
+        encoder, tokenizer = encoder_name(self.model), tokenizer_name(self.model)
+        if ensemble.get("platform") != "ensemble" or encoder not in names or tokenizer not in names:
+            raise ConfigError(f"model {self.model!r} is not a tokenizer + encoder ensemble ({tokenizer}, {encoder}): "
+                              "release works on the text models the build stage writes")
+        if any(i.get("name") == QUERY_INPUT for i in ensemble.get("input", [])):
+            raise ConfigError(f"model {self.model!r} takes query and text pairs: release compares text-embedding "
+                              "and text-classification models only")
+        return ensemble, names.index(encoder), tokenizer, encoder
 
     def _serving(self, encoder: str) -> int:
-        versions = [int(v) for v in self.client.get_model_metadata(encoder).get("versions", [])]
+        versions = sorted(int(v) for v in self.client.get_model_metadata(encoder).get("versions", []))
         if not versions:
             raise ClientError(f"model {encoder!r} serves no version", model=encoder, protocol="http")
-        return max(versions)
+        if len(versions) > 1:  # a release stopped midway: which one serves is the ensemble's pin, not the newest
+            raise ConfigError(f"{encoder!r} serves versions {versions} at once: an earlier release stopped midway. "
+                              f"Move the version folder that should not serve out of the repository, then load "
+                              f"{encoder!r} and {self.model!r} again (tritonbundle load), and release again")
+        return versions[0]
 
     # -- comparing ----------------------------------------------------------------------------------------
     def _tokens(self, tokenizer: str, texts: list[str]) -> dict[str, np.ndarray[Any, Any]]:
@@ -132,9 +148,10 @@ class Release:
                 if new.shape != old.shape:
                     raise ValueError(f"version {self.candidate} answers {output} of shape {list(new.shape)}, "
                                      f"version {serving} {list(old.shape)}")
-                if not np.isfinite(new).all():
-                    raise ValueError(f"version {self.candidate} answers {output} with values that are not finite "
-                                     "(NaN or inf)")
+                for version, answer in ((self.candidate, new), (serving, old)):
+                    if not np.isfinite(answer).all():  # the serving one's too: NaN would drop out of the cosine
+                        raise ValueError(f"version {version} answers {output} with values that are not finite "
+                                         "(NaN or inf)")
                 if r == 0:
                     a, b = old.reshape(-1), new.reshape(-1)
                     worst = min(worst, float(a @ b / max(1e-12, float(np.linalg.norm(a) * np.linalg.norm(b)))))
@@ -147,8 +164,7 @@ class Release:
             rounds: int = 3) -> Verdict:
         if not texts or rounds < 1:
             raise ConfigError(f"a release compares at least one text once (texts {len(texts)}, rounds {rounds})")
-        ensemble, step, encoder = self._steps()
-        tokenizer = str(ensemble["ensemble_scheduling"]["step"][0]["model_name"])
+        ensemble, at, tokenizer, encoder = self._steps()
         serving = self._serving(encoder)
         if self.candidate == serving:
             raise ConfigError(f"{encoder!r} already serves version {serving}")
@@ -158,7 +174,7 @@ class Release:
 
         def pin(version: int) -> dict[str, Any]:
             config: dict[str, Any] = json.loads(json.dumps(ensemble))
-            config["ensemble_scheduling"]["step"][-1]["model_version"] = version
+            config["ensemble_scheduling"]["step"][at]["model_version"] = version
             return config
 
         def versions(*numbers: int) -> dict[str, Any]:
@@ -187,6 +203,9 @@ class Release:
             worst, times = self.compare(tokenizer, encoder, serving, texts, rounds)
         except Exception as e:  # noqa: BLE001 - whatever stopped the comparison, the serving version is restored
             return refuse(f"the comparison failed: {type(e).__name__}: {e}")
+        except BaseException:  # Ctrl-C: the serving version serves alone again before the command ends
+            refuse("the release was interrupted")
+            raise
         verdict.texts, verdict.min_cosine = len(texts), round(worst, 6)
         verdict.p50_ms = {v: round(float(np.percentile(t, 50)), 2) for v, t in times.items()}
         verdict.p99_ms = {v: round(float(np.percentile(t, 99)), 2) for v, t in times.items()}

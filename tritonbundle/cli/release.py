@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tritonbundle.cli import args as shared
 from tritonbundle.cli import defaults
+from tritonbundle.errors import ConfigError
 
 
 def cmd_release(args: argparse.Namespace) -> int:
@@ -16,6 +17,9 @@ def cmd_release(args: argparse.Namespace) -> int:
     from tritonbundle.payloads import PayloadFactory
     from tritonbundle.release import Release
 
+    if args.protocol != "http":
+        raise ConfigError("release speaks HTTP (Triton's repository API and model versions): give the HTTP "
+                          "address (--url host:8000), not --protocol grpc")
     url = shared.url(args)
     factory = PayloadFactory(traffic.load(args.traffic), seed=0, max_batch=1)
     texts = [factory.text(factory.draw()[0]) for _ in range(args.texts)]
@@ -40,9 +44,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     shared.server(p)
     p.add_argument("--version", type=int, required=True, help="the encoder's new version (its folder in the repository)")
     p.add_argument("--traffic", type=Path, default=defaults.TRAFFIC, help="texts to compare on are drawn from this sample")
-    p.add_argument("--texts", type=int, default=50, help="how many texts")
-    p.add_argument("--rounds", type=int, default=3, help="times each text is sent to each version (latency)")
-    p.add_argument("--min-cosine", type=float, default=0.999, help="least cosine between the versions' answers")
-    p.add_argument("--max-p99-ratio", type=float, default=1.5, help="new p99 at most this times the serving one (+5 ms)")
+    p.add_argument("--texts", type=shared.above(0, whole=True), default=50, help="how many texts")
+    p.add_argument("--rounds", type=shared.above(0, whole=True), default=3,
+                   help="times each text is sent to each version (latency)")
+    p.add_argument("--min-cosine", type=shared.above(0), default=0.999, help="least cosine between the versions' answers")
+    p.add_argument("--max-p99-ratio", type=shared.above(0), default=1.5,
+                   help="new p99 at most this times the serving one (+5 ms)")
     p.add_argument("--report", help="write the verdict as JSON here")
     p.set_defaults(func=cmd_release)
