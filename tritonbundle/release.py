@@ -8,7 +8,7 @@ version folder N+1 in the repository:
    stay on N (in that order: loading an ensemble reloads a composing model whose folder changed since its
    last load from its config.pbtxt, which would serve the newest version, N+1, alone);
 2. the encoder is reloaded serving N and N+1 side by side (``version_policy: specific``);
-3. the traffic sample's texts are tokenized by the server's tokenizer and sent to both versions in turn:
+3. texts of the traffic sample's lengths are tokenized by the server's tokenizer and sent to both versions in turn:
    the answers are compared (cosine of each pair) and so are the latencies (p99);
 4. **promote** when every cosine is at least ``min_cosine`` and N+1's p99 is within ``max_p99_ratio`` of
    N's: the ensemble moves to N+1, then the encoder serves N+1 alone; **refuse** otherwise: the encoder

@@ -1,5 +1,5 @@
 """``tritonbundle release``: release a new version of a text model's encoder inside one running server
-(compare it with the serving version on the traffic sample's texts, then promote or refuse it)."""
+(compare it with the serving version on texts of the traffic sample's lengths, then promote or refuse it)."""
 
 from __future__ import annotations
 
