@@ -1,5 +1,5 @@
 """``Release`` when the candidate cannot be compared: refused, the serving version restored, the ensemble
-unpinned. A recording double of tritonclient's HTTP client isolates the steps (which loads, in which
+unpinned; the encoder step found by name, a release stopped midway named, an interrupted one restored. A recording double of tritonclient's HTTP client isolates the steps (which loads, in which
 order); the release on the real server is tests/reliability/test_release.py."""
 
 from __future__ import annotations
@@ -23,44 +23,52 @@ class _Answer:
 
 
 class _Server:
-    """Ensemble ``m`` (tokenizer ``tok`` -> encoder ``enc``); ``enc`` serves version 1 (ones), the
+    """Ensemble ``m`` (tokenizer ``m_tokenizer`` -> encoder ``m_encoder``); the encoder serves version 1 (ones), the
     candidate 2 answers ``candidate``. Records each load as (model, encoder versions or pinned version)."""
 
-    def __init__(self, candidate: np.ndarray[Any, Any]) -> None:
+    def __init__(self, candidate: np.ndarray[Any, Any], *, serving: np.ndarray[Any, Any] | None = None,
+                 versions: tuple[int, ...] = (1,), postprocess: bool = False, pairs: bool = False) -> None:
         self.candidate, self.loads = candidate, []  # type: list[tuple[str, Any]]
+        self.serving = np.ones((1, 4), np.float32) if serving is None else serving
+        self.versions = versions
+        #: A classifier's ensemble ends with its post-processing model; a text-pair one takes QUERY too.
+        self.steps = ["m_tokenizer", "m_encoder"] + (["m_postprocess"] if postprocess else [])
+        self.inputs = ["QUERY", "TEXT"] if pairs else ["TEXT"]
 
     def get_model_config(self, name: str) -> dict[str, Any]:
         if name == "m":
-            return {"name": "m", "platform": "ensemble",
-                    "ensemble_scheduling": {"step": [{"model_name": "tok"}, {"model_name": "enc"}]}}
-        if name == "tok":
+            return {"name": "m", "platform": "ensemble", "input": [{"name": i} for i in self.inputs],
+                    "ensemble_scheduling": {"step": [{"model_name": n} for n in self.steps]}}
+        if name == "m_tokenizer":
             return {"output": [{"name": "input_ids"}, {"name": "tokens"}]}
-        return {"name": "enc", "output": [{"name": "embedding"}]}
+        return {"name": "m_encoder", "output": [{"name": "embedding"}]}
 
     def get_model_metadata(self, name: str) -> dict[str, Any]:
-        return {"versions": ["1"]}
+        return {"versions": [str(v) for v in self.versions]}
 
     def load_model(self, name: str, headers: Any = None, config: str = "{}") -> None:
         c = json.loads(config)
         policy = c.get("version_policy")
+        steps = c.get("ensemble_scheduling", {}).get("step", [])
         self.loads.append((name, policy["specific"]["versions"] if policy else
-                           c["ensemble_scheduling"]["step"][-1].get("model_version")))
+                           next(s.get("model_version") for s in steps if s["model_name"] == "m_encoder")))
+        assert all(s.get("model_version") in (None, -1) for s in steps if s["model_name"] != "m_encoder")
 
     def infer(self, model: str, tensors: Any, model_version: str | None = None) -> _Answer:
-        if model == "tok":
+        if model == "m_tokenizer":
             return _Answer(np.array([[101, 7, 102]]))
-        return _Answer(np.ones((1, 4), np.float32) if model_version == "1" else self.candidate)
+        return _Answer(self.serving if model_version == "1" else self.candidate)
 
 
-def _release(candidate: np.ndarray[Any, Any]) -> tuple[Release, _Server]:
+def _release(candidate: np.ndarray[Any, Any], **server_options: Any) -> tuple[Release, _Server]:
     release = Release("127.0.0.1:1", "m", 2, api_key=None)
-    server = _Server(candidate)
-    release.client = server  # type: ignore[assignment]
+    server = _Server(candidate, **server_options)
+    release.client = release.loader = server  # type: ignore[assignment]
     return release, server
 
 
 #: What a refusal leaves: the encoder serving version 1 alone, the ensemble unpinned (its latest).
-RESTORED = [("enc", [1]), ("m", -1)]
+RESTORED = [("m_encoder", [1]), ("m", -1)]
 
 
 @pytest.mark.parametrize(("candidate", "named"), [
@@ -73,14 +81,14 @@ def test_a_candidate_whose_answers_cannot_be_compared_is_refused_and_the_serving
     verdict = release.run(["a", "b"], rounds=2)
     assert not verdict.promoted
     assert "the comparison failed" in verdict.reason and named in verdict.reason
-    assert server.loads == [("enc", [1]), ("m", 1), ("enc", [1, 2]), *RESTORED]
+    assert server.loads == [("m_encoder", [1]), ("m", 1), ("m_encoder", [1, 2]), *RESTORED]
 
 
 def test_an_agreeing_candidate_is_promoted_and_the_ensemble_unpinned() -> None:
     release, server = _release(np.full((1, 4), 2.0, np.float32))  # same direction: cosine 1
     verdict = release.run(["a"], rounds=1, slack_ms=1e6)
     assert verdict.promoted, verdict.reason
-    assert server.loads == [("enc", [1]), ("m", 1), ("enc", [1, 2]), ("m", 2), ("enc", [2]), ("m", -1)]
+    assert server.loads == [("m_encoder", [1]), ("m", 1), ("m_encoder", [1, 2]), ("m", 2), ("m_encoder", [2]), ("m", -1)]
 
 
 def test_a_differing_candidate_is_refused() -> None:
@@ -96,3 +104,46 @@ def test_a_release_that_would_compare_nothing_is_refused_before_any_load(texts: 
     with pytest.raises(ConfigError, match="at least one text once"):
         release.run(texts, rounds=rounds)
     assert server.loads == []
+
+
+def test_a_classifiers_encoder_step_is_found_by_name_and_pinned() -> None:
+    """The last step was taken for the encoder: a classifier's is its post-processing model, so every
+    classifier release was refused with a wrong reason (the double asserts no other step is pinned)."""
+    release, server = _release(np.full((1, 4), 2.0, np.float32), postprocess=True)
+    verdict = release.run(["a"], rounds=1, slack_ms=1e6)
+    assert verdict.promoted and verdict.encoder == "m_encoder", verdict.reason
+    assert server.loads == [("m_encoder", [1]), ("m", 1), ("m_encoder", [1, 2]), ("m", 2), ("m_encoder", [2]), ("m", -1)]
+
+
+def test_a_serving_version_that_answers_nan_refuses_the_release() -> None:
+    """NaN compares false with everything: the serving version's NaN dropped out of the least cosine."""
+    release, server = _release(np.ones((1, 4), np.float32), serving=np.full((1, 4), np.nan, np.float32))
+    verdict = release.run(["a"], rounds=1)
+    assert not verdict.promoted and "version 1 answers embedding with values that are not finite" in verdict.reason
+    assert server.loads[-2:] == RESTORED
+
+
+def test_a_release_stopped_midway_is_named_not_taken_for_a_newer_serving_version() -> None:
+    release, server = _release(np.ones((1, 4), np.float32), versions=(2, 1))
+    with pytest.raises(ConfigError, match=r"'m_encoder' serves versions \[1, 2\] at once: an earlier release stopped"):
+        release.run(["a"], rounds=1)
+    assert server.loads == []
+
+
+def test_text_pairs_are_refused_before_anything_loads() -> None:
+    release, server = _release(np.ones((1, 4), np.float32), postprocess=True, pairs=True)
+    with pytest.raises(ConfigError, match="query and text pairs"):
+        release.run(["a"], rounds=1)
+    assert server.loads == []
+
+
+def test_an_interrupted_comparison_restores_the_serving_version_then_ends() -> None:
+    release, server = _release(np.ones((1, 4), np.float32))
+
+    def interrupted(*args: Any) -> Any:
+        raise KeyboardInterrupt
+
+    release.compare = interrupted  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        release.run(["a"], rounds=1)
+    assert server.loads == [("m_encoder", [1]), ("m", 1), ("m_encoder", [1, 2]), *RESTORED]
