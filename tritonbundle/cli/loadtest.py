@@ -24,8 +24,7 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
 
     traffic = args.traffic or planned_traffic(args.model)
     from_env = os.environ.get(defaults.URL_ENV)
-    if from_env and not args.http_url and args.grpc_url is None and args.protocol != "http" \
-            and from_env.split("://")[-1].rsplit(":", 1)[0] not in ("127.0.0.1", "localhost"):
+    if from_env and not args.http_url and args.grpc_url is None and args.protocol != "http" and not _local(from_env):
         raise ConfigError(f"${defaults.URL_ENV} ({from_env}) names the HTTP address only: the gRPC users would call "
                           f"{defaults.GRPC_URL}; give --grpc-url HOST:PORT (or --protocol http)")
     settings = LoadSettings(
@@ -46,6 +45,11 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     runner.preflight(settings)
     with runner.stop_on_signals() as stop:
         return _run(args, settings, stop)
+
+
+def _local(address: str) -> bool:
+    """Whether ``[scheme://]host:port`` is this machine's loopback address."""
+    return address.split("://")[-1].rsplit(":", 1)[0] in ("127.0.0.1", "localhost")
 
 
 def planned_traffic(model: str) -> Path | None:

@@ -12,6 +12,7 @@ accepted only when it equals the model's own size: these models cannot shorten t
 from __future__ import annotations
 
 import base64
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,10 +66,7 @@ class EmbeddingsRequest:
         """An estimate, from above, of the tokens this request will use, before it is sent: a token row's
         length; a text's UTF-8 bytes and 2 special tokens (a WordPiece or byte-level BPE token covers at
         least one byte), at most ``max_length`` (the model's longest sequence, when known)."""
-        if self.token_rows:
-            return sum(len(r) for r in self.token_rows)
-        cap = max_length or float("inf")
-        return int(sum(min(cap, size + 2) for size in self.text_bytes))
+        return self._tokens([size + 2 for size in self.text_bytes], max_length)
 
     def least_tokens(self, max_length: int | None) -> int:
         """An estimate, from below, of the tokens this request will use: a token row's length; a text's
@@ -76,10 +74,13 @@ class EmbeddingsRequest:
         of nothing but control characters gets none), split at whitespace other than the control
         characters a BERT tokenizer deletes (:data:`_JOINERS`), at most ``max_length``. The project's docs in
         400-character chunks: 1.25-2.0 MiniLM tokens a word, 3.1 bytes a token (docs/tenants.md)."""
+        return self._tokens(self.text_words, max_length)
+
+    def _tokens(self, per_text: Sequence[int], max_length: int | None) -> int:
+        """The token rows' lengths; else each text's count, at most ``max_length`` (when known), summed."""
         if self.token_rows:
             return sum(len(r) for r in self.token_rows)
-        cap = max_length or float("inf")
-        return int(sum(min(cap, words) for words in self.text_words))
+        return sum(min(max_length, n) if max_length else n for n in per_text)
 
 
 def parse(body: Any) -> EmbeddingsRequest:
