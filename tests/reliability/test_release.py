@@ -38,9 +38,9 @@ def _version(repo: Path, version: int, *, noise: float = 0.0) -> None:
         onnx.save(model, str(target / "model.onnx"))
 
 
-def _release(server: Any, version: int, report: Path) -> subprocess.CompletedProcess[str]:
+def _release(server: Any, version: int, report: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "tritonbundle", "release", "--url", server.http_url, "--model", "minilm",
-                           "--version", str(version), "--texts", "12", "--rounds", "2", "--report", str(report)],
+                           "--version", str(version), "--texts", "12", "--rounds", "2", "--report", str(report), *flags],
                           capture_output=True, text=True, timeout=300, cwd=ROOT,
                           env={"PATH": "/usr/bin:/bin", "TRITONBUNDLE_API_KEY": API_KEY, "HOME": str(report.parent)})
 
@@ -93,7 +93,7 @@ def test_a_version_whose_answers_differ_is_refused_under_load_and_the_serving_on
     with load_test(server, tmp_path / "load", duration_s=120, retries=0, stop_after_block_s=2) as outcome:
         time.sleep(5)
         _version(repo, 7, noise=0.5)
-        done = _release(server, 7, tmp_path / "release.json")
+        done = _release(server, 7, tmp_path / "release.json", "--repository", str(repo))
     summary = outcome["summary"]
     print(f"\n{done.stdout}load test during the release: {summary['total']['requests']} requests, "
           f"{summary['total']['failures']} failed")
@@ -102,9 +102,14 @@ def test_a_version_whose_answers_differ_is_refused_under_load_and_the_serving_on
     assert done.returncode == 1, done.stdout + done.stderr
     verdict = json.loads((tmp_path / "release.json").read_text())
     assert not verdict["promoted"] and "answers differ" in verdict["reason"] and verdict["min_cosine"] < 0.999
-    assert "REFUSED" in done.stdout and "move it out" in done.stdout
+    assert "REFUSED" in done.stdout and "moved version 7 out of the repository" in done.stdout
+    # --repository: version 7 left the repository with the reason, so a plain load (as a restart) serves N
+    assert not (repo / "minilm_encoder" / "7").exists()
+    (moved,) = (repo.parent / f"{repo.name}.quarantine" / "minilm_encoder").glob("7-*")
+    assert "answers differ" in (moved / "error.txt").read_text()
     with HttpClient(server.http_url, api_key=API_KEY) as client:
         assert client.model_info("minilm_encoder").version == serving
         np.testing.assert_allclose(client.embed(["unchanged by a refused release"]), before, atol=1e-6)
         assert _ensemble_step_version(client) == -1
-    shutil.rmtree(repo / "minilm_encoder" / "7")
+        client.load_model("minilm_encoder")
+        assert client.model_info("minilm_encoder").version == serving

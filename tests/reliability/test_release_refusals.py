@@ -5,6 +5,7 @@ order); the release on the real server is tests/reliability/test_release.py."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -147,3 +148,16 @@ def test_an_interrupted_comparison_restores_the_serving_version_then_ends() -> N
     with pytest.raises(KeyboardInterrupt):
         release.run(["a"], rounds=1)
     assert server.loads == [("m_encoder", [1]), ("m", 1), ("m_encoder", [1, 2]), *RESTORED]
+
+
+def test_a_repository_without_the_candidates_folder_is_refused_before_any_load(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from tritonbundle.cli import main
+    from tritonbundle.proc import free_port
+
+    (tmp_path / "minilm_encoder" / "1").mkdir(parents=True)
+    code = main(["release", "--url", f"127.0.0.1:{free_port()}", "--model", "minilm", "--version", "2",
+                 "--repository", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and f"no folder {tmp_path / 'minilm_encoder' / '2'}" in err, err

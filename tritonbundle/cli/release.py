@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tritonbundle.cli import args as shared
 from tritonbundle.cli import defaults
+from tritonbundle.contract import encoder_name
 from tritonbundle.errors import ConfigError
 
 
@@ -16,11 +17,16 @@ def cmd_release(args: argparse.Namespace) -> int:
     from tritonbundle import traffic
     from tritonbundle.payloads import PayloadFactory
     from tritonbundle.release import Release
+    from tritonbundle.server import quarantine
 
     if args.protocol != "http":
         raise ConfigError("release speaks HTTP (Triton's repository API and model versions): give the HTTP "
                           "address (--url host:8000), not --protocol grpc")
     url = shared.url(args)
+    candidate = None if args.repository is None else args.repository / encoder_name(args.model) / str(args.version)
+    if candidate is not None and not candidate.is_dir():  # before any load: a wrong path would quarantine nothing
+        raise ConfigError(f"--repository {args.repository}: no folder {candidate} (the encoder's version "
+                          f"{args.version}); give the server's repository as this machine sees it")
     factory = PayloadFactory(traffic.load(args.traffic), seed=0, max_batch=1)
     texts = [factory.text(factory.draw()[0]) for _ in range(args.texts)]
     release = Release(url, args.model, args.version, api_key=shared.read_key(args, url.removeprefix("http://")),
@@ -30,9 +36,13 @@ def cmd_release(args: argparse.Namespace) -> int:
         print(f"  {line}")
     word = "PROMOTED" if verdict.promoted else "REFUSED"
     print(f"{word}: {verdict.encoder} version {verdict.candidate} (serving {verdict.serving}): {verdict.reason}")
-    if not verdict.promoted:
-        print(f"  version {verdict.candidate} stays in the repository: move it out, or a restart (latest version) "
-              "would serve it")
+    if not verdict.promoted and candidate is not None:
+        moved = quarantine(args.repository, verdict.encoder, str(verdict.candidate),
+                           f"tritonbundle release refused it: {verdict.reason}")
+        print(f"  moved version {verdict.candidate} out of the repository: {moved}")
+    elif not verdict.promoted:
+        print(f"  version {verdict.candidate} stays in the repository: move it out (or release with --repository), "
+              "or a restart (latest version) would serve it")
     if args.report:
         Path(args.report).write_text(json.dumps(verdict.to_json(), indent=2))
     return 0 if verdict.promoted else 1
@@ -51,4 +61,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--max-p99-ratio", type=shared.above(0), default=1.5,
                    help="new p99 at most this times the serving one (+5 ms)")
     p.add_argument("--report", help="write the verdict as JSON here")
+    p.add_argument("--repository", type=Path,
+                   help="the server's repository folder: a refused version is moved out of it (to "
+                        "<repository>.quarantine/, with the reason), so a restart does not serve it")
     p.set_defaults(func=cmd_release)
