@@ -8,8 +8,9 @@ version folder N+1 in the repository:
    stay on N (in that order: loading an ensemble reloads a composing model whose folder changed since its
    last load from its config.pbtxt, which would serve the newest version, N+1, alone);
 2. the encoder is reloaded serving N and N+1 side by side (``version_policy: specific``);
-3. texts of the traffic sample's lengths are tokenized by the server's tokenizer and sent to both versions in turn:
-   the answers are compared (cosine of each pair) and so are the latencies (p99);
+3. texts of the traffic sample's lengths are tokenized by the server's tokenizer, in batches of mixed lengths
+   (padded to the batch's longest, as the dynamic batcher's calls are), and sent to both versions in turn: the
+   answers are compared (cosine of each row's pair) and so are the latencies (p99);
 4. **promote** when every cosine is at least ``min_cosine`` and N+1's p99 is within ``max_p99_ratio`` of
    N's: the ensemble moves to N+1, then the encoder serves N+1 alone; **refuse** otherwise: the encoder
    serves N alone again. Either way the ensemble ends unpinned (its latest version), and a report says why.
@@ -36,6 +37,9 @@ from tritonbundle.errors import ClientError, ConfigError
 #: loads of one model), so the restore could race it.
 LOAD_TIMEOUT_S = 900.0
 
+#: Texts per comparison call (fewer where the tokenizer or the encoder takes fewer rows a call).
+BATCH = 8
+
 
 @dataclass
 class Verdict:
@@ -46,6 +50,7 @@ class Verdict:
     promoted: bool
     reason: str
     texts: int = 0
+    batch: int = 1
     min_cosine: float = 0.0
     p99_ms: dict[str, float] = field(default_factory=dict)
     p50_ms: dict[str, float] = field(default_factory=dict)
@@ -131,9 +136,15 @@ class Release:
         out = self.client.infer(encoder, tensors, model_version=str(version))
         return out.as_numpy(output), (time.perf_counter() - started) * 1000
 
-    def compare(self, tokenizer: str, encoder: str, serving: int, texts: list[str], rounds: int,
+    def batch_size(self, tokenizer: str, encoder: str, wanted: int) -> int:
+        """``wanted``, or less where the tokenizer or the encoder takes fewer rows a call."""
+        limits = [int(self._config(m).get("max_batch_size") or 1) for m in (tokenizer, encoder)]
+        return max(1, min(wanted, *limits))
+
+    def compare(self, tokenizer: str, encoder: str, serving: int, texts: list[str], rounds: int, batch: int = 1,
                 ) -> tuple[float, dict[str, list[float]]]:
-        """The least cosine between the two versions' answers, and each version's latencies (interleaved).
+        """The least cosine between the two versions' answers, row by row, and each version's latencies per
+        call (interleaved), the texts sent ``batch`` at a time.
 
         A candidate whose answer cannot be compared (another shape, a value that is not finite) raises
         ``ValueError`` naming it: NaN compares false with everything, so its cosine would pass any gate."""
@@ -141,8 +152,8 @@ class Release:
         worst = 1.0
         times: dict[str, list[float]] = {str(serving): [], str(self.candidate): []}
         for r in range(rounds):
-            for text in texts:
-                feeds = self._tokens(tokenizer, [text])
+            for start in range(0, len(texts), batch):
+                feeds = self._tokens(tokenizer, texts[start:start + batch])
                 old, t_old = self._embed(encoder, serving, feeds, output)
                 new, t_new = self._embed(encoder, self.candidate, feeds, output)
                 if new.shape != old.shape:
@@ -153,22 +164,24 @@ class Release:
                         raise ValueError(f"version {version} answers {output} with values that are not finite "
                                          "(NaN or inf)")
                 if r == 0:
-                    a, b = old.reshape(-1), new.reshape(-1)
-                    worst = min(worst, float(a @ b / max(1e-12, float(np.linalg.norm(a) * np.linalg.norm(b)))))
+                    a, b = old.reshape(len(old), -1), new.reshape(len(new), -1)
+                    norms = np.maximum(1e-12, np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+                    worst = min(worst, float(((a * b).sum(axis=1) / norms).min()))
                 times[str(serving)].append(t_old)
                 times[str(self.candidate)].append(t_new)
         return worst, times
 
     # -- the release ---------------------------------------------------------------------------------------
     def run(self, texts: list[str], *, min_cosine: float = 0.999, max_p99_ratio: float = 1.5, slack_ms: float = 5.0,
-            rounds: int = 3) -> Verdict:
+            rounds: int = 3, batch: int = BATCH) -> Verdict:
         if not texts or rounds < 1:
             raise ConfigError(f"a release compares at least one text once (texts {len(texts)}, rounds {rounds})")
         ensemble, at, tokenizer, encoder = self._steps()
         serving = self._serving(encoder)
         if self.candidate == serving:
             raise ConfigError(f"{encoder!r} already serves version {serving}")
-        verdict = Verdict(self.model, encoder, serving, self.candidate, False, "")
+        verdict = Verdict(self.model, encoder, serving, self.candidate, False, "",
+                          batch=self.batch_size(tokenizer, encoder, batch))
         encoder_config = self._config(encoder)
         encoder_config.pop("version_policy", None)
 
@@ -200,7 +213,7 @@ class Release:
         except ClientError as e:
             return refuse(f"version {self.candidate} did not load: {e}")
         try:
-            worst, times = self.compare(tokenizer, encoder, serving, texts, rounds)
+            worst, times = self.compare(tokenizer, encoder, serving, texts, rounds, verdict.batch)
         except Exception as e:  # noqa: BLE001 - whatever stopped the comparison, the serving version is restored
             return refuse(f"the comparison failed: {type(e).__name__}: {e}")
         except BaseException:  # Ctrl-C: the serving version serves alone again before the command ends

@@ -66,7 +66,9 @@ def test_a_version_that_agrees_is_promoted_under_load_with_no_failed_request(
     with load_test(server, tmp_path / "load", duration_s=120, retries=0, stop_after_block_s=2) as outcome:
         time.sleep(5)
         _version(repo, 2)
-        done = _release(server, 2, tmp_path / "release.json")
+        # the same weights: the latency gate is not what this test checks, and two cores under a load test
+        # put 1.3x between the versions' p99 of four calls each (636 against 495 ms)
+        done = _release(server, 2, tmp_path / "release.json", "--max-p99-ratio", "3")
     assert done.returncode == 0, done.stdout + done.stderr
     verdict = json.loads((tmp_path / "release.json").read_text())
     assert verdict["promoted"] and verdict["min_cosine"] >= 0.9999 and "PROMOTED" in done.stdout

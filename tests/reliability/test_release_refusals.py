@@ -30,6 +30,7 @@ class _Server:
     def __init__(self, candidate: np.ndarray[Any, Any], *, serving: np.ndarray[Any, Any] | None = None,
                  versions: tuple[int, ...] = (1,), postprocess: bool = False, pairs: bool = False) -> None:
         self.candidate, self.loads = candidate, []  # type: list[tuple[str, Any]]
+        self.calls: list[tuple[str, int]] = []  # (model, rows) of each inference
         self.serving = np.ones((1, 4), np.float32) if serving is None else serving
         self.versions = versions
         #: A classifier's ensemble ends with its post-processing model; a text-pair one takes QUERY too.
@@ -41,8 +42,8 @@ class _Server:
             return {"name": "m", "platform": "ensemble", "input": [{"name": i} for i in self.inputs],
                     "ensemble_scheduling": {"step": [{"model_name": n} for n in self.steps]}}
         if name == "m_tokenizer":
-            return {"output": [{"name": "input_ids"}, {"name": "tokens"}]}
-        return {"name": "m_encoder", "output": [{"name": "embedding"}]}
+            return {"max_batch_size": 8, "output": [{"name": "input_ids"}, {"name": "tokens"}]}
+        return {"name": "m_encoder", "max_batch_size": 4, "output": [{"name": "embedding"}]}
 
     def get_model_metadata(self, name: str) -> dict[str, Any]:
         return {"versions": [str(v) for v in self.versions]}
@@ -56,9 +57,14 @@ class _Server:
         assert all(s.get("model_version") in (None, -1) for s in steps if s["model_name"] != "m_encoder")
 
     def infer(self, model: str, tensors: Any, model_version: str | None = None) -> _Answer:
+        """A batch of n rows answers n rows: the answer's first row repeated, or the candidate's as it
+        is when it has n rows (a row that differs within a batch)."""
+        rows = tensors[0].shape()[0]
+        self.calls.append((model, rows))
         if model == "m_tokenizer":
-            return _Answer(np.array([[101, 7, 102]]))
-        return _Answer(self.serving if model_version == "1" else self.candidate)
+            return _Answer(np.tile(np.array([[101, 7, 102]]), (rows, 1)))
+        answer = self.serving if model_version == "1" else self.candidate
+        return _Answer(answer if len(answer) == rows else np.tile(answer[:1], (rows, 1)))
 
 
 def _release(candidate: np.ndarray[Any, Any], **server_options: Any) -> tuple[Release, _Server]:
@@ -74,7 +80,7 @@ RESTORED = [("m_encoder", [1]), ("m", -1)]
 
 @pytest.mark.parametrize(("candidate", "named"), [
     (np.full((1, 4), np.nan, np.float32), "not finite"),
-    (np.ones((1, 8), np.float32), "of shape [1, 8], version 1 [1, 4]"),
+    (np.ones((1, 8), np.float32), "of shape [2, 8], version 1 [2, 4]"),  # the two texts in one call
 ])
 def test_a_candidate_whose_answers_cannot_be_compared_is_refused_and_the_serving_version_restored(
         candidate: np.ndarray[Any, Any], named: str) -> None:
@@ -161,3 +167,15 @@ def test_a_repository_without_the_candidates_folder_is_refused_before_any_load(
                  "--repository", str(tmp_path)])
     err = capsys.readouterr().err
     assert code == 2 and f"no folder {tmp_path / 'minilm_encoder' / '2'}" in err, err
+
+
+def test_texts_are_compared_in_batches_the_models_take_and_one_differing_row_refuses() -> None:
+    """Rows of mixed lengths in one call go through the padded (masked) path a single row never takes:
+    a candidate wrong only there answers one row of a batch differently, and that row's cosine refuses it."""
+    batch = np.ones((4, 4), np.float32)
+    batch[2] = [1.0, -1.0, 1.0, -1.0]  # cosine 0 with the serving row
+    release, server = _release(batch)
+    verdict = release.run(list("abcdefgh"), rounds=1, batch=16)
+    assert verdict.batch == 4, "capped at the encoder's max_batch_size (the tokenizer takes 8)"
+    assert server.calls == [("m_tokenizer", 4), ("m_encoder", 4), ("m_encoder", 4)] * 2
+    assert not verdict.promoted and "answers differ: least cosine 0.000000" in verdict.reason

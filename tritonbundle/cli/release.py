@@ -11,6 +11,7 @@ from tritonbundle.cli import args as shared
 from tritonbundle.cli import defaults
 from tritonbundle.contract import encoder_name
 from tritonbundle.errors import ConfigError
+from tritonbundle.release import BATCH
 
 
 def cmd_release(args: argparse.Namespace) -> int:
@@ -31,7 +32,8 @@ def cmd_release(args: argparse.Namespace) -> int:
     texts = [factory.text(factory.draw()[0]) for _ in range(args.texts)]
     release = Release(url, args.model, args.version, api_key=shared.read_key(args, url.removeprefix("http://")),
                       timeout_s=args.timeout_s)
-    verdict = release.run(texts, min_cosine=args.min_cosine, max_p99_ratio=args.max_p99_ratio, rounds=args.rounds)
+    verdict = release.run(texts, min_cosine=args.min_cosine, max_p99_ratio=args.max_p99_ratio, rounds=args.rounds,
+                          batch=args.batch)
     for line in verdict.steps:
         print(f"  {line}")
     word = "PROMOTED" if verdict.promoted else "REFUSED"
@@ -57,6 +59,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--texts", type=shared.above(0, whole=True), default=50, help="how many texts")
     p.add_argument("--rounds", type=shared.above(0, whole=True), default=3,
                    help="times each text is sent to each version (latency)")
+    p.add_argument("--batch", type=shared.above(0, whole=True), default=BATCH,
+                   help="texts per call, of mixed lengths padded to the longest (at most the models' max_batch_size)")
     p.add_argument("--min-cosine", type=shared.above(0), default=0.999, help="least cosine between the versions' answers")
     p.add_argument("--max-p99-ratio", type=shared.above(0), default=1.5,
                    help="new p99 at most this times the serving one (+5 ms)")
