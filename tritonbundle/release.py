@@ -102,15 +102,23 @@ class Release:
                               "and text-classification models only")
         return ensemble, names.index(encoder), tokenizer, encoder
 
-    def _serving(self, encoder: str) -> int:
+    def _serving(self, encoder: str, pinned: int) -> tuple[int, bool]:
+        """The version callers get, and whether an earlier release stopped midway: the one the encoder
+        serves or, when it serves several (a release killed during the comparison: N and N+1), the one the
+        ensemble is still pinned to, not the newest."""
         versions = sorted(int(v) for v in self.client.get_model_metadata(encoder).get("versions", []))
         if not versions:
             raise ClientError(f"model {encoder!r} serves no version", model=encoder, protocol="http")
-        if len(versions) > 1:  # a release stopped midway: which one serves is the ensemble's pin, not the newest
-            raise ConfigError(f"{encoder!r} serves versions {versions} at once: an earlier release stopped midway. "
-                              f"Move the version folder that should not serve out of the repository, then load "
-                              f"{encoder!r} and {self.model!r} again (tritonbundle load), and release again")
-        return versions[0]
+        if len(versions) == 1:
+            return versions[0], False
+        if pinned in versions:
+            self.log.append(f"an earlier release stopped midway: {encoder} serves versions {versions}, "
+                            f"{self.model} is pinned to {pinned}, which is taken for the serving one")
+            return pinned, True
+        raise ConfigError(f"{encoder!r} serves versions {versions} at once and {self.model!r} is not pinned to "
+                          f"either: which one should serve is not known. Move the version folder that should not "
+                          f"serve out of the repository, then load {encoder!r} and {self.model!r} again "
+                          "(tritonbundle load), and release again")
 
     # -- comparing ----------------------------------------------------------------------------------------
     def _tokens(self, tokenizer: str, texts: list[str]) -> dict[str, np.ndarray[Any, Any]]:
@@ -177,9 +185,8 @@ class Release:
         if not texts or rounds < 1:
             raise ConfigError(f"a release compares at least one text once (texts {len(texts)}, rounds {rounds})")
         ensemble, at, tokenizer, encoder = self._steps()
-        serving = self._serving(encoder)
-        if self.candidate == serving:
-            raise ConfigError(f"{encoder!r} already serves version {serving}")
+        # (an earlier release stopped midway is restored by this one's first loads, whatever it then does)
+        serving, stopped = self._serving(encoder, int(ensemble["ensemble_scheduling"]["step"][at].get("model_version", -1)))
         verdict = Verdict(self.model, encoder, serving, self.candidate, False, "",
                           batch=self.batch_size(tokenizer, encoder, batch))
         encoder_config = self._config(encoder)
@@ -192,6 +199,13 @@ class Release:
 
         def versions(*numbers: int) -> dict[str, Any]:
             return {**encoder_config, "version_policy": {"specific": {"versions": list(numbers)}}}
+
+        if self.candidate == serving:
+            if stopped:  # the earlier release's end: the encoder serves its pinned version alone, unpinned
+                self._load(encoder, versions(serving), f"{encoder} serves version {serving} alone again")
+                self._load(self.model, pin(-1), f"unpinned {self.model}")
+            raise ConfigError(f"{encoder!r} already serves version {serving}"
+                              + (" (restored: it serves that version alone again)" if stopped else ""))
 
         def refuse(reason: str) -> Verdict:
             try:

@@ -115,3 +115,35 @@ def test_a_version_whose_answers_differ_is_refused_under_load_and_the_serving_on
         assert _ensemble_step_version(client) == -1
         client.load_model("minilm_encoder")
         assert client.model_info("minilm_encoder").version == serving
+
+
+def test_a_release_killed_during_its_comparison_is_recovered_by_the_next(
+    explicit_server: tuple[Any, Path], tmp_path: Path
+) -> None:
+    """The state a killed release leaves (the encoder serving N and N+1, the ensemble pinned to N), made
+    through the repository API: the next release reads the pin from Triton's JSON, takes N for the
+    serving version, and ends with one version serving and the ensemble unpinned."""
+    import tritonclient.http as httpclient
+
+    from tritonbundle.clients import HttpClient
+    from tritonbundle.contract import RESTRICTED_HEADER
+
+    server, repo = explicit_server
+    _version(repo, 3)
+    triton = httpclient.InferenceServerClient(server.http_url.removeprefix("http://"))
+    headers = {RESTRICTED_HEADER: API_KEY}
+    with HttpClient(server.http_url, api_key=API_KEY) as client:
+        serving = int(client.model_info("minilm_encoder").version)
+    encoder, ensemble = triton.get_model_config("minilm_encoder"), triton.get_model_config("minilm")
+    encoder["version_policy"] = {"specific": {"versions": [serving, 3]}}
+    ensemble["ensemble_scheduling"]["step"][-1]["model_version"] = serving
+    triton.load_model("minilm_encoder", headers=headers, config=json.dumps(encoder))
+    triton.load_model("minilm", headers=headers, config=json.dumps(ensemble))
+    assert sorted(int(v) for v in triton.get_model_metadata("minilm_encoder")["versions"]) == [serving, 3]
+    done = _release(server, 3, tmp_path / "release.json", "--max-p99-ratio", "3")
+    assert done.returncode == 0, done.stdout + done.stderr
+    verdict = json.loads((tmp_path / "release.json").read_text())
+    assert verdict["serving"] == serving and "an earlier release stopped midway" in verdict["steps"][0], verdict
+    assert triton.get_model_metadata("minilm_encoder")["versions"] == ["3"]
+    with HttpClient(server.http_url, api_key=API_KEY) as client:
+        assert _ensemble_step_version(client) == -1

@@ -28,7 +28,8 @@ class _Server:
     candidate 2 answers ``candidate``. Records each load as (model, encoder versions or pinned version)."""
 
     def __init__(self, candidate: np.ndarray[Any, Any], *, serving: np.ndarray[Any, Any] | None = None,
-                 versions: tuple[int, ...] = (1,), postprocess: bool = False, pairs: bool = False) -> None:
+                 versions: tuple[int, ...] = (1,), postprocess: bool = False, pairs: bool = False,
+                 pinned: int | None = None) -> None:
         self.candidate, self.loads = candidate, []  # type: list[tuple[str, Any]]
         self.calls: list[tuple[str, int]] = []  # (model, rows) of each inference
         self.serving = np.ones((1, 4), np.float32) if serving is None else serving
@@ -36,11 +37,14 @@ class _Server:
         #: A classifier's ensemble ends with its post-processing model; a text-pair one takes QUERY too.
         self.steps = ["m_tokenizer", "m_encoder"] + (["m_postprocess"] if postprocess else [])
         self.inputs = ["QUERY", "TEXT"] if pairs else ["TEXT"]
+        self.pinned = pinned  # the encoder step's model_version, as Triton's JSON says an int64: a string
 
     def get_model_config(self, name: str) -> dict[str, Any]:
         if name == "m":
             return {"name": "m", "platform": "ensemble", "input": [{"name": i} for i in self.inputs],
-                    "ensemble_scheduling": {"step": [{"model_name": n} for n in self.steps]}}
+                    "ensemble_scheduling": {"step": [
+                        {"model_name": n, **({"model_version": str(self.pinned)} if n == "m_encoder" and
+                                             self.pinned is not None else {})} for n in self.steps]}}
         if name == "m_tokenizer":
             return {"max_batch_size": 8, "output": [{"name": "input_ids"}, {"name": "tokens"}]}
         return {"name": "m_encoder", "max_batch_size": 4, "output": [{"name": "embedding"}]}
@@ -130,11 +134,27 @@ def test_a_serving_version_that_answers_nan_refuses_the_release() -> None:
     assert server.loads[-2:] == RESTORED
 
 
-def test_a_release_stopped_midway_is_named_not_taken_for_a_newer_serving_version() -> None:
-    release, server = _release(np.ones((1, 4), np.float32), versions=(2, 1))
-    with pytest.raises(ConfigError, match=r"'m_encoder' serves versions \[1, 2\] at once: an earlier release stopped"):
+def test_a_release_stopped_midway_unpinned_is_named_not_taken_for_a_newer_serving_version() -> None:
+    release, server = _release(np.ones((1, 4), np.float32), versions=(2, 1), pinned=-1)
+    with pytest.raises(ConfigError, match=r"'m_encoder' serves versions \[1, 2\] at once and 'm' is not pinned"):
         release.run(["a"], rounds=1)
     assert server.loads == []
+
+
+def test_a_release_killed_during_the_comparison_is_restored_from_the_ensembles_pin() -> None:
+    """Killed while N=1 and N+1=3 served side by side, the ensemble pinned to 1: the next release takes 1
+    for the serving version (its first loads make it serve alone) and goes on with its own candidate."""
+    release, server = _release(np.full((1, 4), 2.0, np.float32), versions=(3, 1), pinned=1)
+    verdict = release.run(["a"], rounds=1, slack_ms=1e6)
+    assert verdict.serving == 1 and verdict.promoted, verdict.reason
+    assert server.loads[0] == ("m_encoder", [1]) and "an earlier release stopped midway" in verdict.steps[0]
+
+
+def test_releasing_the_pinned_version_again_after_a_kill_restores_it_and_says_so() -> None:
+    release, server = _release(np.ones((1, 4), np.float32), versions=(2, 1), pinned=2)
+    with pytest.raises(ConfigError, match=r"already serves version 2 \(restored: it serves that version alone"):
+        release.run(["a"], rounds=1)
+    assert server.loads == [("m_encoder", [2]), ("m", -1)]
 
 
 def test_text_pairs_are_refused_before_anything_loads() -> None:
