@@ -401,17 +401,19 @@ def _watch(server: TritonServer, stop_event: threading.Event, canary: Canary | N
 
 
 def quarantine(repository: Path, model: str, version: str, reason: str) -> Path:
-    """Move a version Triton refused out of the served repository, next to it, with its error:
+    """Move a version that must not serve (Triton refused it, or a release did) out of the served repository,
+    next to it, with its error:
     ``<repository>.quarantine/<model>/<version>-<UTC time>/`` and ``error.txt``. Left in place, the
     broken version would be the latest one again at the next start, and that start would fail
     ("failed to load all models")."""
     import datetime
 
-    source = Path(repository) / model / version
+    repository = Path(repository).resolve()  # `--repository .`: its name, not "", names the quarantine
+    source = repository / model / version
     if not source.is_dir():
         raise ServerError(f"{source} is not a version folder of model {model!r}")
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    target = Path(repository).parent / f"{Path(repository).name}.quarantine" / model / f"{version}-{stamp}"
+    target = repository.parent / f"{repository.name}.quarantine" / model / f"{version}-{stamp}"
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.move(str(source), str(target))
     (target / "error.txt").write_text(reason.rstrip() + "\n")
