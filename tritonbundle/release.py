@@ -23,6 +23,7 @@ and requests in flight finish where they started, so callers see no failure (tes
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -30,15 +31,37 @@ from typing import Any
 import numpy as np
 
 from tritonbundle.contract import QUERY_INPUT, RESTRICTED_HEADER, TEXT_INPUT, encoder_name, tokenizer_name
-from tritonbundle.errors import ClientError, ConfigError
+from tritonbundle.errors import ClientError, ConfigError, TritonBundleError
 
 #: Seconds a load may take before the command gives up on it: a TensorRT engine warming every profile up
 #: takes minutes, and a load given up on by the client goes on in the server (Triton does not serialise
 #: loads of one model), so the restore could race it.
 LOAD_TIMEOUT_S = 900.0
 
-#: Texts per comparison call (fewer where the tokenizer or the encoder takes fewer rows a call).
+#: Texts per call of the comparison's batched pass (fewer where the tokenizer or the encoder takes fewer).
 BATCH = 8
+
+#: What to do after a release stopped between its loads: the next one reads the ensemble's pin.
+RUN_AGAIN = ("run the same `tritonbundle release` again: it reads the ensemble's pin and finishes or undoes "
+             "this one")
+
+
+class ReleaseError(ClientError):
+    """The server failed a step of the release (a load, the restore): exit 3, apart from a refusal's 1."""
+
+    exit_code = 3
+
+
+class ReleaseInterrupted(TritonBundleError):
+    """Ctrl-C: during the comparison, after the serving version is restored; during a load, with nothing
+    restored (the load goes on in the server, and a restore would race it: Triton does not serialise loads
+    of one model)."""
+
+    exit_code = 130
+
+
+class CandidateFault(ValueError):
+    """The candidate's answers cannot be compared: another shape, values that are not finite."""
 
 
 @dataclass
@@ -49,6 +72,9 @@ class Verdict:
     candidate: int
     promoted: bool
     reason: str
+    #: Whether the refusal is the candidate's doing (its answers, its latency, the server refusing to load
+    #: it), not the environment's (a timeout, the serving version's answers): only then is it quarantined.
+    candidate_at_fault: bool = False
     texts: int = 0
     batch: int = 1
     min_cosine: float = 0.0
@@ -73,6 +99,8 @@ class Release:
         self.model, self.candidate = model, candidate
         self.headers = {RESTRICTED_HEADER: api_key} if api_key else {}
         self.log: list[str] = []
+        #: Versions an earlier release, stopped midway, left serving beside the pinned one (never promoted).
+        self.left_over: list[int] = []
 
     # -- the server ------------------------------------------------------------------------------------
     def _config(self, name: str) -> dict[str, Any]:
@@ -84,7 +112,7 @@ class Release:
         try:
             self.loader.load_model(name, headers=self.headers, config=json.dumps(config))
         except Exception as e:  # noqa: BLE001 - tritonclient's own error: said in one line
-            raise ClientError(f"release of {self.model!r}: {what} failed: {e}", model=name, protocol="http") from e
+            raise ReleaseError(f"release of {self.model!r}: {what} failed: {e}", model=name, protocol="http") from e
         self.log.append(f"{what} ({time.monotonic() - started:.1f} s)")
 
     def _steps(self) -> tuple[dict[str, Any], int, str, str]:
@@ -100,21 +128,27 @@ class Release:
         if any(i.get("name") == QUERY_INPUT for i in ensemble.get("input", [])):
             raise ConfigError(f"model {self.model!r} takes query and text pairs: release compares text-embedding "
                               "and text-classification models only")
+        for name in (tokenizer, encoder):
+            if int(self._config(name).get("max_batch_size") or 0) < 1:
+                raise ConfigError(f"model {name!r} has no batch dimension (max_batch_size 0): release compares "
+                                  "the batched text models the build stage writes")
         return ensemble, names.index(encoder), tokenizer, encoder
 
-    def _serving(self, encoder: str, pinned: int) -> tuple[int, bool]:
-        """The version callers get, and whether an earlier release stopped midway: the one the encoder
-        serves or, when it serves several (a release killed during the comparison: N and N+1), the one the
-        ensemble is still pinned to, not the newest."""
+    def _serving(self, encoder: str, pinned: int) -> int:
+        """The version callers get: the one the encoder serves or, when it serves several (a release killed
+        during its comparison: N and N+1), the one the ensemble is still pinned to, not the newest; the
+        others go to :attr:`left_over`."""
         versions = sorted(int(v) for v in self.client.get_model_metadata(encoder).get("versions", []))
         if not versions:
             raise ClientError(f"model {encoder!r} serves no version", model=encoder, protocol="http")
-        if len(versions) == 1:
-            return versions[0], False
-        if pinned in versions:
+        if pinned != -1:
             self.log.append(f"an earlier release stopped midway: {encoder} serves versions {versions}, "
-                            f"{self.model} is pinned to {pinned}, which is taken for the serving one")
-            return pinned, True
+                            f"{self.model} is pinned to {pinned}")
+        if len(versions) == 1:
+            return versions[0]
+        if pinned in versions:
+            self.left_over = [v for v in versions if v not in (pinned, self.candidate)]
+            return pinned
         raise ConfigError(f"{encoder!r} serves versions {versions} at once and {self.model!r} is not pinned to "
                           f"either: which one should serve is not known. Move the version folder that should not "
                           f"serve out of the repository, then load {encoder!r} and {self.model!r} again "
@@ -146,37 +180,45 @@ class Release:
 
     def batch_size(self, tokenizer: str, encoder: str, wanted: int) -> int:
         """``wanted``, or less where the tokenizer or the encoder takes fewer rows a call."""
-        limits = [int(self._config(m).get("max_batch_size") or 1) for m in (tokenizer, encoder)]
-        return max(1, min(wanted, *limits))
+        return max(1, min(wanted, *(int(self._config(m)["max_batch_size"]) for m in (tokenizer, encoder))))
+
+    def _pair(self, tokenizer: str, encoder: str, serving: int, texts: list[str], output: str,
+              ) -> tuple[float, float, float]:
+        """``texts`` in one call to each version: the least cosine of a row's two answers, and each
+        version's latency (ms). NaN compares false with everything, so its cosine would pass any gate:
+        an answer that is not finite or of another shape raises, naming the version."""
+        feeds = self._tokens(tokenizer, texts)
+        old, t_old = self._embed(encoder, serving, feeds, output)
+        new, t_new = self._embed(encoder, self.candidate, feeds, output)
+        if new.shape != old.shape:
+            raise CandidateFault(f"version {self.candidate} answers {output} of shape {list(new.shape)}, "
+                                 f"version {serving} {list(old.shape)}")
+        if not np.isfinite(new).all():
+            raise CandidateFault(f"version {self.candidate} answers {output} with values that are not finite (NaN or inf)")
+        if not np.isfinite(old).all():  # the serving one's: not the candidate's doing
+            raise ValueError(f"version {serving} answers {output} with values that are not finite (NaN or inf)")
+        a, b = old.reshape(len(old), -1), new.reshape(len(new), -1)
+        norms = np.maximum(1e-12, np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+        return float(((a * b).sum(axis=1) / norms).min()), t_old, t_new
 
     def compare(self, tokenizer: str, encoder: str, serving: int, texts: list[str], rounds: int, batch: int = 1,
                 ) -> tuple[float, dict[str, list[float]]]:
-        """The least cosine between the two versions' answers, row by row, and each version's latencies per
-        call (interleaved), the texts sent ``batch`` at a time.
+        """The least cosine between the two versions' answers, row by row, and each version's latencies.
 
-        A candidate whose answer cannot be compared (another shape, a value that is not finite) raises
-        ``ValueError`` naming it: NaN compares false with everything, so its cosine would pass any gate."""
+        Each text alone, ``rounds`` times, interleaved (the latencies); in the first round the texts also
+        go ``batch`` at a time, rows of mixed lengths padded to the call's longest as the dynamic batcher's
+        calls are: a candidate wrong only for padded rows or larger batches fails there."""
         output = self._config(encoder)["output"][0]["name"]
         worst = 1.0
         times: dict[str, list[float]] = {str(serving): [], str(self.candidate): []}
         for r in range(rounds):
-            for start in range(0, len(texts), batch):
-                feeds = self._tokens(tokenizer, texts[start:start + batch])
-                old, t_old = self._embed(encoder, serving, feeds, output)
-                new, t_new = self._embed(encoder, self.candidate, feeds, output)
-                if new.shape != old.shape:
-                    raise ValueError(f"version {self.candidate} answers {output} of shape {list(new.shape)}, "
-                                     f"version {serving} {list(old.shape)}")
-                for version, answer in ((self.candidate, new), (serving, old)):
-                    if not np.isfinite(answer).all():  # the serving one's too: NaN would drop out of the cosine
-                        raise ValueError(f"version {version} answers {output} with values that are not finite "
-                                         "(NaN or inf)")
-                if r == 0:
-                    a, b = old.reshape(len(old), -1), new.reshape(len(new), -1)
-                    norms = np.maximum(1e-12, np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
-                    worst = min(worst, float(((a * b).sum(axis=1) / norms).min()))
+            for text in texts:
+                cosine, t_old, t_new = self._pair(tokenizer, encoder, serving, [text], output)
+                worst = min(worst, cosine) if r == 0 else worst
                 times[str(serving)].append(t_old)
                 times[str(self.candidate)].append(t_new)
+            for start in range(0, len(texts), batch) if r == 0 and batch > 1 else ():
+                worst = min(worst, self._pair(tokenizer, encoder, serving, texts[start:start + batch], output)[0])
         return worst, times
 
     # -- the release ---------------------------------------------------------------------------------------
@@ -185,8 +227,8 @@ class Release:
         if not texts or rounds < 1:
             raise ConfigError(f"a release compares at least one text once (texts {len(texts)}, rounds {rounds})")
         ensemble, at, tokenizer, encoder = self._steps()
-        # (an earlier release stopped midway is restored by this one's first loads, whatever it then does)
-        serving, stopped = self._serving(encoder, int(ensemble["ensemble_scheduling"]["step"][at].get("model_version", -1)))
+        pinned = int(ensemble["ensemble_scheduling"]["step"][at].get("model_version", -1))  # int64: a JSON string
+        serving = self._serving(encoder, pinned)  # a stopped release is restored by this one's first loads
         verdict = Verdict(self.model, encoder, serving, self.candidate, False, "",
                           batch=self.batch_size(tokenizer, encoder, batch))
         encoder_config = self._config(encoder)
@@ -200,21 +242,23 @@ class Release:
         def versions(*numbers: int) -> dict[str, Any]:
             return {**encoder_config, "version_policy": {"specific": {"versions": list(numbers)}}}
 
-        if self.candidate == serving:
-            if stopped:  # the earlier release's end: the encoder serves its pinned version alone, unpinned
-                self._load(encoder, versions(serving), f"{encoder} serves version {serving} alone again")
-                self._load(self.model, pin(-1), f"unpinned {self.model}")
-            raise ConfigError(f"{encoder!r} already serves version {serving}"
-                              + (" (restored: it serves that version alone again)" if stopped else ""))
+        def restore() -> None:
+            self._load(encoder, versions(serving), f"{encoder} serves version {serving} alone again")
+            self._load(self.model, pin(-1), f"unpinned {self.model}")
 
-        def refuse(reason: str) -> Verdict:
+        if self.candidate == serving:
+            if pinned != -1:  # the earlier release's end: the encoder serves its pinned version alone, unpinned
+                restore()
+            raise ConfigError(f"{encoder!r} already serves version {serving}"
+                              + (" (restored: it serves that version alone again)" if pinned != -1 else ""))
+
+        def refuse(reason: str, *, candidate_at_fault: bool) -> Verdict:
             try:
-                self._load(encoder, versions(serving), f"{encoder} serves version {serving} alone again")
-                self._load(self.model, pin(-1), f"unpinned {self.model}")
+                restore()
             except ClientError as e:  # the server is gone too: say both, the refusal's reason first
-                raise ClientError(f"release of {self.model!r} refused ({reason}), and restoring failed: {e}",
-                                  model=encoder, protocol="http") from e
-            verdict.reason, verdict.steps = reason, self.log
+                raise ReleaseError(f"release of {self.model!r} refused ({reason}), and restoring failed: {e}",
+                                   model=encoder, protocol="http") from e
+            verdict.reason, verdict.candidate_at_fault, verdict.steps = reason, candidate_at_fault, self.log
             return verdict
 
         # Loading an ensemble reloads a composing model whose folder changed since its last load, from its
@@ -223,28 +267,37 @@ class Release:
         self._load(encoder, versions(serving), f"{encoder} serves version {serving} (its repository read again)")
         self._load(self.model, pin(serving), f"pinned {self.model} to {encoder} version {serving}")
         try:
-            self._load(encoder, versions(serving, self.candidate), f"loaded {encoder} version {self.candidate} beside {serving}")
-        except ClientError as e:
-            return refuse(f"version {self.candidate} did not load: {e}")
-        try:
-            worst, times = self.compare(tokenizer, encoder, serving, texts, rounds, verdict.batch)
-        except Exception as e:  # noqa: BLE001 - whatever stopped the comparison, the serving version is restored
-            return refuse(f"the comparison failed: {type(e).__name__}: {e}")
-        except BaseException:  # Ctrl-C: the serving version serves alone again before the command ends
-            refuse("the release was interrupted")
-            raise
-        verdict.texts, verdict.min_cosine = len(texts), round(worst, 6)
-        verdict.p50_ms = {v: round(float(np.percentile(t, 50)), 2) for v, t in times.items()}
-        verdict.p99_ms = {v: round(float(np.percentile(t, 99)), 2) for v, t in times.items()}
-        old_p99, new_p99 = verdict.p99_ms[str(serving)], verdict.p99_ms[str(self.candidate)]
-        if worst < min_cosine:
-            return refuse(f"answers differ: least cosine {worst:.6f} < {min_cosine}")
-        if new_p99 > max_p99_ratio * old_p99 + slack_ms:
-            return refuse(f"slower: p99 {new_p99:.1f} ms > {max_p99_ratio} x {old_p99:.1f} + {slack_ms} ms")
-        verdict.promoted = True
-        verdict.reason = f"answers agree (least cosine {worst:.6f}), p99 {new_p99:.1f} vs {old_p99:.1f} ms"
-        self._load(self.model, pin(self.candidate), f"moved {self.model} to {encoder} version {self.candidate}")
-        self._load(encoder, versions(self.candidate), f"{encoder} serves version {self.candidate} alone")
-        self._load(self.model, pin(-1), f"unpinned {self.model}")
+            try:
+                self._load(encoder, versions(serving, self.candidate), f"loaded {encoder} version {self.candidate} beside {serving}")
+            except ClientError as e:  # the server's own refusal of the version ("version N is at UNAVAILABLE
+                # state: <why>"), or a timeout, a connection lost: only the first is the candidate's doing
+                refused = re.search(rf"version {self.candidate} is at UNAVAILABLE state", str(e)) is not None
+                return refuse(f"version {self.candidate} did not load: {e}", candidate_at_fault=refused)
+            try:
+                worst, times = self.compare(tokenizer, encoder, serving, texts, rounds, verdict.batch)
+            except Exception as e:  # noqa: BLE001 - whatever stopped the comparison, the serving version is restored
+                return refuse(f"the comparison failed: {type(e).__name__}: {e}",
+                              candidate_at_fault=isinstance(e, CandidateFault))
+            except KeyboardInterrupt:  # between two calls: the serving version serves alone again, then the end
+                refuse("the release was interrupted", candidate_at_fault=False)
+                raise ReleaseInterrupted(f"interrupted during the comparison; {encoder} serves version {serving} "
+                                         f"alone again, {self.model} unpinned") from None
+            verdict.texts, verdict.min_cosine = len(texts), round(worst, 6)
+            verdict.p50_ms = {v: round(float(np.percentile(t, 50)), 2) for v, t in times.items()}
+            verdict.p99_ms = {v: round(float(np.percentile(t, 99)), 2) for v, t in times.items()}
+            old_p99, new_p99 = verdict.p99_ms[str(serving)], verdict.p99_ms[str(self.candidate)]
+            if worst < min_cosine:
+                return refuse(f"answers differ: least cosine {worst:.6f} < {min_cosine}", candidate_at_fault=True)
+            if new_p99 > max_p99_ratio * old_p99 + slack_ms:
+                return refuse(f"slower: p99 {new_p99:.1f} ms > {max_p99_ratio} x {old_p99:.1f} + {slack_ms} ms",
+                              candidate_at_fault=True)
+            verdict.promoted = True
+            verdict.reason = f"answers agree (least cosine {worst:.6f}), p99 {new_p99:.1f} vs {old_p99:.1f} ms"
+            self._load(self.model, pin(self.candidate), f"moved {self.model} to {encoder} version {self.candidate}")
+            self._load(encoder, versions(self.candidate), f"{encoder} serves version {self.candidate} alone")
+            self._load(self.model, pin(-1), f"unpinned {self.model}")
+        except KeyboardInterrupt:  # during a load: it goes on in the server, so nothing is restored here
+            raise ReleaseInterrupted(f"interrupted after: {self.log[-1] if self.log else 'nothing'}; "
+                                     f"{RUN_AGAIN}") from None
         verdict.steps = self.log
         return verdict

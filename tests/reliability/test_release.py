@@ -20,6 +20,8 @@ from tests.reliability.conftest import load_test
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 ROOT = Path(__file__).resolve().parents[2]
+#: A copy of the serving version's weights is released: the answers are compared, the latency gate is off.
+SAME_WEIGHTS = ("--max-p99-ratio", "100")
 
 
 def _version(repo: Path, version: int, *, noise: float = 0.0) -> None:
@@ -66,9 +68,9 @@ def test_a_version_that_agrees_is_promoted_under_load_with_no_failed_request(
     with load_test(server, tmp_path / "load", duration_s=120, retries=0, stop_after_block_s=2) as outcome:
         time.sleep(5)
         _version(repo, 2)
-        # the same weights: the latency gate is not what this test checks, and two cores under a load test
-        # put 1.3x between the versions' p99 of four calls each (636 against 495 ms)
-        done = _release(server, 2, tmp_path / "release.json", "--max-p99-ratio", "3")
+        # the same weights: not the latency gate's test; on two cores under a load test the two versions'
+        # p99 of 24 calls came out 183 and 936 ms (either way round), past its 1.5x
+        done = _release(server, 2, tmp_path / "release.json", *SAME_WEIGHTS)
     assert done.returncode == 0, done.stdout + done.stderr
     verdict = json.loads((tmp_path / "release.json").read_text())
     assert verdict["promoted"] and verdict["min_cosine"] >= 0.9999 and "PROMOTED" in done.stdout
@@ -140,7 +142,7 @@ def test_a_release_killed_during_its_comparison_is_recovered_by_the_next(
     triton.load_model("minilm_encoder", headers=headers, config=json.dumps(encoder))
     triton.load_model("minilm", headers=headers, config=json.dumps(ensemble))
     assert sorted(int(v) for v in triton.get_model_metadata("minilm_encoder")["versions"]) == [serving, 3]
-    done = _release(server, 3, tmp_path / "release.json", "--max-p99-ratio", "3")
+    done = _release(server, 3, tmp_path / "release.json", *SAME_WEIGHTS)
     assert done.returncode == 0, done.stdout + done.stderr
     verdict = json.loads((tmp_path / "release.json").read_text())
     assert verdict["serving"] == serving and "an earlier release stopped midway" in verdict["steps"][0], verdict

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from tritonbundle.cli import args as shared
@@ -18,7 +19,6 @@ def cmd_release(args: argparse.Namespace) -> int:
     from tritonbundle import traffic
     from tritonbundle.payloads import PayloadFactory
     from tritonbundle.release import Release
-    from tritonbundle.server import quarantine
 
     if args.protocol != "http":
         raise ConfigError("release speaks HTTP (Triton's repository API and model versions): give the HTTP "
@@ -32,22 +32,39 @@ def cmd_release(args: argparse.Namespace) -> int:
     texts = [factory.text(factory.draw()[0]) for _ in range(args.texts)]
     release = Release(url, args.model, args.version, api_key=shared.read_key(args, url.removeprefix("http://")),
                       timeout_s=args.timeout_s)
-    verdict = release.run(texts, min_cosine=args.min_cosine, max_p99_ratio=args.max_p99_ratio, rounds=args.rounds,
-                          batch=args.batch)
+    try:
+        verdict = release.run(texts, min_cosine=args.min_cosine, max_p99_ratio=args.max_p99_ratio,
+                              rounds=args.rounds, batch=args.batch)
+    finally:  # versions a stopped release left serving were never promoted: out too, whatever this one did
+        for version in release.left_over:
+            _move_out(args.repository, encoder_name(args.model), version,
+                      "a release stopped midway left it serving beside the pinned version; it was never promoted")
+    if args.report:
+        Path(args.report).write_text(json.dumps(verdict.to_json(), indent=2))
     for line in verdict.steps:
         print(f"  {line}")
     word = "PROMOTED" if verdict.promoted else "REFUSED"
     print(f"{word}: {verdict.encoder} version {verdict.candidate} (serving {verdict.serving}): {verdict.reason}")
-    if not verdict.promoted and candidate is not None:
-        moved = quarantine(args.repository, verdict.encoder, str(verdict.candidate),
-                           f"tritonbundle release refused it: {verdict.reason}")
-        print(f"  moved version {verdict.candidate} out of the repository: {moved}")
+    if not verdict.promoted and verdict.candidate_at_fault:
+        _move_out(args.repository, verdict.encoder, verdict.candidate, f"tritonbundle release refused it: {verdict.reason}")
     elif not verdict.promoted:
-        print(f"  version {verdict.candidate} stays in the repository: move it out (or release with --repository), "
-              "or a restart (latest version) would serve it")
-    if args.report:
-        Path(args.report).write_text(json.dumps(verdict.to_json(), indent=2))
+        print(f"  version {verdict.candidate} stays in the repository (not its own doing: release it again)")
     return 0 if verdict.promoted else 1
+
+
+def _move_out(repository: Path | None, encoder: str, version: int, reason: str) -> None:
+    """Move a version that must not serve out of ``repository`` (with ``reason``), or say it stays."""
+    from tritonbundle.server import quarantine
+
+    if repository is None or not (repository / encoder / str(version)).is_dir():
+        print(f"  version {version} ({reason}) stays in the repository: move it out (or give --repository), or a "
+              "restart (latest version) would serve it", file=sys.stderr)
+        return
+    try:
+        print(f"  moved version {version} out of the repository: {quarantine(repository, encoder, str(version), reason)}")
+    except OSError as e:  # e.g. files the server's container owns: the verdict stands, the move is the user's
+        print(f"  could not move {repository / encoder / str(version)} out of the repository ({e}): move it out, or a restart (latest version) "
+              "would serve it", file=sys.stderr)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
