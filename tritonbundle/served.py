@@ -135,9 +135,12 @@ class ServedRepository:
         self._meter = CpuMeter({"server": self.server.process.pid, **{f"load{i}": p for i, p in enumerate(pool.pids)}})
 
     def probes(self) -> Probes:
-        meter = self._meter
-        assert meter is not None, "connect() first"
+        assert self._meter is not None, "connect() first"
         metrics_url = self.server.metrics_url
+
+        def meter() -> CpuMeter:  # read at each level: a restart's connect() meters the new server's process
+            assert self._meter is not None
+            return self._meter
 
         def observe() -> dict[str, Any]:
             time.sleep(0.3)  # let the encoder's statistics file catch up (written every 0.25 s)
@@ -146,8 +149,8 @@ class ServedRepository:
             except OSError:
                 sample = {}
             return {"metrics": sample, "stats": read_stats(self.stats_dir),
-                    "tokenizer": read_stats(self.stats_dir, "tokenizer"), "cpu": meter.read(),
-                    "threads": dict(meter.threads), "t": time.monotonic()}
+                    "tokenizer": read_stats(self.stats_dir, "tokenizer"), "cpu": meter().read(),
+                    "threads": dict(meter().threads), "t": time.monotonic()}
 
         def finish(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
             views = {v.model: v.to_json() for v in triton_metrics.view(before["metrics"], after["metrics"])}
@@ -157,7 +160,7 @@ class ServedRepository:
                 "encoder": {k: after["stats"][k] - before["stats"].get(k, 0.0) for k in after["stats"]},
                 **({"tokenizer": tokenizer} if tokenizer else {}),
                 "cpu_cores": CpuMeter.delta(before["cpu"], after["cpu"], after["t"] - before["t"]),
-                "cpu_processes": dict(meter.processes),
+                "cpu_processes": dict(meter().processes),
                 "cpu_threads": CpuMeter.busiest_threads(before["threads"], after["threads"], after["t"] - before["t"]),
             }
 

@@ -51,6 +51,10 @@ def test_a_server_that_crashes_during_a_level_is_restarted_and_measured_again(re
     later = result.steps[1:]
     assert later and all(s.extra.get("down") is None for s in later)
     assert any(s.passed and s.completed > 0 for s in later), [(s.offered_rps, s.reason) for s in later]
+    # the restarted server's CPU is metered (the probes read the new process, not the dead one's pid)
+    # (at 4 req/s tritonserver's own share rounds to 0.0: its process tree, stubs included, is what is read)
+    assert all(any(k.startswith("server:stub[") for k in s.extra["cpu_cores"]) for s in later), \
+        [s.extra["cpu_cores"] for s in later]
 
 
 STALLING_MODEL = '''
