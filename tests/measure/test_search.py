@@ -95,3 +95,45 @@ def test_a_sweep_reads_back_from_its_json() -> None:
     back = Sweep.from_json(sweep.to_json())
     assert back.to_json() == sweep.to_json() and back.best_rps == sweep.best_rps
     assert Sweep.from_json(Sweep([], None, "time budget").to_json()).best is None
+
+
+def _client_bound_above(limit: float, capacity: float):  # type: ignore[no-untyped-def]
+    """The M/M/1 server, whose load generators fall behind (3x the limit late) above ``limit`` req/s."""
+    server = mm1(capacity)
+
+    def measure(rate: float) -> StepResult:
+        step = server(rate)
+        step.extra["client_lag_mean_ms"] = 30.0 if rate > limit else 0.1
+        return step
+
+    return measure
+
+
+def test_a_client_bound_level_ends_the_climb_and_leaves_a_floor_not_a_knee() -> None:
+    """The clients fell behind above 400 req/s on a server good for 1,000: the search bracketed against
+    them and called 400 the server's knee."""
+    calls: list[float] = []
+
+    def measure(rate: float) -> StepResult:
+        calls.append(rate)
+        return _client_bound_above(400, 1000)(rate)  # type: ignore[no-any-return]
+
+    sweep = search_rate(measure, slo=Slo(p99_ms=50.0, max_failure_ratio=0.01), start=100, factor=2, refine=3)
+    assert calls == [100, 200, 400, 800], "no bisection against a level that measured the clients"
+    assert sweep.stopped == "client-bound" and sweep.best_rps == 400 and sweep.is_floor
+
+
+def test_a_miss_above_a_client_bound_one_still_brackets() -> None:
+    """Client-bound at the start, a real miss below it: the step-down brackets against the real one."""
+    sweep = search_rate(_client_bound_above(700, 300), slo=Slo(p99_ms=50.0, max_failure_ratio=0.01), start=800,
+                        factor=2, refine=2)
+    assert [s.offered_rps for s in sweep.steps][:3] == [800, 400, 200]
+    assert sweep.stopped == "bracketed" and not sweep.is_floor and sweep.best_rps is not None
+    assert 200 <= sweep.best_rps < 400
+
+
+def test_a_budget_that_ends_during_the_step_down_says_so() -> None:
+    """It said "missed at the lowest rate" after one level, and tune kept the point on --resume."""
+    budget = iter([True, False])
+    sweep = search_rate(mm1(10), slo=Slo(p99_ms=50.0), start=100, factor=2, can_continue=lambda: next(budget))
+    assert len(sweep.steps) == 1 and sweep.stopped == "time budget" and sweep.best is None

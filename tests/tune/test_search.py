@@ -197,6 +197,19 @@ def test_the_defaults_are_the_other_finalist_and_a_failed_measurement_counts_zer
     assert "+27% on the same measurement" in reason(result, again)
 
 
+def test_finalists_that_both_fail_their_re_measurements_confirm_no_winner() -> None:
+    """Medians of [1000, 0, 0] and [900, 0, 0] are 0: the winner was named with rate None, "sustains 0.0
+    req/s within the SLO", and its settings written."""
+    from tritonbundle.tune.search import Result, confirm
+
+    measure, _ = _noisy({1: [1000.0, None, None], 2: [900.0, None, None]})
+    points = [measure("start", {"instances": k}) for k in (1, 2)]
+    result = Result(points, points[0], [], "converged")
+    confirm(measure, result, points, rounds=2, can_continue=lambda: True)
+    assert result.best is None and reason(result, None) == "no configuration met the SLO at any rate tried"
+    assert [rates for _, rates in result.finals.values()] == [[1000.0, 0, 0], [900.0, 0, 0]]
+
+
 def test_no_time_or_one_round_leaves_the_single_best() -> None:
     from tritonbundle.tune.search import Result, confirm
 

@@ -17,7 +17,7 @@ from tritonbundle.measure.latency import Slo
 from tritonbundle.measure.levels import Ladder, Probes, Sampler, measure_rates
 from tritonbundle.measure.loadgen import LoadPool
 from tritonbundle.measure.probes import GpuSampler
-from tritonbundle.measure.search import TIME_BUDGET, Sweep
+from tritonbundle.measure.search import MAX_RATE, TIME_BUDGET, Sweep
 from tritonbundle.measure.stalls import StallProbe
 
 
@@ -62,7 +62,7 @@ def sweep(ctx: Context, pool: LoadPool, phase_deadline: float, system: str, prob
         if result.stopped == TIME_BUDGET:
             why = (f"{max(0.0, left_s):.0f} s of the phase were left after the system started, and one level takes "
                    f"{timing.cost_s:.1f} s; give the run more --budget-s")
-        elif result.stopped == "max rate":
+        elif result.stopped == MAX_RATE:
             why = f"the first rate, {ladder.start:g} req/s, is above --max-rate {ladder.max_rate:g}"
         else:
             why = f"the search stopped: {result.stopped}"

@@ -162,7 +162,10 @@ def judge(step: StepResult, slo: Slo) -> StepResult:
     """Set ``passed``/``reason`` from the SLO gate. A level during which the system went down
     (``extra["down"]``) fails, whatever it answered. A level whose clients fell behind their schedule
     (``extra["client_lag_mean_ms"]`` over :data:`CLIENT_LAG_LIMIT_MS`) is client-bound: it does not
-    count as passed, whatever its latencies, and says so."""
+    count as passed, whatever its latencies, and says so; when that is its only problem
+    (``extra["client_bound_only"]``) it measured the clients alone, and a rate search does not take it
+    for the system's miss (a level that also lost requests or missed the latency bound is one: an
+    overloaded server makes its clients late too)."""
     problems = slo.violations(asdict(step), sent=step.sent, failed=step.failed)
     if step.extra.get("down"):
         problems.insert(0, f"the system went down: {step.extra['down']}")
@@ -170,6 +173,7 @@ def judge(step: StepResult, slo: Slo) -> StepResult:
     limit = client_lag_limit_ms(slo)
     if lag is not None and lag > limit:
         step.extra["client_bound"] = True
+        step.extra["client_bound_only"] = not problems
         problems.append(f"client-bound: the load generators sent {lag:.1f} ms late on average "
                         f"(limit {limit:g} ms): the clients, not the server, set this level")
     step.passed = not problems

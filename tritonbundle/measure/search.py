@@ -11,6 +11,13 @@ from tritonbundle.measure.latency import Slo, StepResult, judge
 
 #: Why a rate search ended when its time ran out: its best rate is a floor of the knee, not the knee.
 TIME_BUDGET = "time budget"
+#: Why a search ended when the level above its best was client-bound (the load generators fell behind):
+#: that level measured the clients, not the system, so the best rate is a floor too.
+CLIENT_BOUND = "client-bound"
+#: Why a search ended when not even its lowest rate met the SLO.
+MISSED = "missed at the lowest rate"
+#: Why a search ended when its ladder reached ``max_rate`` with every level passing (a floor).
+MAX_RATE = "max rate"
 
 
 @dataclass
@@ -27,9 +34,10 @@ class Sweep:
     @property
     def is_floor(self) -> bool:
         """Whether the best rate is only a floor of the knee: no level above it missed (the search ended
-        at ``max_rate`` or on its time budget before one did)."""
+        at ``max_rate`` or on its time budget before one did), or only client-bound ones did."""
         return self.best is not None and not any(
-            not s.passed and s.offered_rps > self.best.offered_rps for s in self.steps)
+            not s.passed and not s.extra.get("client_bound_only") and s.offered_rps > self.best.offered_rps
+            for s in self.steps)
 
     def to_json(self) -> dict[str, Any]:
         return {"steps": [s.to_json() for s in self.steps], "best": self.best.to_json() if self.best else None,
@@ -52,7 +60,10 @@ def search_rate(
     until one passes), then ``refine`` bisections (geometric midpoints) between the last level that
     passed and the first that failed; ``max_rate`` is the last rung. At most
     ``log(max/start)/log(factor) + 2 + refine`` levels.
-    ``can_continue()`` is asked before every level (the time budget).
+    ``can_continue()`` is asked before every level (the time budget). A level whose only problem was
+    its load generators falling behind (``extra["client_bound_only"]``, :func:`.latency.judge`) measured
+    the clients: it ends the climb, and no bisection is made against it (:data:`CLIENT_BOUND`: the best
+    rate is a floor).
     """
     if start <= 0 or factor <= 1:
         raise ValueError("start must be > 0 and factor > 1")
@@ -67,29 +78,33 @@ def search_rate(
     lo: float | None = None
     hi: float | None = None
     rate = start
-    stopped = "max rate"
+    stopped = MAX_RATE
     while rate <= max_rate * (1 + 1e-9):
         if not ok():
             stopped = TIME_BUDGET
             break
-        if run(rate).passed:
+        step = run(rate)
+        if step.passed:
             lo = rate
             # The cap itself is the ladder's last rung when the next would pass it: a cap between two
             # rungs otherwise leaves the knee up to ``factor`` x above the best rate, unmeasured.
             rate = max_rate if rate * (1 + 1e-9) < max_rate < rate * factor else rate * factor
         else:
-            hi = rate
+            hi = None if step.extra.get("client_bound_only") else rate
             if lo is None:
                 # Missed at the start: step down (bounded) until a level passes, then refine above it.
                 for _ in range(max_down):
                     if not ok():
+                        stopped = TIME_BUDGET
                         break
                     rate /= factor
-                    if run(rate).passed:
+                    step = run(rate)
+                    if step.passed:
                         lo = rate
                         break
-                    hi = rate
-            stopped = "bracketed" if lo is not None else "missed at the lowest rate"
+                    hi = hi if step.extra.get("client_bound_only") else rate
+            if stopped != TIME_BUDGET or lo is not None:
+                stopped = "bracketed" if lo is not None and hi is not None else CLIENT_BOUND if hi is None else MISSED
             break
     if lo is not None and hi is not None:
         for _ in range(refine):

@@ -27,7 +27,7 @@ from tritonbundle.files import write_json
 from tritonbundle.measure.search import Sweep
 from tritonbundle.tune.capacity import autoscaling_values
 from tritonbundle.tune.result import Move, PointSummary, TuneResult, Verdict
-from tritonbundle.tune.search import Point, Result, cut_short, reason
+from tritonbundle.tune.search import Point, Result, cut_short, floor_reason, reason
 from tritonbundle.tune.space import Config, Space, describe
 
 
@@ -35,7 +35,7 @@ def summary(found: Result, baseline: Point | None, searched: Space, reference: P
     """The verdict of a search: the winner, the defaults' point, the moves and why (and the ``--versus``
     settings' point, when named)."""
     return Verdict(
-        winner=PointSummary.of(found.best) if found.best else None,
+        winner=PointSummary.of(found.best) if found.best and found.best.rate else None,
         baseline=PointSummary.of(baseline) if baseline else None, search_stopped=found.stopped,
         moves=[Move(k, a, b, r0, r1) for k, a, b, r0, r1 in found.moves], reason=reason(found, baseline, reference),
         reference=PointSummary.of(reference) if reference else None,
@@ -57,6 +57,13 @@ def write(result: TuneResult, out: Path) -> None:
             "# From this tune run: autoscale on requests/s per pod, a share (headroom) of one pod's capacity at\n"
             "# the SLO. helm upgrade ... -f autoscaling-values.yaml (docs/tuning.md, \"Autoscaling\").\n"
             + yaml.safe_dump(autoscaling_values(result), sort_keys=False))
+
+
+def _floor_label(point: Point) -> str:
+    """After a point's status in the table: why its rate is only a floor, if it is."""
+    if cut_short(point):
+        return " (cut by the budget: a floor)"
+    return f" (a floor: {why})" if (why := floor_reason(point)) else ""
 
 
 def _yaml_config(config: Config) -> dict[str, Any]:
@@ -88,7 +95,7 @@ def markdown(result: TuneResult) -> str:
         lines.append(
             f"| {i} | {p.label}{mark} | {describe(p.config)} | {_f(p.rate)} | {_f(d.get('p50_ms'))} "
             f"| {_f(d.get('p99_ms'))} | {_f(d.get('server_cores'), '.2f')} | {_f(gpu)} | {_f(d.get('startup_s'))} "
-            f"| {d.get('status', '')}{' (cut by the budget: a floor)' if cut_short(p) else ''} |")
+            f"| {d.get('status', '')}{_floor_label(p)} |")
     lines.append("")
     return "\n".join(lines)
 

@@ -31,6 +31,7 @@ from tritonbundle.measure.latency import Slo
 from tritonbundle.measure.levels import Ladder, Sampler, Timing
 from tritonbundle.measure.loadgen import LoadError, LoadPool
 from tritonbundle.measure.probes import GpuSampler
+from tritonbundle.measure.search import MISSED
 from tritonbundle.measure.stalls import StallProbe
 from tritonbundle.measure.wire import sender
 from tritonbundle.served import ServedRepository
@@ -258,7 +259,7 @@ def _measure(label: str, config: Config, options: TuneOptions, base: BuildOption
         detail.update({"p50_ms": best.p50_ms, "p99_ms": best.p99_ms, "cpu_cores_by_process": cores,
                        "server_cores": round(sum(v for k, v in cores.items() if k.startswith("server:")), 2),
                        "gpu_util_mean": best.extra.get("gpu_util_mean"), "triton": best.extra.get("triton")})
-    elif centre and sweep.steps and sweep.stopped == "missed at the lowest rate":
+    elif centre and sweep.steps and sweep.stopped == MISSED:
         lowest = min(step.offered_rps for step in sweep.steps)
         detail["status"] = (f"no rate met the SLO down to {lowest:,.1f} req/s, {lowest / centre:.2f} of the rate it "
                             f"was compared with ({centre:,.1f}): not searched lower")

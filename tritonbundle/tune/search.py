@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypedDict, cast
 
-from tritonbundle.measure.search import TIME_BUDGET
+from tritonbundle.measure.search import CLIENT_BOUND, MAX_RATE, TIME_BUDGET
 from tritonbundle.tune.space import Config, Space, config_from_json, describe, inert, key
 
 
@@ -131,8 +131,19 @@ def noise_band(measured: Mapping[Any, list[Point]]) -> float:
 
 def cut_short(point: Point) -> bool:
     """The time budget ended ``point``'s rate search before it finished (before or while it narrowed the
-    knee down): its rate is a floor."""
+    knee down): its rate is a floor, and ``tune --resume`` measures it again."""
     return point.detail.get("stopped") == TIME_BUDGET
+
+
+#: Why a point's rate is only a floor of its knee, by how its rate search ended (no level above it missed).
+FLOOR_STOPS = {TIME_BUDGET: "the budget cut its rate search",
+               CLIENT_BOUND: "the load generators fell behind above it",
+               MAX_RATE: "its rate search reached --max-rate"}
+
+
+def floor_reason(point: Point) -> str:
+    """Why ``point``'s rate is a floor, not the knee ('' when its search bracketed the knee)."""
+    return FLOOR_STOPS.get(str(point.detail.get("stopped")), "")
 
 
 def cpu_per_request(point: Point) -> float | None:
@@ -320,6 +331,9 @@ def confirm(measure: Callable[[str, Config], Point], result: Result, candidates:
     if not all(rates for _, rates in finals.values()):
         return
     medians = [statistics.median(finals[key(p.config)][1]) for p in ranked]
+    if not max(medians):  # re-measured, neither met the SLO at most readings: no winner is confirmed
+        result.finals, result.best = finals, None
+        return
     one_reading = rounds < 1 or any(len(rates) == 1 for _, rates in finals.values())
     if one_reading and not weighed and ranked[1] is versus and medians[1] > medians[0]:
         result.best = _with_rates(*finals[key(versus.config)])
@@ -372,9 +386,9 @@ def _best(points: list[Point]) -> Point | None:
 
 
 def _sustained(point: Point) -> str:
-    """``point``'s rate at the SLO in words: a floor when the budget cut its only rate search."""
-    floor = cut_short(point) and len(point.detail.get("rates") or [point.score]) == 1
-    return f"{point.score:,.1f} req/s" + (" or more (the budget cut its rate search)" if floor else "")
+    """``point``'s rate at the SLO in words: a floor when its only rate search stopped below the knee."""
+    why = floor_reason(point) if len(point.detail.get("rates") or [point.score]) == 1 else ""
+    return f"{point.score:,.1f} req/s" + (f" or more ({why})" if why else "")
 
 
 def _against(best: Point, other: Point | None, theirs: str, same: str, footing: str) -> list[str]:
