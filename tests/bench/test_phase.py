@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tritonbundle.bench.options import BenchOptions, Clock
-from tritonbundle.bench.phase import Context, NoLevelMeasured, sweep
+from tritonbundle.bench.phase import Context, NoRate, sweep
 from tritonbundle.measure.latency import step_result
 from tritonbundle.measure.levels import MAX_RESTARTS, Probes, SystemDown, sending_s
 from tritonbundle.server import ServerOptions, TritonServer
@@ -113,7 +113,7 @@ def test_a_phase_whose_start_up_took_its_time_fails_naming_the_budget(tmp_path: 
     """On the H200 a 45 s run spent 22 s starting tritonserver; its phase measured no level and reported "ok"
     with no rate. It fails instead, says what to change, and carries the empty search."""
     pool = Pool()
-    with pytest.raises(NoLevelMeasured, match=r"bundle: no load level was measured: 0 s of the phase were left after "
+    with pytest.raises(NoRate, match=r"bundle: no load level was measured: 0 s of the phase were left after "
                                               r"the system started, .*give the run more --budget-s") as caught:
         sweep(_context(tmp_path), pool, time.monotonic() - 1.0, "bundle", Probes())  # type: ignore[arg-type]
     assert pool.rates == [] and caught.value.sweep.steps == [] and caught.value.sweep.stopped == "time budget"
@@ -122,6 +122,22 @@ def test_a_phase_whose_start_up_took_its_time_fails_naming_the_budget(tmp_path: 
 def test_a_ladder_that_starts_above_its_maximum_fails_naming_both_rates(tmp_path: Path) -> None:
     context = _context(tmp_path)
     context.options = dataclasses.replace(context.options, max_rate=5)
-    with pytest.raises(NoLevelMeasured, match=r"no load level was measured: the first rate, 10 req/s, is above "
+    with pytest.raises(NoRate, match=r"no load level was measured: the first rate, 10 req/s, is above "
                                               r"--max-rate 5"):
         sweep(context, Pool(), time.monotonic() + 60, "peer", Probes())  # type: ignore[arg-type]
+
+
+class SlowPool(Pool):
+    """Answers every level at 80 ms: over the 50 ms SLO at any rate."""
+
+    def step(self, rate: float, *, warmup_s: float, window_s: float, **_: Any) -> Any:
+        self.rates.append(rate)
+        return step_result(rate, 1.0, [80.0] * int(rate), 0, sent=int(rate))
+
+
+def test_a_phase_where_no_rate_met_the_slo_fails_and_keeps_its_levels(tmp_path: Path) -> None:
+    """It was recorded "ok" with no rate (a "-" beside "ok", exit 0)."""
+    with pytest.raises(NoRate, match=r"peer: no rate met the SLO \(missed at the lowest rate\); the lowest level, "
+                                     r"1 req/s: p99 80.0 ms > SLO 50 ms") as caught:
+        sweep(_context(tmp_path), SlowPool(), time.monotonic() + 60, "peer", Probes())  # type: ignore[arg-type]
+    assert [s.offered_rps for s in caught.value.sweep.steps] == [10, 5, 2.5, 1.25]

@@ -15,7 +15,7 @@ from tritonbundle.bench.accounting import tokens_ratio
 from tritonbundle.bench.answers import check_answers, check_answers_at_once, references
 from tritonbundle.bench.breakdown import breakdown
 from tritonbundle.bench.options import client_timeout_s, setup_timeout_s
-from tritonbundle.bench.phase import Context, NoLevelMeasured, sweep
+from tritonbundle.bench.phase import Context, NoRate, sweep
 from tritonbundle.bench.records import AnswersCheck, BundleResult, Restart
 from tritonbundle.bench.workspace import SERVER_ARGS, Built, load_procs
 from tritonbundle.errors import ServerError
@@ -44,7 +44,7 @@ def run_bundle(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> B
                            requests="tokens" if o.input == "tokens" else "auto")
             try:
                 result, failed = sweep(ctx, pool, deadline, "bundle", served.probes()), None
-            except NoLevelMeasured as e:  # failed, but its start-up and instances are still worth reporting
+            except NoRate as e:  # failed, but its levels, start-up and instances are still worth reporting
                 result, failed = e.sweep, str(e)
         from tritonbundle.clients import GrpcClient
 

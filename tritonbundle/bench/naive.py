@@ -16,7 +16,7 @@ from typing import Any
 from tritonbundle import proc
 from tritonbundle.bench.answers import check_answers, references
 from tritonbundle.bench.options import client_timeout_s, setup_timeout_s
-from tritonbundle.bench.phase import Context, sweep
+from tritonbundle.bench.phase import Context, NoRate, sweep
 from tritonbundle.bench.records import NaiveResult
 from tritonbundle.bench.workspace import Built
 from tritonbundle.errors import TritonBundleError
@@ -95,7 +95,10 @@ def run_naive(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> Na
         with LoadPool(procs, ctx.logs, f"naive-{name}", uvloop=True) as pool:
             pool.setup(kind="http", url=url, model=name, traffic=str(ctx.traffic_path), seed=o.seed,
                        timeout_s=client_timeout_s(o), ready_timeout_s=setup_timeout_s(deadline))
-            result = sweep(ctx, pool, deadline, "naive", http_probes(ctx, "naive", pid, pool, url))
-    return NaiveResult(status="ok", sweep=result, best_rps=result.best_rps, load_processes=procs,
+            try:
+                result, failed = sweep(ctx, pool, deadline, "naive", http_probes(ctx, "naive", pid, pool, url)), None
+            except NoRate as e:  # failed, and its levels say how
+                result, failed = e.sweep, str(e)
+    return NaiveResult(status="failed" if failed else "ok", error=failed, sweep=result, best_rps=result.best_rps, load_processes=procs,
                        correctness=correctness, protocol="http (aiohttp)", precision="fp32",
                        padding="none (each request at its own length)", computed_per_useful=1.0)

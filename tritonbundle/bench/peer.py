@@ -19,7 +19,7 @@ from tritonbundle.bench.answers import check_answers, references
 from tritonbundle.bench.naive import http_probes, http_server, post_texts
 from tritonbundle.bench.options import client_timeout_s, setup_timeout_s
 from tritonbundle.bench.peer_server import SETTINGS
-from tritonbundle.bench.phase import Context, sweep
+from tritonbundle.bench.phase import Context, NoRate, sweep
 from tritonbundle.bench.records import PeerResult
 from tritonbundle.bench.workspace import Built
 from tritonbundle.measure.loadgen import LoadPool
@@ -52,9 +52,12 @@ def run_peer(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> Pee
         with LoadPool(procs, ctx.logs, f"peer-{name}", uvloop=True) as pool:
             pool.setup(kind="http", url=url, path="/predict", model=name, traffic=str(ctx.traffic_path), seed=o.seed,
                        timeout_s=client_timeout_s(o), ready_timeout_s=setup_timeout_s(deadline))
-            result = sweep(ctx, pool, deadline, "peer", http_probes(ctx, "peer", pid, pool, url))
+            try:
+                result, failed = sweep(ctx, pool, deadline, "peer", http_probes(ctx, "peer", pid, pool, url)), None
+            except NoRate as e:  # failed, and its levels say how
+                result, failed = e.sweep, str(e)
     return PeerResult(
-        status="ok", sweep=result, best_rps=result.best_rps, load_processes=procs, correctness=correctness,
+        status="failed" if failed else "ok", error=failed, sweep=result, best_rps=result.best_rps, load_processes=procs, correctness=correctness,
         protocol="http (LitServe, FastAPI)", system="LitServe 0.2.x", settings=chosen,
         precision="fp16" if o.device == "cuda" else "fp32", padding="each batch to its longest text", changed=[
             "torch.backends.cuda.enable_cudnn_sdp(False): cuDNN attention plans every new shape (80-90 ms each)",

@@ -66,13 +66,18 @@ def sweep(ctx: Context, pool: LoadPool, phase_deadline: float, system: str, prob
             why = f"the first rate, {ladder.start:g} req/s, is above --max-rate {ladder.max_rate:g}"
         else:
             why = f"the search stopped: {result.stopped}"
-        raise NoLevelMeasured(f"{system}: no load level was measured: {why}", result)
+        raise NoRate(f"{system}: no load level was measured: {why}", result)
+    if result.best is None:  # levels measured, none met the SLO: no rate to report, and the phase failed
+        lowest = min(result.steps, key=lambda s: s.offered_rps)
+        raise NoRate(f"{system}: no rate met the SLO ({result.stopped}); the lowest level, "
+                     f"{lowest.offered_rps:,.0f} req/s: {lowest.reason}", result)
     return result
 
 
-class NoLevelMeasured(TritonBundleError):
-    """The phase measured no load level (its time ran out during start-up, or the ladder had no rate to
-    try); ``sweep`` is the empty search, for a system that still reports what it knows."""
+class NoRate(TritonBundleError):
+    """The phase found no rate: it measured no load level (its time ran out during start-up, or the
+    ladder had no rate to try), or none met the SLO; ``sweep`` is the search, for a system that still
+    reports what it measured."""
 
     def __init__(self, message: str, sweep: Sweep) -> None:
         super().__init__(message)
