@@ -10,7 +10,7 @@ from tritonbundle import contract
 from tritonbundle.bench.accounting import tokens_ratio
 from tritonbundle.bench.options import BenchOptions
 from tritonbundle.bench.records import Breakdown, InstanceCycle
-from tritonbundle.measure.latency import StepResult
+from tritonbundle.measure.latency import Slo, StepResult, client_lag_limit_ms
 from tritonbundle.measure.levels import sending_s
 from tritonbundle.measure.probes import CLOCK_KEYS
 from tritonbundle.recipes import Recipe
@@ -157,9 +157,10 @@ def hints(b: Breakdown, options: BenchOptions) -> list[str]:
         out.append(f"the load generators' event loops woke {loop_lag:.1f} ms late at p99, against a p99 latency of "
                    f"{b.client_p99_ms:.1f} ms: the client side is part of the measured tail (more --load-procs "
                    "spread it)")
-    lag = b.client_lag_mean_ms
-    if lag is not None and lag > 2.0:
-        out.append(f"the load generators sent {lag:.1f} ms late on average: client-bound at this rate")
+    lag, limit = b.client_lag_mean_ms, client_lag_limit_ms(Slo(p99_ms=options.slo_ms))
+    if lag is not None and lag > limit:  # the gate's own limit (measure.latency.judge)
+        out.append(f"the load generators sent {lag:.1f} ms late on average (limit {limit:g} ms): client-bound at "
+                   "this rate")
     gpu = b.gpu_util_mean
     if gpu is not None and gpu < 50:
         out.append(f"GPU busy only {gpu:.0f}% of the time: the limit is on the CPU side (server, Python, client), not kernels")
