@@ -265,3 +265,25 @@ def test_infer_names_an_input_file_it_cannot_read(tmp_path: Path) -> None:
                            ({"input": [f"x={tmp_path / 'two.npz'}"]}, "holds several arrays .*--inputs")]:
         with pytest.raises(ConfigError, match=words):
             infer(**options)
+
+
+def test_a_large_grpc_call_keeps_a_few_chunks_in_flight() -> None:
+    """gRPC has no window: a 2,048-text request's 64 chunks went out at once and filled the encoder's
+    queue (64) by themselves. The call's own rows, chunk by chunk, with at most GRPC_CHUNKS_AT_ONCE out."""
+    from tritonbundle.clients.aio import GRPC_CHUNKS_AT_ONCE
+
+    client = AsyncGrpcClient("127.0.0.1:1", model="m")
+    now, most = [0], [0]
+
+    async def infer(model: str, arrays: Any, outputs: Any, timeout_s: float, headers: Any = None) -> Any:
+        now[0] += 1
+        most[0] = max(most[0], now[0])
+        await asyncio.sleep(0.005)
+        now[0] -= 1
+        return {"out": arrays["ids"] * 2}
+
+    client._infer = infer  # type: ignore[method-assign]
+    ids = np.arange(2048).reshape(2048, 1)
+    out = asyncio.run(client._batched("m", {"ids": ids}, ["out"], 32, timeout_s=10))
+    np.testing.assert_array_equal(out["out"], ids * 2)  # in order, whole
+    assert most[0] == GRPC_CHUNKS_AT_ONCE == 4

@@ -10,7 +10,6 @@ chunks of a large input are sent concurrently::
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -25,6 +24,12 @@ from tritonbundle.contract import SCORE_OUTPUT, TOKENS_OUTPUT
 from tritonbundle.errors import ClientBusyError, ModelNotFoundError, ServerUnavailableError
 
 T = TypeVar("T")
+
+#: Chunks of one call in flight at once over gRPC, which has no window of its own: a 2,048-text request
+#: is 64 chunks of 32, and sent all at once they filled the bundled encoder's queue (64) by themselves,
+#: and on a failure cancelled 63 calls at once (the cancellations Triton 2.51's gRPC frontend crashes on).
+#: Four keep 128 rows of a call in the dynamic batcher (four of its batches of 32) without that.
+GRPC_CHUNKS_AT_ONCE = 4
 
 
 class _AsyncBaseClient(core.ClientBase):
@@ -177,9 +182,9 @@ class _AsyncBaseClient(core.ClientBase):
         n = next(iter(arrays.values())).shape[0]
 
         # The HTTP client refuses calls past its window (max_in_flight): one call's chunks take half of it at
-        # most, so a large input is not refused by its own chunks. gRPC has no window: every chunk at once.
+        # most, so a large input is not refused by its own chunks. gRPC has no window: GRPC_CHUNKS_AT_ONCE.
         window = getattr(self, "max_in_flight", 0)
-        room = asyncio.Semaphore(max(1, window // 2)) if window else contextlib.nullcontext()
+        room = asyncio.Semaphore(max(1, window // 2) if window else GRPC_CHUNKS_AT_ONCE)
 
         async def one(rows: slice) -> dict[str, np.ndarray[Any, Any]]:
             part = {k: v[rows] for k, v in arrays.items()}
