@@ -40,6 +40,7 @@ def _app(client: _Client, tenants: object, dims: int | None = 4) -> tuple[Any, M
     backend.dims = {"public": dims, "secret": dims}
     backend.max_lengths = {"public": 16, "secret": None}
     backend.vocab = {"public": 200, "secret": None}
+    backend.token_refusal = {"public": None, "secret": "its encoder 'secret_encoder' also takes ['token_type_ids']"}
     meter = Meter()
     return create_app(backend, parse(tenants, where="tenants.yaml"), meter), meter
 
@@ -167,3 +168,19 @@ def test_token_ids_outside_the_vocabulary_are_refused_before_they_take_anything(
     assert status == 400 and body["error"]["param"] == "input", body
     assert "'input' item 1 holds the token id 200" in body["error"]["message"] and "[0, 200)" in body["error"]["message"]
     assert _requests(meter, "alpha", "invalid") == 1
+
+
+def test_token_rows_the_encoder_cannot_take_are_refused_before_they_take_anything() -> None:
+    """A row past the encoder's longest sequence, or token rows for an encoder that takes more inputs:
+    both failed in the client after admission, and the tenant was charged its whole reservation
+    (150,000 ids against 200,000 a minute locked it out for 45 s) for a request Triton never saw."""
+    client = _Client()
+    app, meter = _app(client, {"tenants": [{"name": "alpha", "keys": [KEY_A], "limits": {"tokens_per_min": 1000}}]})
+    status, body = _post(app, {"model": "public", "input": [[101, 102], [101] * 17]}, KEY_A)
+    assert status == 400 and "'input' item 1 has 17 tokens; model 'public' takes at most 16" in body["error"]["message"]
+    status, body = _post(app, {"model": "secret", "input": [[101, 102]]}, KEY_A)
+    assert status == 400 and "model 'secret' takes texts only: its encoder 'secret_encoder' also takes" in \
+        body["error"]["message"], body
+    assert _requests(meter, "alpha", "invalid") == 2
+    status, body = _post(app, {"model": "public", "input": ["x" * 100] * 62}, KEY_A)  # 62 x 16 = 992: all 1,000 left
+    assert status == 200, body

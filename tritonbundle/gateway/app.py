@@ -83,6 +83,8 @@ class Backend:
         self.max_lengths: dict[str, int | None] = {}
         #: The token ids each model's encoder takes, [0, n) (None: not known).
         self.vocab: dict[str, int | None] = {}
+        #: Why a model's encoder cannot take token rows (None: it can), known at start.
+        self.token_refusal: dict[str, str | None] = {}
         self.created = int(time.time())
 
     async def start(self) -> None:
@@ -109,17 +111,23 @@ class Backend:
                 raise
             size = int(info.outputs[0].shape[-1])
             self.dims[name] = size if size > 0 else None
-            self.max_lengths[name], self.vocab[name] = await self._encoder_limits(client)
+            self.max_lengths[name], self.vocab[name], self.token_refusal[name] = await self._encoder_limits(client)
             self.clients[name] = client
 
     @staticmethod
-    async def _encoder_limits(client: AsyncGrpcClient) -> tuple[int | None, int | None]:
-        """The encoder's longest sequence and vocabulary size (None where it does not say)."""
+    async def _encoder_limits(client: AsyncGrpcClient) -> tuple[int | None, int | None, str | None]:
+        """The encoder's longest sequence and vocabulary size (None where it does not say), and why it
+        cannot take token rows (None: it can)."""
         try:
             info = await client.model_info(client.token_model)
         except ClientError:  # an encoder that does not say: texts are estimated by their bytes alone
-            return None, None
-        return info.max_sequence_length or None, info.vocab_sizes.get(client.token_inputs[0]) or None
+            return None, None, None
+        others = sorted(t.name for t in info.inputs if t.name not in client.token_inputs)
+        refusal = (f"its encoder {info.name!r} also takes {others}: send texts, not token ids" if others else
+                   None if all(t in {i.name for i in info.inputs} for t in client.token_inputs) else
+                   f"its encoder {info.name!r} takes {sorted(i.name for i in info.inputs)}, not "
+                   f"{list(client.token_inputs)}: send texts, not token ids")
+        return info.max_sequence_length or None, info.vocab_sizes.get(client.token_inputs[0]) or None, refusal
 
     async def close(self) -> None:
         for client in self.clients.values():
@@ -129,6 +137,14 @@ class Backend:
         """:class:`ApiError` for a request this model cannot answer, before it takes anything from a limit."""
         if request.model not in self.clients:
             raise not_found(request.model, self.names)
+        refusal = self.token_refusal.get(request.model)
+        if request.token_rows and refusal:
+            raise invalid(f"model {request.model!r} takes texts only: {refusal}")
+        cap = self.max_lengths.get(request.model)
+        longest = max((len(r) for r in request.token_rows), default=0)
+        if cap and longest > cap:  # refused here, before a limit is charged for what Triton never sees
+            i = next(i for i, r in enumerate(request.token_rows) if len(r) == longest)
+            raise invalid(f"'input' item {i} has {longest} tokens; model {request.model!r} takes at most {cap}")
         vocab = self.vocab.get(request.model)
         if vocab:  # a TensorRT plan indexes its table with whatever it is sent
             for i, row in enumerate(request.token_rows):
