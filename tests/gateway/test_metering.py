@@ -84,3 +84,24 @@ def test_usage_windows_read_durations_and_iso_times() -> None:
     assert when("2026-12-01T00:00:00") == when("2026-12-01T00:00:00+00:00") == 1796083200.0
     with pytest.raises(ConfigError, match="neither a duration"):
         when("yesterday")
+
+
+def test_a_usage_log_that_cannot_be_written_is_counted_and_the_request_still_answered(tmp_path: Path) -> None:
+    """A full disk (ENOSPC) made every /v1 request a 500 after Triton had answered it."""
+    import errno
+
+    meter = Meter(tmp_path / "usage.jsonl")
+
+    class Full:
+        def write(self, line: str) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def tell(self) -> int:
+            return 0
+
+    meter._log = Full()  # type: ignore[assignment]
+    for _ in range(3):
+        meter.record(Usage(0.0, "alpha", "minilm", "ok", 200, 1, 3, 5.0))
+    errors = sum(s.value for m in meter.log_errors.collect() for s in m.samples if s.name.endswith("_total"))
+    requests = sum(s.value for m in meter.requests.collect() for s in m.samples if s.name.endswith("_total"))
+    assert errors == 3 and requests == 3

@@ -18,19 +18,25 @@ the answer goes from Triton to the caller past the gateway) or ``refused``.
   Requests with no valid key are counted in the metrics only (anyone can send them: each would be a
   line). Past ``max_bytes`` the log is moved to ``<log>.1`` (replacing the one before) and a new one
   begun: at most twice that on disk (the chart's volume holds both), ``<log>.1`` read first. Ship the
-  log off the host before it is replaced, for billing over longer spans.
+  log off the host before it is replaced, for billing over longer spans. A line that cannot be written
+  (a full disk) is counted in ``tritonbundle_gateway_usage_log_errors_total`` and logged, and the request
+  is answered: the log's failure costs the records, not the service (alert on the counter).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
+
+from tritonbundle.log import LOG
 
 ANONYMOUS = "-"
 UNAUTHENTICATED = "(unauthenticated)"
@@ -71,6 +77,9 @@ class Meter:
                                 registry=self.registry)
         self.latency = Histogram("tritonbundle_gateway_request_seconds", "latency of answered requests", labels,
                                  buckets=BUCKETS, registry=self.registry)
+        self.log_errors = Counter("tritonbundle_gateway_usage_log_errors", "usage-log lines that could not be written",
+                                  registry=self.registry)
+        self._error_logged = -math.inf  # when a write error was last logged (one line a minute at most)
         self._log: TextIO | None = None
         self.path, self.max_bytes = (Path(usage_log) if usage_log is not None else None), max_bytes
         if self.path is not None:
@@ -86,9 +95,16 @@ class Meter:
         elif usage.outcome == "refused":
             self.refusals.labels(usage.tenant, usage.model, usage.reason).inc()
         if self._log is not None and usage.tenant != UNAUTHENTICATED:
-            self._log.write(json.dumps(asdict(usage), separators=(",", ":")) + "\n")
-            if self._log.tell() >= self.max_bytes:
-                self._rotate()
+            try:
+                self._log.write(json.dumps(asdict(usage), separators=(",", ":")) + "\n")
+                if self._log.tell() >= self.max_bytes:
+                    self._rotate()
+            except OSError as e:  # e.g. ENOSPC: the request is still answered (module docstring)
+                self.log_errors.inc()
+                if time.monotonic() - self._error_logged >= 60:
+                    self._error_logged = time.monotonic()
+                    LOG.error("usage log %s: a line could not be written (%s); counting them in "
+                              "tritonbundle_gateway_usage_log_errors_total", self.path, e)
 
     def _rotate(self) -> None:
         assert self._log is not None and self.path is not None
