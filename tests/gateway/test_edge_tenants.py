@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -149,6 +150,29 @@ def test_a_key_is_needed_on_http_and_grpc_and_triton_gets_the_keys_tenant(edge: 
     status, body, _ = _http(edge, "echo", B_KEY, {"tritonbundle-tenant": "team-a"})
     assert status == 200 and json.loads(body["outputs"][0]["data"][0]) == {"tritonbundle-tenant": "team-b"}  # type: ignore[index]
     assert json.loads(_grpc(edge, B_KEY, forged="team-a")) == {"tritonbundle-tenant": "team-b"}
+
+
+def test_a_stream_is_refused_while_tenants_are_on(edge: SimpleNamespace) -> None:
+    """ModelStreamInfer was admitted once per stream: one admission carried any number of requests past
+    the tenant's limits. Refused, saying what to send instead; ModelInfer with the same key is served."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    x = grpcclient.InferInput("X", [1], "INT32")
+    x.set_data_from_numpy(np.array([1], dtype=np.int32))
+    client = grpcclient.InferenceServerClient(edge.grpc)
+    answers: queue.Queue[Any] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put(error), headers={"authorization": f"Bearer {A_KEY}"})
+    try:
+        client.async_stream_infer("echo", [x])
+        error = answers.get(timeout=30)
+    finally:
+        client.stop_stream(cancel_requests=True)
+        client.close()
+    assert error is not None and "ModelStreamInfer is refused while tenants are on" in str(error), error
+    assert error.status() == "StatusCode.PERMISSION_DENIED"
+    assert json.loads(_grpc(edge, A_KEY)) == {"tritonbundle-tenant": "team-a"}
 
 
 def test_a_model_the_key_may_not_use_is_403(edge: SimpleNamespace) -> None:
