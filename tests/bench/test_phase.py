@@ -88,9 +88,13 @@ def test_a_system_that_goes_down_fails_the_phase_naming_the_crash(tmp_path: Path
     ctx = _context(tmp_path)
     pool = Pool()
     downs = iter(["", "", CRASH])
-    with pytest.raises(SystemDown, match=r"bundle went down during the level at 40.0 req/s .*Signal \(11\) received"):
+    with pytest.raises(SystemDown, match=r"bundle went down during the level at 40.0 req/s .*Signal \(11\) received") as e:
         sweep(ctx, pool, time.monotonic() + 60, "bundle", Probes(down=lambda: next(downs)))  # type: ignore[arg-type]
     assert pool.rates == [10, 20, 40], "no level is measured after the server went down"
+    # what the search found before is kept (it was thrown away): the levels, the crashed one failed
+    found = e.value.sweep
+    assert [(s.offered_rps, s.passed) for s in found.steps] == [(10, True), (20, True), (40, False)]
+    assert found.best_rps == 20 and found.stopped == "system down" and "Signal (11)" in found.steps[-1].extra["down"]
 
 
 def test_the_crash_line_comes_from_this_start_of_the_log(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from tritonbundle.bench.phase import Context, NoRate, sweep
 from tritonbundle.bench.records import AnswersCheck, BundleResult, Restart
 from tritonbundle.bench.workspace import SERVER_ARGS, Built, load_procs
 from tritonbundle.errors import ServerError
+from tritonbundle.measure.levels import SystemDown
 from tritonbundle.measure.loadgen import LoadPool
 from tritonbundle.recipes import Recipe
 from tritonbundle.served import ServedRepository
@@ -44,7 +45,7 @@ def run_bundle(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> B
                            requests="tokens" if o.input == "tokens" else "auto")
             try:
                 result, failed = sweep(ctx, pool, deadline, "bundle", served.probes()), None
-            except NoRate as e:  # failed, but its levels, start-up and instances are still worth reporting
+            except (NoRate, SystemDown) as e:  # failed, but its levels, start-up and instances are still worth reporting
                 result, failed = e.sweep, str(e)
         from tritonbundle.clients import GrpcClient
 

@@ -20,7 +20,7 @@ from tritonbundle.bench.phase import Context, NoRate, sweep
 from tritonbundle.bench.records import NaiveResult
 from tritonbundle.bench.workspace import Built
 from tritonbundle.errors import TritonBundleError
-from tritonbundle.measure.levels import Probes, wait_idle
+from tritonbundle.measure.levels import Probes, SystemDown, wait_idle
 from tritonbundle.measure.loadgen import LoadPool
 from tritonbundle.measure.probes import CpuMeter
 from tritonbundle.proc import free_port
@@ -97,7 +97,7 @@ def run_naive(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> Na
                        timeout_s=client_timeout_s(o), ready_timeout_s=setup_timeout_s(deadline))
             try:
                 result, failed = sweep(ctx, pool, deadline, "naive", http_probes(ctx, "naive", pid, pool, url)), None
-            except NoRate as e:  # failed, and its levels say how
+            except (NoRate, SystemDown) as e:  # failed, and its levels say how
                 result, failed = e.sweep, str(e)
     return NaiveResult(status="failed" if failed else "ok", error=failed, sweep=result, best_rps=result.best_rps, load_processes=procs,
                        correctness=correctness, protocol="http (aiohttp)", precision="fp32",

@@ -22,6 +22,7 @@ from tritonbundle.bench.peer_server import SETTINGS
 from tritonbundle.bench.phase import Context, NoRate, sweep
 from tritonbundle.bench.records import PeerResult
 from tritonbundle.bench.workspace import Built
+from tritonbundle.measure.levels import SystemDown
 from tritonbundle.measure.loadgen import LoadPool
 from tritonbundle.recipes import Recipe
 
@@ -54,7 +55,7 @@ def run_peer(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> Pee
                        timeout_s=client_timeout_s(o), ready_timeout_s=setup_timeout_s(deadline))
             try:
                 result, failed = sweep(ctx, pool, deadline, "peer", http_probes(ctx, "peer", pid, pool, url)), None
-            except NoRate as e:  # failed, and its levels say how
+            except (NoRate, SystemDown) as e:  # failed, and its levels say how
                 result, failed = e.sweep, str(e)
     return PeerResult(
         status="failed" if failed else "ok", error=failed, sweep=result, best_rps=result.best_rps, load_processes=procs, correctness=correctness,

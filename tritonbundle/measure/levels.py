@@ -31,9 +31,17 @@ class Sampler(Protocol):
 
 class SystemDown(TritonBundleError):
     """The system under test died or hung during a level and could not be brought back (or has no way
-    to be): the measurement fails, naming why, instead of reporting every later level as "0 answered"."""
+    to be): the measurement fails, naming why, instead of reporting every later level as "0 answered".
+    ``sweep``: the levels measured up to and including that one (stopped "system down"), whose best
+    passing rate is a floor of the knee: what the search had found is not thrown away."""
+
+    def __init__(self, message: str, sweep: Sweep | None = None) -> None:
+        super().__init__(message)
+        self.sweep = sweep if sweep is not None else Sweep([], None, SYSTEM_DOWN)
 
 
+#: Why a search ended when its system went down for good (:class:`SystemDown`).
+SYSTEM_DOWN = "system down"
 #: Restarts one search may make before it gives up on the system.
 MAX_RESTARTS = 3
 #: A level's console line names the load generators' longest collector pause from this long (ms).
@@ -127,6 +135,14 @@ def measure_rates(pool: LoadPool, *, system: str, slo: Slo, timing: Timing, ladd
     above the knee must not throw away the levels that measured it.)"""
     level = [0]
     restarts = [0]
+    measured: list[StepResult] = []  # judged levels, for the sweep a SystemDown carries
+
+    def down(what: str, result: StepResult) -> SystemDown:
+        result.extra["down"] = what
+        measured.append(judge(result, slo))
+        passing = [s for s in measured if s.passed]
+        return SystemDown(what, Sweep(list(measured), max(passing, key=lambda s: s.achieved_rps) if passing else None,
+                                      SYSTEM_DOWN))
 
     def measure(rate: float) -> StepResult:
         level[0] += 1
@@ -146,13 +162,13 @@ def measure_rates(pool: LoadPool, *, system: str, slo: Slo, timing: Timing, ladd
             what = f"{system} went down during the level at {rate:.1f} req/s ({result.completed} of " \
                    f"{result.sent} answered): {why}"
             if probes.restart is None or restarts[0] >= MAX_RESTARTS:
-                raise SystemDown(what + ("" if probes.restart is None else f" (restarted {restarts[0]} times already)"))
+                raise down(what + ("" if probes.restart is None else f" (restarted {restarts[0]} times already)"), result)
             restarts[0] += 1
             LOG.warning("    %s; restarting it", what)
             try:
                 result.extra["restart_s"] = round(probes.restart(max(10.0, deadline - time.monotonic())), 1)
             except Exception as e:  # noqa: BLE001 - any failure to come back ends the measurement
-                raise SystemDown(f"{what}; it did not come back: {e}") from e
+                raise down(f"{what}; it did not come back: {e}", result) from e
             result.extra["down"] = why
         judge(result, slo)
         gpu_util, sm_mhz = result.extra.get("gpu_util_mean"), result.extra.get("gpu_sm_mhz_mean")
@@ -169,6 +185,7 @@ def measure_rates(pool: LoadPool, *, system: str, slo: Slo, timing: Timing, ladd
                  f", GPU {gpu_util:.0f}%" if gpu_util is not None else "",
                  f" at {sm_mhz:.0f} MHz" if sm_mhz is not None else "",
                  "PASS" if result.passed else f"FAIL ({result.reason})")
+        measured.append(result)
         return result
 
     return search_rate(measure, slo=slo, start=ladder.start, factor=ladder.factor, refine=ladder.refine,
