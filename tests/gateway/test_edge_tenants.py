@@ -158,6 +158,7 @@ def test_a_stream_is_refused_while_tenants_are_on(edge: SimpleNamespace) -> None
     import queue
 
     import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
 
     x = grpcclient.InferInput("X", [1], "INT32")
     x.set_data_from_numpy(np.array([1], dtype=np.int32))
@@ -165,7 +166,10 @@ def test_a_stream_is_refused_while_tenants_are_on(edge: SimpleNamespace) -> None
     answers: queue.Queue[Any] = queue.Queue()
     client.start_stream(callback=lambda result, error: answers.put(error), headers={"authorization": f"Bearer {A_KEY}"})
     try:
-        client.async_stream_infer("echo", [x])
+        # the edge may end the stream before the request is written: the client then says so itself,
+        # and the edge's answer is in the callback either way
+        with contextlib.suppress(InferenceServerException):
+            client.async_stream_infer("echo", [x])
         error = answers.get(timeout=30)
     finally:
         client.stop_stream(cancel_requests=True)
