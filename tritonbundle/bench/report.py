@@ -51,6 +51,8 @@ def summary_rows(result: BenchResult) -> list[Row]:
             row = Row(model=name, system=system, status=s.status, rps_at_slo=s.best_rps,
                       p50_ms=_ms(best.p50_ms) if best else None, p99_ms=_ms(best.p99_ms) if best else None,
                       gpu_util=gpu, computed_per_useful=s.computed_per_useful, error=s.error, range=_range(s.repeats))
+            if isinstance(s, ServedResult) and s.sweep.is_floor:  # no level above the best missed
+                row = dataclasses.replace(row, note=f"a floor: the search stopped ({s.sweep.stopped}) before a level missed")
             if isinstance(s, CeilingResult) and s.best:
                 row = dataclasses.replace(row, p50_ms=None, p99_ms=s.best.worst_batch_ms,
                                           note=f"batch {s.best.batch}; p99 column: slowest batch")
@@ -75,6 +77,7 @@ def console_table(result: BenchResult) -> str:
              f"{'GPU %':>6} {'comp/useful':>11}  status"]
     for r in summary_rows(result):
         status = r.status if r.status == "ok" else f"{r.status}: {str(r.error or '')[:60]}"
+        status += f" ({r.note})" if r.note.startswith("a floor") else ""
         lines.append(f"{r.model:<10} {r.system:<8} {_f(r.rps_at_slo):>18} {_f(r.p50_ms):>8} {_f(r.p99_ms):>8} "
                      f"{_f(r.gpu_util, '.0f'):>6} {_f(r.computed_per_useful, '.2f'):>11}  {status}"
                      + (f"; median of {r.range}" if r.range else ""))
