@@ -118,6 +118,9 @@ def test_a_request_reserves_the_tokens_it_may_use_and_one_larger_than_the_quota_
     status, body = _post(app, {"model": "public", "input": ["x" * 100] * 50}, KEY_A)  # 50 x 16 = 800 > 760 left
     assert status == 429 and "760 left, this request may use up to 800" in body["error"]["message"], body
     assert _requests(meter, "alpha", "refused") == 2 and client.texts == 80
+    # the 400 (split it) and the 429 (wait) are told apart in the refusals' reasons
+    reasons = {s.labels["reason"]: s.value for m in meter.refusals.collect() for s in m.samples if s.name.endswith("_total")}
+    assert reasons == {"too_large": 1, "tokens": 1}
 
 
 def test_text_the_tokenizer_would_refuse_is_a_400_naming_its_index_in_the_request() -> None:

@@ -283,7 +283,7 @@ def create_app(backend: Backend, tenants: Tenants | None = None, meter: Meter | 
             raise ApiError(429, r.message, kind="rate_limit_error", code="rate_limit_exceeded", param=None,
                            retry_after_s=r.retry_after_s, reason=r.reason) from None
         except TooLarge as e:
-            raise ApiError(400, str(e), code="request_too_large", param="input", reason="tokens") from None
+            raise ApiError(400, str(e), code="request_too_large", param="input", reason="too_large") from None
 
     def visible(tenant: Tenant | None) -> list[str]:
         return [m for m in backend.names if tenant is None or tenant.may_use(m)]
