@@ -327,7 +327,8 @@ def confirm(measure: Callable[[str, Config], Point], result: Result, candidates:
             if not can_continue():
                 break
             again = measure(f"again {round_ + 1}: {point.label}", dict(point.config))
-            finals[key(point.config)][1].append(again.score)
+            if not cut_short(again):  # a search the budget cut is a floor: in a median it would weigh as a rate
+                finals[key(point.config)][1].append(again.score)
     if not all(rates for _, rates in finals.values()):
         return
     medians = [statistics.median(finals[key(p.config)][1]) for p in ranked]
