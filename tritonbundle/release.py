@@ -140,14 +140,14 @@ class Release:
         others go to :attr:`left_over`."""
         versions = sorted(int(v) for v in self.client.get_model_metadata(encoder).get("versions", []))
         if not versions:
-            raise ClientError(f"model {encoder!r} serves no version", model=encoder, protocol="http")
+            raise ReleaseError(f"model {encoder!r} serves no version", model=encoder, protocol="http")
         if pinned != -1:
             self.log.append(f"an earlier release stopped midway: {encoder} serves versions {versions}, "
                             f"{self.model} is pinned to {pinned}")
         if len(versions) == 1:
             return versions[0]
-        if pinned in versions:
-            self.left_over = [v for v in versions if v not in (pinned, self.candidate)]
+        if pinned in versions:  # above the pin: a stopped release's candidate; below it, the version it replaced
+            self.left_over = [v for v in versions if v > pinned and v != self.candidate]
             return pinned
         raise ConfigError(f"{encoder!r} serves versions {versions} at once and {self.model!r} is not pinned to "
                           f"either: which one should serve is not known. Move the version folder that should not "
@@ -261,12 +261,12 @@ class Release:
             verdict.reason, verdict.candidate_at_fault, verdict.steps = reason, candidate_at_fault, self.log
             return verdict
 
-        # Loading an ensemble reloads a composing model whose folder changed since its last load, from its
-        # config.pbtxt (which would serve the newest version alone): so the encoder is loaded first, as it
-        # serves now, and only then is the ensemble pinned to it.
-        self._load(encoder, versions(serving), f"{encoder} serves version {serving} (its repository read again)")
-        self._load(self.model, pin(serving), f"pinned {self.model} to {encoder} version {serving}")
         try:
+            # Loading an ensemble reloads a composing model whose folder changed since its last load, from
+            # its config.pbtxt (which would serve the newest version alone): so the encoder is loaded first,
+            # as it serves now, and only then is the ensemble pinned to it.
+            self._load(encoder, versions(serving), f"{encoder} serves version {serving} (its repository read again)")
+            self._load(self.model, pin(serving), f"pinned {self.model} to {encoder} version {serving}")
             try:
                 self._load(encoder, versions(serving, self.candidate), f"loaded {encoder} version {self.candidate} beside {serving}")
             except ClientError as e:  # the server's own refusal of the version ("version N is at UNAVAILABLE

@@ -162,6 +162,7 @@ def test_releasing_the_pinned_version_again_after_a_kill_restores_it_and_says_so
     with pytest.raises(ConfigError, match=r"already serves version 2 \(restored: it serves that version alone"):
         release.run(["a"], rounds=1)
     assert server.loads == [("m_encoder", [2]), ("m", -1)]
+    assert release.left_over == [], "1, below the pin, is the version the promotion replaced: it stays"
 
 
 def test_text_pairs_are_refused_before_anything_loads() -> None:
