@@ -43,14 +43,17 @@ def run_bundle(ctx: Context, built: Built, recipe: Recipe, deadline: float) -> B
             served.connect(pool, model=name, traffic=ctx.traffic_path, seed=o.seed, timeout_s=client_timeout_s(o),
                            ready_timeout_s=setup_timeout_s(deadline),
                            requests="tokens" if o.input == "tokens" else "auto")
+            down = False
             try:
                 result, failed = sweep(ctx, pool, deadline, "bundle", served.probes()), None
             except (NoRate, SystemDown) as e:  # failed, but its levels, start-up and instances are still worth reporting
-                result, failed = e.sweep, str(e)
+                result, failed, down = e.sweep, str(e), isinstance(e, SystemDown)
         from tritonbundle.clients import GrpcClient
 
-        with GrpcClient(served.grpc_url, model=name, timeout_s=FIRST_ANSWER_S) as client:  # after the levels: still right?
-            after = check_answers_at_once("the bundle after the sweep", client.embed, texts, expected)
+        after = None
+        if not down:  # a server gone for good has nothing to check, and its crash is the report's error
+            with GrpcClient(served.grpc_url, model=name, timeout_s=FIRST_ANSWER_S) as client:  # after the levels: still right?
+                after = check_answers_at_once("the bundle after the sweep", client.embed, texts, expected)
     correctness = dataclasses.replace(correctness, at_once=at_once, after_sweep=after)
     ref_step = result.best or (max(result.steps, key=lambda s: s.offered_rps) if result.steps else None)
     padding = tokens_ratio(ref_step.extra.get("encoder", {})) if ref_step else {}
