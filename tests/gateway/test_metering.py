@@ -105,3 +105,23 @@ def test_a_usage_log_that_cannot_be_written_is_counted_and_the_request_still_ans
     errors = sum(s.value for m in meter.log_errors.collect() for s in m.samples if s.name.endswith("_total"))
     requests = sum(s.value for m in meter.requests.collect() for s in m.samples if s.name.endswith("_total"))
     assert errors == 3 and requests == 3
+
+
+def test_a_rotation_that_cannot_move_the_log_keeps_it_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """_rotate closed the log, then os.replace failed (a read-only remount): every later write raised
+    ValueError on the closed file, which no handler caught, and every request was a 500."""
+    import errno
+    import os
+
+    from tritonbundle.gateway import metering
+
+    def refused(*args: object) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    meter = Meter(tmp_path / "usage.jsonl", max_bytes=10)
+    monkeypatch.setattr(metering.os, "replace", refused)
+    for _ in range(3):
+        meter.record(Usage(0.0, "alpha", "minilm", "ok", 200, 1, 3, 5.0))
+    monkeypatch.setattr(metering.os, "replace", os.replace)
+    errors = sum(s.value for m in meter.log_errors.collect() for s in m.samples if s.name.endswith("_total"))
+    assert errors == 3 and len((tmp_path / "usage.jsonl").read_text().splitlines()) == 3, "each line was written"

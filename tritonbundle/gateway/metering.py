@@ -99,7 +99,7 @@ class Meter:
                 self._log.write(json.dumps(asdict(usage), separators=(",", ":")) + "\n")
                 if self._log.tell() >= self.max_bytes:
                     self._rotate()
-            except OSError as e:  # e.g. ENOSPC: the request is still answered (module docstring)
+            except (OSError, ValueError) as e:  # ENOSPC; a log _rotate could not reopen: still answered
                 self.log_errors.inc()
                 if time.monotonic() - self._error_logged >= 60:
                     self._error_logged = time.monotonic()
@@ -109,8 +109,10 @@ class Meter:
     def _rotate(self) -> None:
         assert self._log is not None and self.path is not None
         self._log.close()
-        os.replace(self.path, rotated(self.path))
-        self._log = open(self.path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - open for the process's life
+        try:
+            os.replace(self.path, rotated(self.path))
+        finally:  # moved aside or not, the log is open again (a failed move: the same file grows on)
+            self._log = open(self.path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - open for the process's life
 
     def serve(self, port: int, host: str) -> None:
         """``/metrics`` on its own port (a thread of this process)."""
