@@ -210,24 +210,25 @@ def test_finalists_that_both_fail_their_re_measurements_confirm_no_winner() -> N
     assert [rates for _, rates in result.finals.values()] == [[1000.0, 0, 0], [900.0, 0, 0]]
 
 
-def test_a_re_measurement_the_budget_cut_short_stays_out_of_the_finals_median() -> None:
-    """Its rate is a floor: as a reading it pulled that finalist's median down (105 and a cut 40: 72.5,
-    under the other's steady 100), and the other finalist won."""
+def test_a_round_with_a_re_measurement_the_budget_cut_short_stays_out_of_the_finals() -> None:
+    """A cut search's rate is a floor: as a reading it pulled that finalist's median down (105 and a cut
+    40: 72.5, under the other's steady 100). Left out alone, it would leave that finalist's one earlier
+    reading against the other's two: the round is left out for both, so the medians stay side by side."""
     from tritonbundle.tune.search import Result, confirm
 
     calls: list[int] = []
 
     def measure(label: str, config: dict[str, Any]) -> Point:
         calls.append(config["instances"])
-        cut = len(calls) == 4  # the re-measurement of 2: its search cut by the budget at 40
+        cut = len(calls) == 4  # round 1's re-measurement of 2: its search cut by the budget at 40
         rate = 40.0 if cut else {1: 100.0, 2: 105.0}[config["instances"]]
         return Point(label, config, rate, {"stopped": "time budget"} if cut else {})
 
     points = [measure("start", {"instances": k}) for k in (1, 2)]
     result = Result(points, points[0], [], "converged")
-    confirm(measure, result, points, rounds=1, can_continue=lambda: True)
-    assert calls == [1, 2, 1, 2]
-    assert [rates for _, rates in result.finals.values()] == [[100.0, 100.0], [105.0]]
+    confirm(measure, result, points, rounds=2, can_continue=lambda: True)
+    assert calls == [1, 2, 1, 2, 1, 2]
+    assert [rates for _, rates in result.finals.values()] == [[100.0, 100.0], [105.0, 105.0]]
     assert result.best is not None and result.best.config == {"instances": 2}
 
 

@@ -323,12 +323,15 @@ def confirm(measure: Callable[[str, Config], Point], result: Result, candidates:
     start = readings or (lambda p: list(p.detail.get("rates") or [p.score]))
     finals = {key(p.config): (p, start(p)) for p in ranked}
     for round_ in range(rounds):
+        taken: list[tuple[Point, Point]] = []
         for point in ranked:
             if not can_continue():
                 break
-            again = measure(f"again {round_ + 1}: {point.label}", dict(point.config))
-            if not cut_short(again):  # a search the budget cut is a floor: in a median it would weigh as a rate
-                finals[key(point.config)][1].append(again.score)
+            taken.append((point, measure(f"again {round_ + 1}: {point.label}", dict(point.config))))
+        if any(cut_short(again) for _, again in taken):
+            continue  # a search the budget cut is a floor: the round is left out for both, side by side
+        for point, again in taken:
+            finals[key(point.config)][1].append(again.score)
     if not all(rates for _, rates in finals.values()):
         return
     medians = [statistics.median(finals[key(p.config)][1]) for p in ranked]
