@@ -137,3 +137,12 @@ def test_a_budget_that_ends_during_the_step_down_says_so() -> None:
     budget = iter([True, False])
     sweep = search_rate(mm1(10), slo=Slo(p99_ms=50.0), start=100, factor=2, can_continue=lambda: next(budget))
     assert len(sweep.steps) == 1 and sweep.stopped == "time budget" and sweep.best is None
+
+
+def test_a_client_bound_midpoint_ends_the_bisection_without_bounding_the_knee() -> None:
+    """The ladder brackets on a real miss (a server good for 1,650 misses p99 at 1,600); the clients fall
+    behind above 1,000: the midpoint 1,131 measured them, not the server, so it bounds nothing."""
+    sweep = search_rate(_client_bound_above(1000, 1650), slo=Slo(p99_ms=50.0, max_failure_ratio=0.01), start=400,
+                        factor=4, refine=3)
+    assert [round(s.offered_rps) for s in sweep.steps] == [400, 1600, 800, 1131]
+    assert sweep.stopped == "client-bound" and sweep.best_rps == 800

@@ -112,8 +112,12 @@ def search_rate(
                 stopped = TIME_BUDGET
                 break
             mid = math.sqrt(lo * hi)
-            if run(mid).passed:
+            step = run(mid)
+            if step.passed:
                 lo = mid
+            elif step.extra.get("client_bound_only"):  # the clients, not the system: no bound on the knee
+                stopped = CLIENT_BOUND
+                break
             else:
                 hi = mid
     passing = [s for s in steps if s.passed]
