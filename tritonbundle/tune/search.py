@@ -412,6 +412,9 @@ def reason(result: Result, baseline: Point | None, reference: Point | None = Non
     """Why the winner won, in plain words, from the moves the search made; against ``reference`` too
     (``tune --versus``) when there is one."""
     best = result.best
+    if best is None and result.finals:  # confirm() found no finalist that held its rate
+        return "no winner: re-measured side by side, no finalist met the SLO in most of its readings: " + "; ".join(
+            f"{describe(p.config)}: [{', '.join(f'{r:,.1f}' for r in rates)}]" for p, rates in result.finals.values())
     if best is None:
         return "no configuration met the SLO at any rate tried"
     lines = [f"the winner ({describe(best.config)}) sustains {_sustained(best)} within the SLO"]
