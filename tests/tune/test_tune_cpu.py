@@ -58,11 +58,15 @@ def test_tune_beats_a_bad_start_and_reports_the_defaults(exported_minilm: Path, 
     assert winner["rate"] >= (baseline["rate"] or 0.0), "the winner is at least the defaults on the same measurement"
     # The finalists measured again, in turns, the winner named by the median of its readings. The budget
     # may end after the first re-measurement (points take 22-27 s here, the finals' reserve is a third of
-    # the 125 s): then the other finalist keeps one reading, and may still win by it.
+    # the 125 s): then the other finalist keeps one reading, and may still win by it. A round in which the
+    # budget cut a re-measurement's search (a floor: 4.0 req/s against 10.7 in one CI run) is left out
+    # for both finalists.
     again = [p for p in result["points"] if p["label"].startswith("again 1: ")]
     assert again, "no finalist was measured again"
-    assert len(winner["rates"]) == 1 + sum(p["config"] == winner["config"] for p in again)
-    assert winner["rate"] == pytest.approx(statistics.median(winner["rates"]))
+    cut = any(p["detail"].get("stopped") == "time budget" for p in again)
+    readings = winner.get("rates") or [winner["rate"]]
+    assert len(readings) == 1 + (0 if cut else sum(p["config"] == winner["config"] for p in again))
+    assert winner["rate"] == pytest.approx(statistics.median(readings))
     assert winner["config"]["max_queue_delay_us"] < BAD_DELAY_US
 
     assert {"tune.json", "tune.md", "tune.png", "winner.yaml"} <= {f.name for f in out.iterdir()}
