@@ -8,9 +8,9 @@ version folder N+1 in the repository:
    stay on N (in that order: loading an ensemble reloads a composing model whose folder changed since its
    last load from its config.pbtxt, which would serve the newest version, N+1, alone);
 2. the encoder is reloaded serving N and N+1 side by side (``version_policy: specific``);
-3. texts of the traffic sample's lengths are tokenized by the server's tokenizer, in batches of mixed lengths
-   (padded to the batch's longest, as the dynamic batcher's calls are), and sent to both versions in turn: the
-   answers are compared (cosine of each row's pair) and so are the latencies (p99);
+3. texts of the traffic sample's lengths are tokenized by the server's tokenizer and sent to both versions in
+   turn, one text a call (the latencies, p99) and, once, in batches of mixed lengths (padded to the batch's
+   longest, as the dynamic batcher's calls are): the answers are compared (cosine of each row's pair);
 4. **promote** when every cosine is at least ``min_cosine`` and N+1's p99 is within ``max_p99_ratio`` of
    N's: the ensemble moves to N+1, then the encoder serves N+1 alone; **refuse** otherwise: the encoder
    serves N alone again. Either way the ensemble ends unpinned (its latest version), and a report says why.
@@ -23,7 +23,6 @@ and requests in flight finish where they started, so callers see no failure (tes
 from __future__ import annotations
 
 import json
-import re
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -32,6 +31,7 @@ import numpy as np
 
 from tritonbundle.contract import QUERY_INPUT, RESTRICTED_HEADER, TEXT_INPUT, encoder_name, tokenizer_name
 from tritonbundle.errors import ClientError, ConfigError, TritonBundleError
+from tritonbundle.server import refused_versions
 
 #: Seconds a load may take before the command gives up on it: a TensorRT engine warming every profile up
 #: takes minutes, and a load given up on by the client goes on in the server (Triton does not serialise
@@ -271,8 +271,8 @@ class Release:
                 self._load(encoder, versions(serving, self.candidate), f"loaded {encoder} version {self.candidate} beside {serving}")
             except ClientError as e:  # the server's own refusal of the version ("version N is at UNAVAILABLE
                 # state: <why>"), or a timeout, a connection lost: only the first is the candidate's doing
-                refused = re.search(rf"version {self.candidate} is at UNAVAILABLE state", str(e)) is not None
-                return refuse(f"version {self.candidate} did not load: {e}", candidate_at_fault=refused)
+                return refuse(f"version {self.candidate} did not load: {e}",
+                              candidate_at_fault=str(self.candidate) in refused_versions(e))
             try:
                 worst, times = self.compare(tokenizer, encoder, serving, texts, rounds, verdict.batch)
             except Exception as e:  # noqa: BLE001 - whatever stopped the comparison, the serving version is restored

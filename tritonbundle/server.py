@@ -400,6 +400,15 @@ def _watch(server: TritonServer, stop_event: threading.Event, canary: Canary | N
     return None
 
 
+def refused_versions(error: BaseException) -> list[str]:
+    """The versions a load refused, as Triton names them ("version 11 is at UNAVAILABLE state: <why>"),
+    from its error: only this load's (the model index also lists retired versions and versions refused
+    before as UNAVAILABLE)."""
+    import re
+
+    return re.findall(r"version (\d+) is at UNAVAILABLE state", str(error))
+
+
 def quarantine(repository: Path, model: str, version: str, reason: str) -> Path:
     """Move a version that must not serve (Triton refused it, or a release did) out of the served repository,
     next to it, with its error:

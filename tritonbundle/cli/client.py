@@ -207,13 +207,9 @@ def _load(args: argparse.Namespace) -> int:
 def _quarantine_refused(c: Any, repository: Path, name: str, error: ClientError) -> None:
     """Move the versions the server refused out of ``repository`` and load what is left (the version
     that was serving), so that neither this server nor its next start tries the broken one again."""
-    import re
+    from tritonbundle.server import quarantine, refused_versions
 
-    from tritonbundle.server import quarantine
-
-    # Only what this load refused, as Triton names it ("version 11 is at UNAVAILABLE state: <why>"):
-    # the index also lists retired versions (unloaded) and versions refused before, as UNAVAILABLE.
-    refused = {v: str(error) for v in re.findall(r"version (\d+) is at UNAVAILABLE state", str(error))}
+    refused = {v: str(error) for v in refused_versions(error)}
     moved = [quarantine(repository, name, v, reason) for v, reason in sorted(refused.items())
              if (repository / name / v).is_dir()]
     if moved:

@@ -122,11 +122,13 @@ class Backend:
             info = await client.model_info(client.token_model)
         except ClientError:  # an encoder that does not say: texts are estimated by their bytes alone
             return None, None, None
-        others = sorted(t.name for t in info.inputs if t.name not in client.token_inputs)
-        refusal = (f"its encoder {info.name!r} also takes {others}: send texts, not token ids" if others else
-                   None if all(t in {i.name for i in info.inputs} for t in client.token_inputs) else
-                   f"its encoder {info.name!r} takes {sorted(i.name for i in info.inputs)}, not "
-                   f"{list(client.token_inputs)}: send texts, not token ids")
+        takes = {t.name for t in info.inputs}
+        others, refusal = sorted(takes - set(client.token_inputs)), None
+        if others:
+            refusal = f"its encoder {info.name!r} also takes {others}: send texts, not token ids"
+        elif not takes >= set(client.token_inputs):
+            refusal = (f"its encoder {info.name!r} takes {sorted(takes)}, not {list(client.token_inputs)}: send texts, "
+                       "not token ids")
         return info.max_sequence_length or None, info.vocab_sizes.get(client.token_inputs[0]) or None, refusal
 
     async def close(self) -> None:
