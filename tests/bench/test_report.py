@@ -82,18 +82,37 @@ def test_repeated_rounds_report_the_median_and_its_spread() -> None:
 
     rounds = [{"bundle": run(7000.0), "peer": run(900.0)}, {"bundle": run(6000.0), "peer": run(500.0)},
               {"bundle": run(8000.0), "peer": run(None)}]
-    bundle = combine([r["bundle"] for r in rounds])
+    bundle = combine("bundle", [r["bundle"] for r in rounds])
     assert bundle.best_rps == 7000.0 and bundle.seconds == 7000.0  # the median round's own record
     assert bundle.repeats is not None and bundle.repeats.min == 6000.0 and bundle.repeats.max == 8000.0
     assert bundle.repeats.spread_pct == pytest.approx(2000 / 7000 * 100)
-    peer = combine([r["peer"] for r in rounds])
+    peer = combine("peer", [r["peer"] for r in rounds])
     assert peer.repeats is not None and peer.repeats.failed == 1 and peer.best_rps == 700.0  # median of the two that ran
     r = ratios(rounds, bundle)
     # Ratios pair the systems of one round: 7000/900 and 6000/500; round 3's peer failed.
     assert r.bundle_over_peer == pytest.approx((7000 / 900 + 6000 / 500) / 2)
     assert r.ranges is not None and r.ranges["bundle_over_peer"] == pytest.approx([7000 / 900, 12.0])
     assert r.targets["bundle_over_peer >= 10"] is False
-    assert combine([rounds[0]["bundle"]]) is rounds[0]["bundle"]  # one round: unchanged
+    assert combine("bundle", [rounds[0]["bundle"]]) is rounds[0]["bundle"]  # one round: unchanged
+
+
+def test_a_failed_bundle_round_counts_as_zero_and_a_failed_reference_round_is_left_out() -> None:
+    """A bundle that crashed or met the SLO at no rate served nothing at it: its round pulls the median and the
+    ratios down. A reference that failed says nothing about the bundle: its round is left out of both."""
+    failed = SystemResult(status="failed", error="tritonserver died")
+    no_rate = SystemResult(status="ok", best_rps=None)
+    rounds = [{"bundle": SystemResult(status="ok", best_rps=9000.0), "ceiling": SystemResult(status="ok", best_rps=10000.0)},
+              {"bundle": failed, "ceiling": SystemResult(status="ok", best_rps=10000.0)},
+              {"bundle": no_rate, "ceiling": failed}]
+    bundle = combine("bundle", [r["bundle"] for r in rounds])
+    assert bundle.best_rps == 0.0 and bundle.repeats is not None
+    assert bundle.repeats.values == [9000.0, 0.0, 0.0] and bundle.repeats.failed == 2
+    ceiling = combine("ceiling", [r["ceiling"] for r in rounds])
+    assert ceiling.best_rps == 10000.0 and ceiling.repeats is not None and ceiling.repeats.values == [10000.0, 10000.0, None]
+    r = ratios(rounds, bundle)
+    assert r.bundle_over_ceiling == pytest.approx(0.45) and r.ranges is not None  # 0.9 and 0; round 3 has no ceiling
+    assert r.ranges["bundle_over_ceiling"] == pytest.approx([0.0, 0.9])
+    assert combine("bundle", [SystemResult(status="skipped", error="out of time budget")] * 2).repeats.values == [None, None]
 
 
 def test_report_files_and_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -48,21 +48,22 @@ def test_rounds_interleave_the_systems_and_report_medians(tmp_path: Path, monkey
 
     assert measured == ["peer", "bundle", "ceiling"] * 3
     bundle = entry.systems["bundle"]
-    assert bundle.status == "ok" and bundle.best_rps == pytest.approx((7000 + 6500) / 2)
-    assert bundle.repeats is not None and bundle.repeats.failed == 1 and bundle.repeats.values[1] is None
+    # Round 2's crash counts as 0 (a bundle that died served nothing at the SLO): the median is round 3's.
+    assert bundle.status == "ok" and bundle.best_rps == 6500.0
+    assert bundle.repeats is not None and bundle.repeats.failed == 1 and bundle.repeats.values == [7000.0, 0.0, 6500.0]
     assert entry.systems["peer"].best_rps == 900.0
     assert entry.rounds is not None and entry.rounds[1] == {"peer": 700.0, "bundle": None, "ceiling": 21000.0}
     ratios = entry.ratios
     assert ratios is not None and ratios.rounds == 3
-    # Each ratio pairs the systems of one round (round 2 has no bundle figure): 7000/900 and 6500/1000.
-    assert ratios.bundle_over_peer == pytest.approx((7000 / 900 + 6500 / 1000) / 2)
+    # Each ratio pairs the systems of one round: 7000/900, 0/700 and 6500/1000.
+    assert ratios.bundle_over_peer == pytest.approx(6500 / 1000)
     assert ratios.ranges is not None
-    assert ratios.ranges["bundle_over_ceiling"] == pytest.approx([6500 / 19000, 7000 / 20000])
+    assert ratios.ranges["bundle_over_ceiling"] == pytest.approx([0.0, 7000 / 20000])
     result = BenchResult(command="", options={"slo_ms": 50}, environment={}, models={"bert-base": entry})
     lines = report.ratio_lines(result)
-    assert "medians of 3 rounds" in lines[0] and "bundle/peer = 7.14 [6.50-7.78]" in lines[0]
+    assert "medians of 3 rounds" in lines[0] and "bundle/peer = 6.50 [0.00-7.78]" in lines[0]
     table = report.console_table(result)
-    assert "6,500-7,000 (3 runs, 1 failed, spread 7 %)" in table
+    assert "0-7,000 (3 runs, 1 failed, spread 108 %)" in table
 
 
 def test_a_failed_phase_shows_the_end_of_the_server_log_it_wrote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -22,12 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tritonbundle.bench.breakdown import encoder_model, gpu_per_row, instance_cycle
-from tritonbundle.bench.records import BundleResult, InstanceCycle, ServedResult
+from tritonbundle.bench.records import BundleResult, InstanceCycle, ServedResult, Spread
+from tritonbundle.bench.repeats import counted_rps, spread
 from tritonbundle.bench.result import BenchResult
 from tritonbundle.measure import host
 from tritonbundle.measure.latency import StepResult
@@ -108,12 +108,18 @@ class Setting:
         return sorted(self.runs, key=lambda r: r.round)
 
     @property
-    def rates(self) -> list[float]:
-        return [r.rps or 0.0 for r in self.by_round]
+    def rates(self) -> list[float | None]:
+        """Its rounds' rates as every median over rounds counts them (:func:`.repeats.counted_rps`): a bundle
+        round that failed is a 0, a reference's is None (left out)."""
+        return [r.rps for r in self.by_round]
+
+    @property
+    def spread(self) -> Spread:
+        return spread(self.rates)
 
     @property
     def median(self) -> float:
-        return statistics.median(self.rates) if self.runs else 0.0
+        return self.spread.median or 0.0
 
 
 def read_run(path: Path) -> Run:
@@ -123,7 +129,7 @@ def read_run(path: Path) -> Run:
     system, name, bundle = next(((s, n, m.systems[s]) for s in SYSTEMS for n, m in result.models.items()
                                  if s in m.systems), ("bundle", "", None))
     speed = host.HostSpeed.from_json(result.environment.get("host_speed"))
-    run = Run(int(match["round"]) if match else 0, bundle.best_rps if bundle is not None else None, system,
+    run = Run(int(match["round"]) if match else 0, counted_rps(system, bundle), system,
               host_ms=speed.median_ms_before, host_capacity=speed.capacity_cores())
     if bundle is not None:
         run.computed_per_useful = bundle.computed_per_useful
@@ -266,11 +272,11 @@ def markdown(settings: list[Setting]) -> str:
              "| host stalls 5+ ms at the knee / the first level past it | host workload (ms) | start-up (s) |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in settings:
-        rates = s.rates
-        rounds = " / ".join(f"{r.rps or 0:,.0f}{'+' if r.floor else ''}" for r in s.by_round)
+        rates = s.spread
+        rounds = " / ".join("-" if r.rps is None else f"{r.rps:,.0f}{'+' if r.floor else ''}" for r in s.by_round)
         lines.append(
-            f"| {s.name} | {rounds} | **{s.median:,.0f}** [{min(rates):,.0f}-"
-            f"{max(rates):,.0f}] | {_span([r.read_per_row for r in s.runs])} | {_span([r.tokenize_per_row for r in s.runs])} "
+            f"| {s.name} | {rounds} | **{s.median:,.0f}** [{rates.min or 0:,.0f}-"
+            f"{rates.max or 0:,.0f}] | {_span([r.read_per_row for r in s.runs])} | {_span([r.tokenize_per_row for r in s.runs])} "
             f"| {_span([r.stub_ms_per_request for r in s.runs])} | {_span([r.load_ms_per_request for r in s.runs])} "
             f"| {_span([r.computed_per_useful for r in s.runs], 2)} | {_cores(s.runs)} | {_busiest(s.runs)} "
             f"| {_calls(s.runs)} | {_handover(s.runs)} "
@@ -292,7 +298,7 @@ def _against_references(settings: list[Setting]) -> list[str]:
         ref_rounds = {r.round: r.rps for r in ref.runs if r.rps}  # a failed reference run is not a zero
         if not ref_rounds:
             continue
-        median = statistics.median(ref_rounds.values())
+        median = ref.median
         what = "of the ceiling" if ref.system == "ceiling" else "over the peer"
         lines.append(f"- {ref.name} (median of {len(ref_rounds)}: {median:,.0f} req/s): " + "; ".join(
             f"{s.name} {s.median / median:.2f} {what} (by round: " + " / ".join(

@@ -33,6 +33,18 @@ def best_rps(record: SystemResult) -> float | None:
     return float(value) if value is not None else None
 
 
+def counted_rps(system: str, record: SystemResult | None) -> float | None:
+    """A round's rate as every median over rounds counts it (bench's repeats and ratios, compare's tables):
+    the rate it sustained at the SLO. A bundle round that ran and failed (the server crashed, or no rate met
+    the SLO) counts as 0: that is a result about the bundle. A reference's (the ceiling's, the peer's, the
+    naive server's) failed round, and any skipped or missing one, is left out (None): it says nothing about
+    the bundle, and a ratio's denominator must not be a zero."""
+    if record is None or record.status == "skipped":
+        return None
+    rate = best_rps(record)
+    return 0.0 if rate is None and system == "bundle" else rate
+
+
 def spread(values: Sequence[float | None]) -> Spread:
     """Median, range and spread (range / median) of the measured values; None values are failed runs."""
     measured = [v for v in values if v is not None]
@@ -44,17 +56,20 @@ def spread(values: Sequence[float | None]) -> Spread:
                   spread_pct=100.0 * (max(measured) - min(measured)) / median if median > 0 else None)
 
 
-def combine(records: Sequence[SystemResult]) -> SystemResult:
+def combine(system: str, records: Sequence[SystemResult]) -> SystemResult:
     """One system's rounds as one record: the median round's record (its sweep, breakdown... describe a
-    typical run), with ``repeats`` saying what every round measured. One round: that round, unchanged."""
+    typical run) with the median of the rounds' rates as :func:`counted_rps` counts them, and ``repeats``
+    saying what every round measured and how many failed. One round: that round, unchanged."""
     if len(records) == 1:
         return records[0]
     ok = sorted((r for r in records if best_rps(r) is not None), key=lambda r: best_rps(r) or 0.0)
+    counted = dataclasses.replace(spread([counted_rps(system, r) for r in records]),
+                                  failed=sum(best_rps(r) is None for r in records))
     if ok:
-        chosen = dataclasses.replace(ok[(len(ok) - 1) // 2], best_rps=statistics.median(best_rps(r) or 0.0 for r in ok))
+        chosen = dataclasses.replace(ok[(len(ok) - 1) // 2], best_rps=counted.median)
     else:
         chosen = records[-1]
-    return dataclasses.replace(chosen, repeats=spread([best_rps(r) for r in records]))
+    return dataclasses.replace(chosen, repeats=counted)
 
 
 def ratios(rounds: Sequence[Mapping[str, SystemResult]], bundle: SystemResult | None, *,
@@ -86,5 +101,4 @@ def ratios(rounds: Sequence[Mapping[str, SystemResult]], bundle: SystemResult | 
 
 
 def _rps(round_: Mapping[str, SystemResult], system: str) -> float | None:
-    record = round_.get(system)
-    return best_rps(record) if record is not None else None
+    return counted_rps(system, round_.get(system))

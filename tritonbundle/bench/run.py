@@ -144,7 +144,7 @@ def run_model(ctx: Context, recipe: Recipe, model_deadline: float, entry: ModelR
         label = system if options.repeat == 1 else f"{system} (round {r + 1} of {options.repeat})"
         step(f"{recipe.model_name}: {label} ({phase_s:.0f} s)")
         rounds[r][system] = _phase(ctx, built, recipe, system, phase_deadline)
-        entry.systems[system] = repeats.combine([done[system] for done in rounds if system in done])
+        entry.systems[system] = repeats.combine(system, [done[system] for done in rounds if system in done])
         ctx.save()
     if options.repeat > 1:
         entry.rounds = [{system: repeats.best_rps(record) for system, record in done.items()} for done in rounds]
