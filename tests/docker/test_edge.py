@@ -159,12 +159,15 @@ def test_a_body_over_the_limit_is_refused_with_413_naming_the_limit(stack: Stack
 @pytest.mark.usefixtures("unharmed")
 def test_openai_bodies_up_to_the_gateways_16m_reach_it(stack: Stack) -> None:
     """The edge's 1m (kept for Triton's JSON parser) refused /v1/ bodies the gateway takes and its docs
-    promise (2,048 texts, 413 only over 16 MB), in KServe's error shape. /v1/ gets the gateway's 16m."""
+    promise (2,048 texts, 413 only over 16 MB). /v1/ gets the gateway's 16m, and the edge's 413 there in OpenAI's
+    error shape."""
     status, _, answer = post("127.0.0.1", stack.http_port, json.dumps({"model": "no-such-model", "input": ["x" * 600_000] * 4}).encode(),
                              path="/v1/embeddings")
     assert status == 404 and json.loads(answer)["error"]["code"] == "model_not_found", answer[:300]  # the gateway's
     status, _, answer = post("127.0.0.1", stack.http_port, b" " * ((16 << 20) + 1), path="/v1/embeddings")
-    assert status == 413 and error_of(answer).startswith("request body larger than 16m"), answer[:300]
+    error = json.loads(answer)["error"]  # in OpenAI's shape under /v1/ (tests/gateway/test_edge_openai_errors.py)
+    assert status == 413 and error["code"] == "request_too_large", answer[:300]
+    assert error["message"].startswith("request body larger than 16m"), answer[:300]
 
 
 @pytest.mark.usefixtures("unharmed")

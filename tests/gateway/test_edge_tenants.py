@@ -6,15 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
-import socket
-import subprocess
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -22,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.gateway.conftest import ROOT, running_gateway
+from tests.gateway.conftest import edge_config, running_gateway, running_nginx
 from tests.gateway.test_tenants_served import ECHO_MODEL
 from tests.helm.test_edge import nginx_with_stream
 from tritonbundle.gateway.metering import read, report
@@ -34,45 +30,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 A_KEY, B_KEY = "tb-edge-tenant-a-key-000000001", "tb-edge-tenant-b-key-000000002"
 ECHO_CONFIG = ('name: "echo"\nbackend: "python"\nmax_batch_size: 0\ninput [{ name: "X", data_type: TYPE_INT32, dims: [1] }]\n'
                'output [{ name: "P", data_type: TYPE_STRING, dims: [1] }]\n')
-
-
-def _edge_config(folder: Path, env: dict[str, str], ports: dict[str, int]) -> Path:
-    """The compose edge's configuration (its entry point's --render), moved to free ports and this folder."""
-    full = {"PATH": os.environ["PATH"], "TRITONBUNDLE_EDGE_RULES": str(ROOT / "docker" / "edge"),
-            "TRITONBUNDLE_EDGE_CONF_DIR": str(folder), "TRITONBUNDLE_EDGE_REPOSITORY": str(folder / "none"), **env}
-    done = subprocess.run(["/bin/sh", str(ROOT / "docker" / "edge" / "entrypoint.sh"), "--render"], env=full,
-                          capture_output=True, text=True, timeout=30)
-    assert done.returncode == 0, done.stderr
-    conf = folder / "nginx.conf"
-    text = conf.read_text()
-    for fixed, port in (("18080", ports["http_inner"]), ("18081", ports["grpc_inner"])):
-        text = text.replace(f"127.0.0.1:{fixed}", f"127.0.0.1:{port}")
-    text = text.replace("listen 8080 ", f"listen 127.0.0.1:{ports['http']} ").replace(
-        "listen 8081 ", f"listen 127.0.0.1:{ports['grpc']} ")
-    text = text.replace("/tmp/nginx.pid", str(folder / "nginx.pid")).replace("/tmp/nginx-", str(folder / "nginx-"))
-    conf.write_text(text)
-    return conf
-
-
-@contextmanager
-def _running_nginx(nginx: str, conf: Path, port: int) -> Iterator[subprocess.Popen[bytes]]:
-    """nginx in the foreground with ``conf``, once it accepts connections on ``port``; its output next to it."""
-    with open(conf.parent / "nginx.log", "w") as log:
-        proc = subprocess.Popen([nginx, "-c", str(conf), "-e", "stderr", "-g", "daemon off;"], stdout=log,
-                                stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 20
-            while True:
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                    break
-                except OSError:
-                    assert proc.poll() is None and time.monotonic() < deadline, (conf.parent / "nginx.log").read_text()
-                    time.sleep(0.1)
-            yield proc
-        finally:
-            proc.terminate()
-            proc.wait(timeout=20)
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +61,7 @@ tenants:
                    "TRITONBUNDLE_EDGE_TRITON_GRPC": server.grpc_url, "TRITONBUNDLE_EDGE_CAPACITY": "40",
                    "TRITONBUNDLE_EDGE_GATEWAY": url.removeprefix("http://"), "TRITONBUNDLE_EDGE_TENANTS": "on"}
             ports = dict(zip(("http", "grpc", "http_inner", "grpc_inner"), free_ports(4)))
-            with _running_nginx(nginx, _edge_config(folder / "nginx", env, ports), ports["http"]) as proc:
+            with running_nginx(nginx, edge_config(folder / "nginx", env, ports), ports["http"]) as proc:
                 yield SimpleNamespace(http=f"127.0.0.1:{ports['http']}", grpc=f"127.0.0.1:{ports['grpc']}", folder=folder,
                                       triton_http=server.http_url.removeprefix("http://"), gateway_pid=url.pid,
                                       nginx=nginx, nginx_pid=proc.pid, env=env)
@@ -217,7 +174,7 @@ export default {tenant};
 def _njs_variant(edge: SimpleNamespace, folder: Path, ports: dict[str, int]) -> Path:
     """The same edge with the key checked inside nginx by njs (a table of key hashes, no rate state) in place
     of the gateway's auth_request: the alternative mechanism, for the figures below."""
-    conf = _edge_config(folder, edge.env, ports)
+    conf = edge_config(folder, edge.env, ports)
     table = {key_hash(A_KEY): "team-a", key_hash(B_KEY): "team-b"}
     (folder / "tenants.js").write_text(NJS_CHECK % json.dumps(table))
     text = conf.read_text()
@@ -263,7 +220,7 @@ def test_what_the_tenants_check_adds_per_request(edge: SimpleNamespace, tmp_path
     with contextlib.ExitStack() as stack:
         if njs:
             ports = dict(zip(("http", "grpc", "http_inner", "grpc_inner"), free_ports(4)))
-            proc = stack.enter_context(_running_nginx(edge.nginx, _njs_variant(edge, tmp_path, ports), ports["http"]))
+            proc = stack.enter_context(running_nginx(edge.nginx, _njs_variant(edge, tmp_path, ports), ports["http"]))
             paths["edge, njs"] = (f"127.0.0.1:{ports['http']}", B_KEY, [proc.pid])
             assert call(paths["edge, njs"][0], B_KEY) > 0
             with pytest.raises(urllib.error.HTTPError, match="401"):
