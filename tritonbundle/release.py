@@ -29,7 +29,15 @@ from typing import Any
 
 import numpy as np
 
-from tritonbundle.contract import QUERY_INPUT, RESTRICTED_HEADER, TEXT_INPUT, encoder_name, tokenizer_name
+from tritonbundle.contract import (
+    PIN_SETTLE_S,
+    QUERY_INPUT,
+    RESTRICTED_HEADER,
+    TEXT_INPUT,
+    encoder_name,
+    encoder_pin,
+    tokenizer_name,
+)
 from tritonbundle.errors import ClientError, ConfigError, TritonBundleError
 from tritonbundle.server import refused_versions
 
@@ -114,6 +122,10 @@ class Release:
         except Exception as e:  # noqa: BLE001 - tritonclient's own error: said in one line
             raise ReleaseError(f"release of {self.model!r}: {what} failed: {e}", model=name, protocol="http") from e
         self.log.append(f"{what} ({time.monotonic() - started:.1f} s)")
+
+    def _settle(self) -> None:
+        """Wait until callers of the encoder itself have read the ensemble's new pin (contract.PIN_SETTLE_S)."""
+        time.sleep(PIN_SETTLE_S)
 
     def _steps(self) -> tuple[dict[str, Any], int, str, str]:
         """The ensemble's configuration, its encoder step's index, the tokenizer's and the encoder's names
@@ -227,7 +239,7 @@ class Release:
         if not texts or rounds < 1:
             raise ConfigError(f"a release compares at least one text once (texts {len(texts)}, rounds {rounds})")
         ensemble, at, tokenizer, encoder = self._steps()
-        pinned = int(ensemble["ensemble_scheduling"]["step"][at].get("model_version", -1))  # int64: a JSON string
+        pinned = encoder_pin(ensemble, encoder)
         serving = self._serving(encoder, pinned)  # a stopped release is restored by this one's first loads
         verdict = Verdict(self.model, encoder, serving, self.candidate, False, "",
                           batch=self.batch_size(tokenizer, encoder, batch))
@@ -267,6 +279,7 @@ class Release:
             # as it serves now, and only then is the ensemble pinned to it.
             self._load(encoder, versions(serving), f"{encoder} serves version {serving} (its repository read again)")
             self._load(self.model, pin(serving), f"pinned {self.model} to {encoder} version {serving}")
+            self._settle()  # the gateway's token-id calls name the pinned version before N+1 loads
             try:
                 self._load(encoder, versions(serving, self.candidate), f"loaded {encoder} version {self.candidate} beside {serving}")
             except ClientError as e:  # the server's own refusal of the version ("version N is at UNAVAILABLE
@@ -294,6 +307,7 @@ class Release:
             verdict.promoted = True
             verdict.reason = f"answers agree (least cosine {worst:.6f}), p99 {new_p99:.1f} vs {old_p99:.1f} ms"
             self._load(self.model, pin(self.candidate), f"moved {self.model} to {encoder} version {self.candidate}")
+            self._settle()  # ...and name N+1 before N unloads
             self._load(encoder, versions(self.candidate), f"{encoder} serves version {self.candidate} alone")
             self._load(self.model, pin(-1), f"unpinned {self.model}")
         except KeyboardInterrupt:  # during a load: it goes on in the server, so nothing is restored here

@@ -36,6 +36,8 @@ class Request:
     #: The outputs the request named (None: it named none, so the server returns every output).
     outputs: list[str] | None
     headers: dict[str, str] | None
+    #: The model version it named ("": none, the newest; the async clients' ``model_version``).
+    version: str = ""
 
 
 def _decode(raw: bytes, datatype: str, shape: list[int]) -> np.ndarray[Any, Any]:
@@ -95,10 +97,10 @@ class FakeTriton:
     requests: list[Request] = field(default_factory=list)
 
     def _answer(self, model: str, inputs: list[Any], outputs: list[Any] | None, headers: dict[str, str] | None,
-                raw: Callable[[Any], bytes]) -> Arrays:
+                raw: Callable[[Any], bytes], version: str = "") -> Arrays:
         arrays = {i.name(): _decode(raw(i), i.datatype(), i.shape()) for i in inputs}
         named = [o.name() for o in outputs] if outputs is not None else None
-        self.requests.append(Request(model, arrays, named, headers))
+        self.requests.append(Request(model, arrays, named, headers, version))
         if headers is not None:  # what tritonclient's HTTP client does to the dict it is given
             headers["Inference-Header-Content-Length"] = str(len(self.requests))
         every = self.respond(model, arrays)
@@ -136,18 +138,18 @@ class FakeGrpc(FakeTriton):
 
 
 class FakeAioHttp(FakeTriton):
-    async def infer(self, model: str, inputs: list[Any], outputs: list[Any] | None = None, timeout: Any = None,
-                    headers: dict[str, str] | None = None) -> Any:
-        return http_result(self._answer(model, inputs, outputs, headers, lambda i: i._get_binary_data()))
+    async def infer(self, model: str, inputs: list[Any], model_version: str = "", outputs: list[Any] | None = None,
+                    timeout: Any = None, headers: dict[str, str] | None = None) -> Any:
+        return http_result(self._answer(model, inputs, outputs, headers, lambda i: i._get_binary_data(), model_version))
 
     async def close(self) -> None:
         pass
 
 
 class FakeAioGrpc(FakeTriton):
-    async def infer(self, model: str, inputs: list[Any], outputs: list[Any] | None = None, client_timeout: Any = None,
-                    timeout: Any = None, headers: dict[str, str] | None = None) -> Any:
-        return grpc_result(self._answer(model, inputs, outputs, headers, lambda i: i._get_content()))
+    async def infer(self, model: str, inputs: list[Any], model_version: str = "", outputs: list[Any] | None = None,
+                    client_timeout: Any = None, timeout: Any = None, headers: dict[str, str] | None = None) -> Any:
+        return grpc_result(self._answer(model, inputs, outputs, headers, lambda i: i._get_content(), model_version))
 
     async def close(self) -> None:
         pass

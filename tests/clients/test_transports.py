@@ -275,7 +275,7 @@ def test_a_large_grpc_call_keeps_a_few_chunks_in_flight() -> None:
     client = AsyncGrpcClient("127.0.0.1:1", model="m")
     now, most = [0], [0]
 
-    async def infer(model: str, arrays: Any, outputs: Any, timeout_s: float, headers: Any = None) -> Any:
+    async def infer(model: str, arrays: Any, outputs: Any, timeout_s: float, headers: Any = None, version: str = "") -> Any:
         now[0] += 1
         most[0] = max(most[0], now[0])
         await asyncio.sleep(0.005)

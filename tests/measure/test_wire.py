@@ -235,3 +235,40 @@ def test_the_connection_bound_counts_connections_being_opened_and_a_garbled_answ
             garbled.close()
 
     asyncio.run(run())
+
+
+def test_a_versioned_token_call_names_its_version_on_the_wire_and_at_the_server(server: Any) -> None:
+    """``embed_tokens(version=...)`` (the OpenAI gateway names the version a release pinned the ensemble to):
+    the server answers it as that version and refuses a version it does not serve, naming it; the requests
+    captured for the load generator name the version too, over gRPC and HTTP, and are answered alike."""
+    from tritonbundle.errors import ClientError
+
+    ids = [[101, 1037, 2460, 3793, 102]]
+
+    async def run() -> tuple[np.ndarray[Any, Any], tuple[WireRequest, ...], tuple[WireRequest, ...]]:
+        async with AsyncGrpcClient(server.grpc_url, model="minilm", retry=RetryPolicy(max_attempts=1)) as client:
+            expected = await client.embed_tokens(ids, version="1")
+            np.testing.assert_allclose(expected, await client.embed_tokens(ids), atol=1e-5)  # 1 is the newest
+            with pytest.raises(ClientError, match="9"):
+                await client.embed_tokens(ids, version="9")
+            grpc = await capture(client, lambda c: c.embed_tokens(ids, version="1"))
+            http = await capture(client, lambda c: c.embed_tokens(ids, version="1"), http_host=server.http_url)
+        return expected, grpc, http
+
+    expected, grpc, http = asyncio.run(run())
+    from tritonclient.grpc import service_pb2
+
+    assert service_pb2.ModelInferRequest.FromString(grpc[0].body).model_version == "1"
+    assert http[0].body.startswith(b"POST /v2/models/minilm_encoder/versions/1/infer HTTP/1.1\r\n")
+
+    async def send() -> tuple[list[bytes], list[bytes]]:
+        wire, sender_http = WireSender(server.grpc_url, timeout_s=30.0), HttpSender(server.http_url, timeout_s=30.0)
+        try:
+            return await wire.send(grpc), await sender_http.send(http)
+        finally:
+            await wire.close()
+            await sender_http.close()
+
+    over_grpc, over_http = asyncio.run(send())
+    np.testing.assert_allclose(_embeddings(over_grpc), expected, atol=1e-5)
+    np.testing.assert_allclose(_http_embeddings(over_http), expected, atol=1e-5)

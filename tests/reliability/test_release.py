@@ -8,7 +8,10 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 ROOT = Path(__file__).resolve().parents[2]
 #: A copy of the serving version's weights is released: the answers are compared, the latency gate is off.
 SAME_WEIGHTS = ("--max-p99-ratio", "100")
+#: Token ids the gateway sends to the encoder as they are ("[CLS] a short text [SEP]" in MiniLM's vocabulary).
+TOKEN_ROW = [101, 1037, 2460, 3793, 102]
 
 
 def _version(repo: Path, version: int, *, noise: float = 0.0) -> None:
@@ -85,19 +90,59 @@ def test_a_version_that_agrees_is_promoted_under_load_with_no_failed_request(
         assert _ensemble_step_version(client) == -1, "the ensemble ends unpinned"
 
 
+@contextmanager
+def _token_rows_through_the_gateway(server: Any, folder: Path) -> Iterator[list[float]]:
+    """The OpenAI gateway in front of ``server`` and a caller sending it token ids (which go to the encoder
+    itself, not the ensemble) one request after another until the block ends; then the cosine of each answer
+    with the answer before the block, in the list yielded."""
+    from openai import OpenAI
+
+    from tests.gateway.conftest import running_gateway
+
+    cosines: list[float] = []
+    stop = threading.Event()
+    with running_gateway(server, folder) as url:
+        client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+        def embed() -> np.ndarray:
+            answer = client.embeddings.create(model="minilm", input=[TOKEN_ROW], encoding_format="float")
+            return np.asarray(answer.data[0].embedding, dtype=np.float64)
+
+        before = embed()
+
+        def send() -> None:
+            while not stop.is_set():
+                now = embed()
+                cosines.append(float(now @ before / np.linalg.norm(now) / np.linalg.norm(before)))
+
+        caller = threading.Thread(target=send, daemon=True)
+        caller.start()
+        try:
+            yield cosines
+        finally:
+            stop.set()
+            caller.join(timeout=60)
+
+
 def test_a_version_whose_answers_differ_is_refused_under_load_and_the_serving_one_stays(
     explicit_server: tuple[Any, Path], tmp_path: Path
 ) -> None:
+    """...and the OpenAI gateway's token-id requests, which call the encoder itself (not the pinned
+    ensemble), follow the ensemble's pin: none of them reaches the candidate while it is loaded."""
     from tritonbundle.clients import HttpClient
 
     server, repo = explicit_server
     with HttpClient(server.http_url, api_key=API_KEY) as client:
         serving = client.model_info("minilm_encoder").version
         before = client.embed(["unchanged by a refused release"])
-    with load_test(server, tmp_path / "load", duration_s=120, retries=0, stop_after_block_s=2) as outcome:
+    with _token_rows_through_the_gateway(server, tmp_path) as cosines, \
+            load_test(server, tmp_path / "load", duration_s=120, retries=0, stop_after_block_s=2) as outcome:
         time.sleep(5)
         _version(repo, 7, noise=0.5)
         done = _release(server, 7, tmp_path / "release.json", "--repository", str(repo))
+    print(f"\ngateway token rows during the release: {len(cosines)} answered, least cosine with before "
+          f"{min(cosines, default=float('nan')):.6f}")
+    assert len(cosines) > 20 and min(cosines) > 0.9999, sorted(cosines)[:5]
     summary = outcome["summary"]
     print(f"\n{done.stdout}load test during the release: {summary['total']['requests']} requests, "
           f"{summary['total']['failures']} failed")

@@ -41,6 +41,8 @@ class _Server:
         self.max_batch = (8, 4) if batching else (0, 0)  # the tokenizer's, the encoder's max_batch_size
         #: The error load_model raises for the encoder with versions (1, 2) (None: it loads).
         self.load_error: BaseException | None = None
+        #: How many loads came before each wait for the gateway to read the ensemble's pin.
+        self.settled: list[int] = []
 
     def get_model_config(self, name: str) -> dict[str, Any]:
         if name == "m":
@@ -80,6 +82,7 @@ def _release(candidate: np.ndarray[Any, Any], **server_options: Any) -> tuple[Re
     release = Release("127.0.0.1:1", "m", 2, api_key=None)
     server = _Server(candidate, **server_options)
     release.client = release.loader = server  # type: ignore[assignment]
+    release._settle = lambda: server.settled.append(len(server.loads))  # type: ignore[method-assign]
     return release, server
 
 
@@ -105,6 +108,8 @@ def test_an_agreeing_candidate_is_promoted_and_the_ensemble_unpinned() -> None:
     verdict = release.run(["a"], rounds=1, slack_ms=1e6)
     assert verdict.promoted, verdict.reason
     assert server.loads == [("m_encoder", [1]), ("m", 1), ("m_encoder", [1, 2]), ("m", 2), ("m_encoder", [2]), ("m", -1)]
+    # The gateway's token-id calls read the pin before the encoder's versions change: after each move of the pin.
+    assert server.settled == [2, 4]
 
 
 def test_a_differing_candidate_is_refused() -> None:

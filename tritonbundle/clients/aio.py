@@ -69,7 +69,7 @@ class _AsyncBaseClient(core.ClientBase):
 
     async def _infer(
         self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str], timeout_s: float,
-        headers: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None, version: str = "",
     ) -> dict[str, np.ndarray[Any, Any]]:
         raise NotImplementedError
 
@@ -154,11 +154,13 @@ class _AsyncBaseClient(core.ClientBase):
 
     async def embed_tokens(
         self, ids: Sequence[Sequence[int]] | np.ndarray[Any, Any], mask: Sequence[Sequence[int]] | np.ndarray[Any, Any] | None = None,
-        *, timeout_s: float | None = None, headers: Mapping[str, str] | None = None,
+        *, timeout_s: float | None = None, headers: Mapping[str, str] | None = None, version: str = "",
     ) -> np.ndarray[Any, Any]:
+        """The token model's embeddings of ``ids``; ``version``: that version of it (default: the newest loaded)."""
         info = await self.model_info(self.token_model)
         arrays, output = self._token_request(info, ids, mask)
-        return (await self._batched(self.token_model, arrays, [output], info.max_batch_size, timeout_s, headers))[output]
+        return (await self._batched(self.token_model, arrays, [output], info.max_batch_size, timeout_s, headers,
+                                    version))[output]
 
     async def infer(
         self, inputs: Mapping[str, np.ndarray[Any, Any]], *, model: str | None = None, outputs: Sequence[str] | None = None,
@@ -176,7 +178,7 @@ class _AsyncBaseClient(core.ClientBase):
     # -- internals ------------------------------------------------------------------------------
     async def _batched(
         self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str], max_batch_size: int,
-        timeout_s: float | None, headers: Mapping[str, str] | None = None,
+        timeout_s: float | None, headers: Mapping[str, str] | None = None, version: str = "",
     ) -> dict[str, np.ndarray[Any, Any]]:
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         n = next(iter(arrays.values())).shape[0]
@@ -190,7 +192,8 @@ class _AsyncBaseClient(core.ClientBase):
             part = {k: v[rows] for k, v in arrays.items()}
             async with room:
                 return await self._call(
-                    model, lambda: self._infer(model, part, outputs, self._remaining(deadline), headers), deadline=deadline
+                    model, lambda: self._infer(model, part, outputs, self._remaining(deadline), headers, version),
+                    deadline=deadline,
                 )
 
         tasks = [asyncio.ensure_future(one(rows)) for rows in core.chunks(n, max_batch_size)]
@@ -256,7 +259,7 @@ class AsyncHttpClient(_AsyncBaseClient):
 
     async def _infer(
         self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str], timeout_s: float,
-        headers: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None, version: str = "",
     ) -> dict[str, np.ndarray[Any, Any]]:
         inputs, requested = http_tensors(arrays, outputs)
         if self._in_flight >= self.max_in_flight:
@@ -267,7 +270,8 @@ class AsyncHttpClient(_AsyncBaseClient):
         self._in_flight += 1
         try:
             result = await asyncio.wait_for(
-                self._client.infer(model, inputs, outputs=requested or None, timeout=core.server_timeout_us(timeout_s),
+                self._client.infer(model, inputs, model_version=version, outputs=requested or None,
+                                   timeout=core.server_timeout_us(timeout_s),
                                    headers={**self._request_headers(), **(headers or {})}),
                 timeout=timeout_s,
             )
@@ -290,6 +294,10 @@ class AsyncGrpcClient(_AsyncBaseClient):
         config = await self._within(self._client.get_model_config(model, headers=self.headers, as_json=True), self.timeout_s)
         return dict(config["config"])
 
+    async def model_config(self, model: str) -> dict[str, Any]:
+        """``model``'s configuration as Triton serves it now (JSON; never cached, unlike :meth:`model_info`)."""
+        return await self._config_json(model)
+
     async def _describe(self, model: str) -> ModelInfo:
         metadata = await self._client.get_model_metadata(model, headers=self.headers, as_json=True)
         config = await self._client.get_model_config(model, headers=self.headers, as_json=True)
@@ -297,11 +305,11 @@ class AsyncGrpcClient(_AsyncBaseClient):
 
     async def _infer(
         self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str], timeout_s: float,
-        headers: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None, version: str = "",
     ) -> dict[str, np.ndarray[Any, Any]]:
         inputs, requested = grpc_tensors(arrays, outputs)
         result = await self._client.infer(
-            model, inputs, outputs=requested or None, client_timeout=timeout_s, timeout=core.server_timeout_us(timeout_s),
+            model, inputs, model_version=version, outputs=requested or None, client_timeout=timeout_s, timeout=core.server_timeout_us(timeout_s),
             headers={**self._request_headers(), **(headers or {})},
         )
         return self._outputs(result, outputs, model)

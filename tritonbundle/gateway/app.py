@@ -3,8 +3,9 @@ embeddings API and calls Triton over gRPC with the project's :class:`~tritonbund
 
 Each request calls the text model (texts) or its encoder (token rows), split by ``max_batch_size`` like
 every client call; usage is the sum of the ``tokens`` output, the counts of the tokenizer that fed the
-encoder. Errors keep OpenAI's shape and status codes, every path included (unknown routes, anything
-unexpected): 400 for bad input (Triton's own reason), 404 for a model the gateway does not serve, 413
+encoder. Token-id requests name the encoder version the model's ensemble is pinned to, so a release's
+candidate loaded beside it never answers them (``tritonbundle release``). Errors keep OpenAI's shape
+and status codes, every path included (unknown routes, anything unexpected): 400 for bad input (Triton's own reason), 404 for a model the gateway does not serve, 413
 for a body over :data:`MAX_BODY_BYTES`, 429 with ``Retry-After`` when Triton's queue is full, 503 when
 Triton cannot be reached or has lost the model, 504 when the deadline passes (the client's or Triton's
 queue timeout). JSON in and out is decoded and encoded off the event loop.
@@ -24,6 +25,7 @@ into 429 / RESOURCE_EXHAUSTED). The edge never passes ``/internal/`` to callers.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import re
@@ -36,7 +38,7 @@ import numpy as np
 
 from tritonbundle.clients.aio import AsyncGrpcClient
 from tritonbundle.clients.core import RetryPolicy
-from tritonbundle.contract import TENANT_HEADER, TOKENS_OUTPUT
+from tritonbundle.contract import PIN_REFRESH_S, TENANT_HEADER, TOKENS_OUTPUT, encoder_pin
 from tritonbundle.errors import (
     QUEUE_FULL,
     QUEUE_TIMEOUT,
@@ -85,6 +87,11 @@ class Backend:
         self.vocab: dict[str, int | None] = {}
         #: Why a model's encoder cannot take token rows (None: it can), known at start.
         self.token_refusal: dict[str, str | None] = {}
+        #: The encoder version each model's ensemble is pinned to ("": none, the newest), which token-id
+        #: requests name (they call the encoder itself): read every PIN_REFRESH_S, so a release's candidate,
+        #: loaded beside the pinned version, never answers them (contract.py, "releases").
+        self.pins: dict[str, str] = {}
+        self._following: asyncio.Task[None] | None = None
         self.created = int(time.time())
 
     async def start(self) -> None:
@@ -113,6 +120,22 @@ class Backend:
             self.dims[name] = size if size > 0 else None
             self.max_lengths[name], self.vocab[name], self.token_refusal[name] = await self._encoder_limits(client)
             self.clients[name] = client
+            await self._read_pin(name)
+        self._following = asyncio.create_task(self._follow_pins())
+
+    async def _read_pin(self, name: str) -> None:
+        client = self.clients[name]
+        try:
+            pinned = encoder_pin(await client.model_config(name), client.token_model)
+        except (ClientError, ValueError):  # the server restarting, say: the last pin stands until it answers again
+            return
+        self.pins[name] = str(pinned) if pinned >= 0 else ""
+
+    async def _follow_pins(self) -> None:
+        while True:
+            await asyncio.sleep(PIN_REFRESH_S)
+            for name in list(self.clients):
+                await self._read_pin(name)
 
     @staticmethod
     async def _encoder_limits(client: AsyncGrpcClient) -> tuple[int | None, int | None, str | None]:
@@ -132,6 +155,9 @@ class Backend:
         return info.max_sequence_length or None, info.vocab_sizes.get(client.token_inputs[0]) or None, refusal
 
     async def close(self) -> None:
+        if self._following is not None:
+            self._following.cancel()
+            await asyncio.gather(self._following, return_exceptions=True)
         for client in self.clients.values():
             await client.close()
 
@@ -168,7 +194,8 @@ class Backend:
                 vectors, counts = await client.embed_counted(list(request.texts), headers=headers)
                 used = int(counts.sum())
             else:
-                vectors = await client.embed_tokens([list(r) for r in request.token_rows], headers=headers)
+                vectors = await client.embed_tokens([list(r) for r in request.token_rows], headers=headers,
+                                                    version=self.pins.get(request.model, ""))
                 used = sum(len(r) for r in request.token_rows)
         except ClientError as e:
             raise api_error(e) from e

@@ -91,30 +91,32 @@ class _Recorder(AsyncGrpcClient):
         return await fn()
 
     async def _batched(self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str],
-                       max_batch_size: int, timeout_s: float | None,
-                       headers: Mapping[str, str] | None = None) -> dict[str, np.ndarray[Any, Any]]:
+                       max_batch_size: int, timeout_s: float | None, headers: Mapping[str, str] | None = None,
+                       version: str = "") -> dict[str, np.ndarray[Any, Any]]:
         n = next(iter(arrays.values())).shape[0]
         for rows in core.chunks(n, max_batch_size):
-            self._record(model, {k: v[rows] for k, v in arrays.items()}, outputs, timeout_s or self.timeout_s, headers)
+            self._record(model, {k: v[rows] for k, v in arrays.items()}, outputs, timeout_s or self.timeout_s, headers,
+                         version)
         raise _Captured
 
     async def _infer(self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str],
-                     timeout_s: float, headers: Mapping[str, str] | None = None) -> dict[str, np.ndarray[Any, Any]]:
-        self._record(model, arrays, outputs, timeout_s, headers)
+                     timeout_s: float, headers: Mapping[str, str] | None = None,
+                     version: str = "") -> dict[str, np.ndarray[Any, Any]]:
+        self._record(model, arrays, outputs, timeout_s, headers, version)
         raise _Captured
 
     def _record(self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str],
-                timeout_s: float, headers: Mapping[str, str] | None) -> None:
+                timeout_s: float, headers: Mapping[str, str] | None, version: str = "") -> None:
         if self.http_host is not None:
             self.requests.append(_http_request(self.http_host, model, arrays, outputs, timeout_s,
-                                               {**self._request_headers(), **(headers or {})}))
+                                               {**self._request_headers(), **(headers or {})}, version))
             return
         # The message tritonclient.grpc.aio's infer() builds, with the arguments AsyncGrpcClient._infer gives it.
         from tritonclient.grpc._utils import _get_inference_request
 
         inputs, requested = grpc_tensors(arrays, outputs)
         message = _get_inference_request(
-            model_name=model, inputs=inputs, model_version="", request_id="", outputs=requested or None,
+            model_name=model, inputs=inputs, model_version=version, request_id="", outputs=requested or None,
             sequence_id=0, sequence_start=False, sequence_end=False, priority=0,
             timeout=core.server_timeout_us(timeout_s), parameters=None)
         metadata = tuple({**self._request_headers(), **(headers or {})}.items())
@@ -122,9 +124,9 @@ class _Recorder(AsyncGrpcClient):
 
 
 def _http_request(host: str, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str],
-                  timeout_s: float, headers: Mapping[str, str]) -> WireRequest:
+                  timeout_s: float, headers: Mapping[str, str], version: str = "") -> WireRequest:
     """The request tritonclient.http.aio's ``infer()`` sends with the arguments AsyncHttpClient._infer
-    gives it (its body and ``Inference-Header-Content-Length``; the path of an unversioned model)."""
+    gives it (its body and ``Inference-Header-Content-Length``; the path of the model, or of its ``version``)."""
     from urllib.parse import quote
 
     from tritonclient.http._utils import _get_inference_request
@@ -136,7 +138,8 @@ def _http_request(host: str, model: str, arrays: Mapping[str, np.ndarray[Any, An
     fields = {"Host": host, "Content-Type": "application/octet-stream", **dict(headers),
               **({"Inference-Header-Content-Length": str(json_size)} if json_size is not None else {}),
               "Content-Length": str(len(body))}
-    head = f"POST /v2/models/{quote(model)}/infer HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in fields.items())
+    path = f"/v2/models/{quote(model)}" + (f"/versions/{quote(version)}" if version else "")
+    head = f"POST {path}/infer HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in fields.items())
     return WireRequest(head.encode("latin-1") + b"\r\n" + body)
 
 

@@ -84,6 +84,24 @@ def postprocess_name(model: str) -> str:
     return f"{model}_postprocess"
 
 
+# -- releases ----------------------------------------------------------------------------------------
+#: ``tritonbundle release`` pins the ensemble's encoder step to the serving version while a candidate is
+#: loaded beside it; a caller of the encoder itself (the OpenAI gateway's token-id requests) would get the
+#: newest loaded version, the candidate. The gateway reads each ensemble's pin this often and names the
+#: pinned version in its calls; the release waits PIN_SETTLE_S after moving the pin before it changes the
+#: versions the encoder serves, so the gateway has read the new pin first.
+PIN_REFRESH_S = 0.5
+PIN_SETTLE_S = 3 * PIN_REFRESH_S
+
+
+def encoder_pin(ensemble: Mapping[str, Any], encoder: str) -> int:
+    """The version ``ensemble``'s step pins ``encoder`` to (a config as JSON; -1: the newest, as unpinned)."""
+    for step in (ensemble.get("ensemble_scheduling") or {}).get("step") or []:
+        if step.get("model_name") == encoder:
+            return int(step.get("model_version", -1))  # int64: a JSON string
+    return -1
+
+
 # -- the padding rule ----------------------------------------------------------------------------------
 def target_index(lengths: Sequence[int] | np.ndarray[Any, Any], targets: Sequence[int]) -> np.ndarray[Any, Any]:
     """Per length, the index of the smallest target that holds it; a length above the last target is an error."""
