@@ -107,6 +107,8 @@ def test_a_compressed_body_is_415_in_openais_shape_and_kserves_stays_its_own(edg
     status, _, answer = post(edge, "/v1/embeddings", b"\x1f\x8b", {"Content-Encoding": "gzip"})
     assert status == 415 and answer["error"]["code"] == "unsupported_content_encoding", answer
     assert answer["error"]["message"].startswith("Content-Encoding gzip refused by the tritonbundle edge"), answer
+    status, _, answer = post(edge, "//v1/embeddings", b"\x1f\x8b", {"Content-Encoding": "gzip"})  # merged: /v1/
+    assert status == 415 and answer["error"]["code"] == "unsupported_content_encoding", answer
     status, _, answer = post(edge, "/v2/models/minilm/infer", b"\x1f\x8b", {"Content-Encoding": "gzip"})
     assert status == 415 and isinstance(answer["error"], str) and "Content-Encoding gzip" in answer["error"], answer
 
