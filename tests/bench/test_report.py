@@ -105,14 +105,21 @@ def test_a_failed_bundle_round_counts_as_zero_and_a_failed_reference_round_is_le
               {"bundle": failed, "ceiling": SystemResult(status="ok", best_rps=10000.0)},
               {"bundle": no_rate, "ceiling": failed}]
     bundle = combine("bundle", [r["bundle"] for r in rounds])
-    assert bundle.best_rps == 0.0 and bundle.repeats is not None
-    assert bundle.repeats.values == [9000.0, 0.0, 0.0] and bundle.repeats.failed == 2
+    # The median is a failure: the record is a failed round's, its status saying so; its repeats the rates.
+    assert bundle.status == "failed" and bundle.error == "tritonserver died" and bundle.repeats is not None
+    assert bundle.repeats.median == 0.0 and bundle.repeats.values == [9000.0, 0.0, 0.0] and bundle.repeats.failed == 2
     ceiling = combine("ceiling", [r["ceiling"] for r in rounds])
     assert ceiling.best_rps == 10000.0 and ceiling.repeats is not None and ceiling.repeats.values == [10000.0, 10000.0, None]
     r = ratios(rounds, bundle)
     assert r.bundle_over_ceiling == pytest.approx(0.45) and r.ranges is not None  # 0.9 and 0; round 3 has no ceiling
     assert r.ranges["bundle_over_ceiling"] == pytest.approx([0.0, 0.9])
-    assert combine("bundle", [SystemResult(status="skipped", error="out of time budget")] * 2).repeats.values == [None, None]
+    skipped = combine("bundle", [SystemResult(status="skipped", error="out of time budget")] * 2).repeats
+    assert skipped is not None and skipped.values == [None, None] and skipped.failed == 0
+    # Otherwise the record is the round nearest the median, with the median's rate.
+    five = [SystemResult(status="ok", best_rps=rate, seconds=rate) for rate in (800.0, 1000.0, 1200.0)] + [failed, failed]
+    nearest = combine("bundle", five)
+    assert nearest.best_rps == 800.0 and nearest.seconds == 800.0 and nearest.repeats is not None
+    assert nearest.repeats.failed == 2
 
 
 def test_report_files_and_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

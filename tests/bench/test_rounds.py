@@ -52,7 +52,7 @@ def test_rounds_interleave_the_systems_and_report_medians(tmp_path: Path, monkey
     assert bundle.status == "ok" and bundle.best_rps == 6500.0
     assert bundle.repeats is not None and bundle.repeats.failed == 1 and bundle.repeats.values == [7000.0, 0.0, 6500.0]
     assert entry.systems["peer"].best_rps == 900.0
-    assert entry.rounds is not None and entry.rounds[1] == {"peer": 700.0, "bundle": None, "ceiling": 21000.0}
+    assert entry.rounds is not None and entry.rounds[1] == {"peer": 700.0, "bundle": 0.0, "ceiling": 21000.0}
     ratios = entry.ratios
     assert ratios is not None and ratios.rounds == 3
     # Each ratio pairs the systems of one round: 7000/900, 0/700 and 6500/1000.

@@ -302,7 +302,8 @@ def _against_references(settings: list[Setting]) -> list[str]:
         what = "of the ceiling" if ref.system == "ceiling" else "over the peer"
         lines.append(f"- {ref.name} (median of {len(ref_rounds)}: {median:,.0f} req/s): " + "; ".join(
             f"{s.name} {s.median / median:.2f} {what} (by round: " + " / ".join(
-                f"{r.rps / ref_rounds[r.round]:.2f}" if r.rps and r.round in ref_rounds else "-" for r in s.by_round) + ")"
+                f"{r.rps / ref_rounds[r.round]:.2f}" if r.rps is not None and r.round in ref_rounds else "-"
+                for r in s.by_round) + ")"
             for s in settings if s.system == "bundle"))
     return ["", *lines] if lines else []
 

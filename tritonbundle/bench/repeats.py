@@ -62,13 +62,18 @@ def combine(system: str, records: Sequence[SystemResult]) -> SystemResult:
     saying what every round measured and how many failed. One round: that round, unchanged."""
     if len(records) == 1:
         return records[0]
-    ok = sorted((r for r in records if best_rps(r) is not None), key=lambda r: best_rps(r) or 0.0)
-    counted = dataclasses.replace(spread([counted_rps(system, r) for r in records]),
-                                  failed=sum(best_rps(r) is None for r in records))
-    if ok:
-        chosen = dataclasses.replace(ok[(len(ok) - 1) // 2], best_rps=counted.median)
-    else:
-        chosen = records[-1]
+    rates = [counted_rps(system, r) for r in records]
+    counted = dataclasses.replace(spread(rates), failed=sum(r.status != "skipped" and best_rps(r) is None
+                                                            for r in records))
+    median = counted.median
+    if median is None:
+        return dataclasses.replace(records[-1], repeats=counted)
+    # The round nearest the median (a failed one when the failures are the median: its status says so).
+    nearest = min((abs(rate - median), best_rps(r) is not None, i) for i, (r, rate) in enumerate(zip(records, rates))
+                  if rate is not None)
+    chosen = records[nearest[2]]
+    if best_rps(chosen) is not None:
+        chosen = dataclasses.replace(chosen, best_rps=median)
     return dataclasses.replace(chosen, repeats=counted)
 
 

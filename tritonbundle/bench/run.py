@@ -147,7 +147,7 @@ def run_model(ctx: Context, recipe: Recipe, model_deadline: float, entry: ModelR
         entry.systems[system] = repeats.combine(system, [done[system] for done in rounds if system in done])
         ctx.save()
     if options.repeat > 1:
-        entry.rounds = [{system: repeats.best_rps(record) for system, record in done.items()} for done in rounds]
+        entry.rounds = [{system: repeats.counted_rps(system, record) for system, record in done.items()} for done in rounds]
     entry.ratios = repeats.ratios(rounds, entry.systems.get("bundle"), ceiling_target=recipe.ceiling_target)
 
 
