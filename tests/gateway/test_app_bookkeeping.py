@@ -187,3 +187,58 @@ def test_token_rows_the_encoder_cannot_take_are_refused_before_they_take_anythin
     assert _requests(meter, "alpha", "invalid") == 2
     status, body = _post(app, {"model": "public", "input": ["x" * 100] * 62}, KEY_A)  # 62 x 16 = 992: all 1,000 left
     assert status == 200, body
+
+
+class _VersionedClient(_Client):
+    """An encoder serving ``served`` versions; the ensemble pinned to ``pin`` (-1: none). Records the version
+    each token call named."""
+
+    token_model = "public_encoder"
+
+    def __init__(self, served: set[str], pin: int) -> None:
+        super().__init__()
+        self.served, self.pin, self.named = served, pin, []  # type: set[str], int, list[str]
+
+    async def model_config(self, model: str) -> dict[str, Any]:
+        return {"ensemble_scheduling": {"step": [{"model_name": "public_tokenizer"},
+                                                 {"model_name": "public_encoder", "model_version": str(self.pin)}]}}
+
+    async def embed_tokens(self, rows: list[list[int]], headers: Any = None, version: str = "") -> np.ndarray[Any, Any]:
+        from tritonbundle.errors import ModelNotFoundError
+
+        self.named.append(version)
+        if version and version not in self.served:
+            raise ModelNotFoundError(f"Request for unknown model: 'public_encoder' version {version} is not found")
+        return np.ones((len(rows), 4), np.float32)
+
+
+def test_token_rows_name_the_pinned_version_and_a_version_gone_meanwhile_is_retried_with_the_new_pin() -> None:
+    """Token ids call the encoder itself, where an unversioned request gets the newest version: a release's
+    candidate. They name the version the ensemble is pinned to; one that a promotion unloaded after the pin
+    was read is retried once with the pin read again."""
+    from tritonbundle.gateway.openai_api import EmbeddingsRequest
+
+    client = _VersionedClient({"1", "2"}, pin=1)
+    backend = Backend("127.0.0.1:1", ["public"])
+    backend.clients = {"public": client}  # type: ignore[dict-item]
+
+    async def embed(rows: list[list[int]]) -> None:
+        await backend._read_pin("public")
+        request = EmbeddingsRequest(model="public", texts=(), token_rows=tuple(tuple(r) for r in rows))
+        await backend._embed_tokens(request, None)
+
+    asyncio.run(embed([[101, 102]]))
+    assert client.named == ["1"] and backend.pins["public"] == "1"
+    # The promotion: pinned to 2, then 1 unloaded, before this gateway read the pin again.
+    client.pin, client.served = 2, {"2"}
+    backend.pins["public"] = "1"
+
+    async def stale() -> None:
+        request = EmbeddingsRequest(model="public", texts=(), token_rows=((101, 102),))
+        await backend._embed_tokens(request, None)
+
+    asyncio.run(stale())
+    assert client.named == ["1", "1", "2"] and backend.pins["public"] == "2"
+    client.pin = -1  # unpinned: the newest
+    asyncio.run(embed([[101, 102]]))
+    assert client.named[-1] == ""

@@ -241,7 +241,7 @@ def test_a_versioned_token_call_names_its_version_on_the_wire_and_at_the_server(
     """``embed_tokens(version=...)`` (the OpenAI gateway names the version a release pinned the ensemble to):
     the server answers it as that version and refuses a version it does not serve, naming it; the requests
     captured for the load generator name the version too, over gRPC and HTTP, and are answered alike."""
-    from tritonbundle.errors import ClientError
+    from tritonbundle.errors import ModelNotFoundError
 
     ids = [[101, 1037, 2460, 3793, 102]]
 
@@ -249,7 +249,7 @@ def test_a_versioned_token_call_names_its_version_on_the_wire_and_at_the_server(
         async with AsyncGrpcClient(server.grpc_url, model="minilm", retry=RetryPolicy(max_attempts=1)) as client:
             expected = await client.embed_tokens(ids, version="1")
             np.testing.assert_allclose(expected, await client.embed_tokens(ids), atol=1e-5)  # 1 is the newest
-            with pytest.raises(ClientError, match="9"):
+            with pytest.raises(ModelNotFoundError, match="9"):  # the gateway reads the pin again on this
                 await client.embed_tokens(ids, version="9")
             grpc = await capture(client, lambda c: c.embed_tokens(ids, version="1"))
             http = await capture(client, lambda c: c.embed_tokens(ids, version="1"), http_host=server.http_url)

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -70,7 +71,8 @@ def test_a_version_that_agrees_is_promoted_under_load_with_no_failed_request(
     from tritonbundle.clients import HttpClient
 
     server, repo = explicit_server
-    with load_test(server, tmp_path / "load", duration_s=120, retries=0, stop_after_block_s=2) as outcome:
+    with _token_rows_through_the_gateway(server, tmp_path) as seen, \
+            load_test(server, tmp_path / "load", duration_s=120, retries=0, stop_after_block_s=2) as outcome:
         time.sleep(5)
         _version(repo, 2)
         # the same weights: not the latency gate's test; on two cores under a load test the two versions'
@@ -85,21 +87,22 @@ def test_a_version_that_agrees_is_promoted_under_load_with_no_failed_request(
     assert summary["total"]["requests"] > 40
     assert summary["total"]["failures"] == 0, summary["errors"]
     _covered(outcome)
+    _all_as_before(seen)  # the same weights: version 2's answers are version 1's, through the unload of 1
     with HttpClient(server.http_url, api_key=API_KEY) as client:
         assert client.model_info("minilm_encoder").version == "2"
         assert _ensemble_step_version(client) == -1, "the ensemble ends unpinned"
 
 
 @contextmanager
-def _token_rows_through_the_gateway(server: Any, folder: Path) -> Iterator[list[float]]:
+def _token_rows_through_the_gateway(server: Any, folder: Path) -> Iterator[SimpleNamespace]:
     """The OpenAI gateway in front of ``server`` and a caller sending it token ids (which go to the encoder
-    itself, not the ensemble) one request after another until the block ends; then the cosine of each answer
-    with the answer before the block, in the list yielded."""
+    itself, not the ensemble) one request after another until the block ends; then, in the namespace
+    yielded, the cosine of each answer with the answer before the block, and each failure."""
     from openai import OpenAI
 
     from tests.gateway.conftest import running_gateway
 
-    cosines: list[float] = []
+    seen = SimpleNamespace(cosines=[], failures=[])
     stop = threading.Event()
     with running_gateway(server, folder) as url:
         client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
@@ -112,16 +115,27 @@ def _token_rows_through_the_gateway(server: Any, folder: Path) -> Iterator[list[
 
         def send() -> None:
             while not stop.is_set():
-                now = embed()
-                cosines.append(float(now @ before / np.linalg.norm(now) / np.linalg.norm(before)))
+                try:
+                    now = embed()
+                except Exception as e:  # noqa: BLE001 - every failure is the test's finding
+                    seen.failures.append(repr(e))
+                    continue
+                seen.cosines.append(float(now @ before / np.linalg.norm(now) / np.linalg.norm(before)))
 
         caller = threading.Thread(target=send, daemon=True)
         caller.start()
         try:
-            yield cosines
+            yield seen
         finally:
             stop.set()
             caller.join(timeout=60)
+
+
+def _all_as_before(seen: SimpleNamespace) -> None:
+    print(f"gateway token rows during the release: {len(seen.cosines)} answered, {len(seen.failures)} failed, "
+          f"least cosine with before {min(seen.cosines, default=float('nan')):.6f}")
+    assert not seen.failures, seen.failures[:3]
+    assert len(seen.cosines) > 20 and min(seen.cosines) > 0.9999, sorted(seen.cosines)[:5]
 
 
 def test_a_version_whose_answers_differ_is_refused_under_load_and_the_serving_one_stays(
@@ -135,14 +149,12 @@ def test_a_version_whose_answers_differ_is_refused_under_load_and_the_serving_on
     with HttpClient(server.http_url, api_key=API_KEY) as client:
         serving = client.model_info("minilm_encoder").version
         before = client.embed(["unchanged by a refused release"])
-    with _token_rows_through_the_gateway(server, tmp_path) as cosines, \
+    with _token_rows_through_the_gateway(server, tmp_path) as seen, \
             load_test(server, tmp_path / "load", duration_s=120, retries=0, stop_after_block_s=2) as outcome:
         time.sleep(5)
         _version(repo, 7, noise=0.5)
         done = _release(server, 7, tmp_path / "release.json", "--repository", str(repo))
-    print(f"\ngateway token rows during the release: {len(cosines)} answered, least cosine with before "
-          f"{min(cosines, default=float('nan')):.6f}")
-    assert len(cosines) > 20 and min(cosines) > 0.9999, sorted(cosines)[:5]
+    _all_as_before(seen)
     summary = outcome["summary"]
     print(f"\n{done.stdout}load test during the release: {summary['total']['requests']} requests, "
           f"{summary['total']['failures']} failed")

@@ -123,19 +123,33 @@ class Backend:
             await self._read_pin(name)
         self._following = asyncio.create_task(self._follow_pins())
 
-    async def _read_pin(self, name: str) -> None:
+    async def _read_pin(self, name: str) -> str:
+        """``name``'s pin read again (the last one read when the server does not answer: restarting, say)."""
         client = self.clients[name]
         try:
             pinned = encoder_pin(await client.model_config(name), client.token_model)
-        except (ClientError, ValueError):  # the server restarting, say: the last pin stands until it answers again
-            return
+        except Exception:  # noqa: BLE001 - whatever failed (tritonclient's own errors, a timeout), the loop goes on
+            return self.pins.get(name, "")
         self.pins[name] = str(pinned) if pinned >= 0 else ""
+        return self.pins[name]
 
     async def _follow_pins(self) -> None:
         while True:
             await asyncio.sleep(PIN_REFRESH_S)
-            for name in list(self.clients):
-                await self._read_pin(name)
+            await asyncio.gather(*(self._read_pin(name) for name in list(self.clients)))
+
+    async def _embed_tokens(self, request: EmbeddingsRequest, headers: Mapping[str, str] | None) -> np.ndarray[Any, Any]:
+        """The token rows' embeddings from the encoder version the ensemble is pinned to. A pinned version the
+        server no longer serves (a request that waited out a release's promotion) is retried once with the
+        pin read again."""
+        client, rows = self.clients[request.model], [list(r) for r in request.token_rows]
+        version = self.pins.get(request.model, "")
+        try:
+            return await client.embed_tokens(rows, headers=headers, version=version)
+        except ModelNotFoundError:
+            if not version or await self._read_pin(request.model) == version:
+                raise
+        return await client.embed_tokens(rows, headers=headers, version=self.pins.get(request.model, ""))
 
     @staticmethod
     async def _encoder_limits(client: AsyncGrpcClient) -> tuple[int | None, int | None, str | None]:
@@ -194,8 +208,7 @@ class Backend:
                 vectors, counts = await client.embed_counted(list(request.texts), headers=headers)
                 used = int(counts.sum())
             else:
-                vectors = await client.embed_tokens([list(r) for r in request.token_rows], headers=headers,
-                                                    version=self.pins.get(request.model, ""))
+                vectors = await self._embed_tokens(request, headers)
                 used = sum(len(r) for r in request.token_rows)
         except ClientError as e:
             raise api_error(e) from e
