@@ -120,8 +120,14 @@ def test_supervisor_brings_back_a_server_whose_encoder_stub_died(repository: Pat
         (REPORT / "canary.json").write_text(json.dumps(figures, indent=2))
         print(f"\noutage windows: {figures}")
         assert killed["answers_again_after_s"] < 45, figures
-        log = logged(tmp_path / "serve.log", "models do not answer", "is not healthy", "ready again")
-        assert "models do not answer" in log and "is not healthy" in log and "ready again" in log, log[-3000:]
+        log = logged(tmp_path / "serve.log", "ready again")
+        # The usual way back: Triton stays up with the dead stub, the canary finds the model not answering and
+        # serve restarts Triton. Now and then Triton aborts as the stub dies ("tritonserver exited with code
+        # -6 after 1 s up: restarting", once in a clean-clone CI run) and serve restarts it on the exit. Either
+        # way the supervisor brought it back; the canary's own finding is tested below, without --restart.
+        by_canary = "models do not answer" in log and "is not healthy" in log
+        by_exit = "tritonserver exited with code" in log and "restarting tritonserver now" in log
+        assert (by_canary or by_exit) and "ready again" in log, log[-3000:]
     finally:
         stop(process)
 
