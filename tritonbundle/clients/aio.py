@@ -309,7 +309,8 @@ class AsyncGrpcClient(_AsyncBaseClient):
     ) -> dict[str, np.ndarray[Any, Any]]:
         inputs, requested = grpc_tensors(arrays, outputs)
         result = await self._client.infer(
-            model, inputs, model_version=version, outputs=requested or None, client_timeout=timeout_s, timeout=core.server_timeout_us(timeout_s),
+            model, inputs, model_version=version, outputs=requested or None, client_timeout=timeout_s,
+            timeout=core.server_timeout_us(timeout_s),
             headers={**self._request_headers(), **(headers or {})},
         )
         return self._outputs(result, outputs, model)

@@ -5,10 +5,10 @@ Each request calls the text model (texts) or its encoder (token rows), split by 
 every client call; usage is the sum of the ``tokens`` output, the counts of the tokenizer that fed the
 encoder. Token-id requests name the encoder version the model's ensemble is pinned to, so a release's
 candidate loaded beside it never answers them (``tritonbundle release``). Errors keep OpenAI's shape
-and status codes, every path included (unknown routes, anything unexpected): 400 for bad input (Triton's own reason), 404 for a model the gateway does not serve, 413
-for a body over :data:`MAX_BODY_BYTES`, 429 with ``Retry-After`` when Triton's queue is full, 503 when
-Triton cannot be reached or has lost the model, 504 when the deadline passes (the client's or Triton's
-queue timeout). JSON in and out is decoded and encoded off the event loop.
+and status codes, every path included (unknown routes, anything unexpected): 400 for bad input
+(Triton's own reason), 404 for a model the gateway does not serve, 413 for a body over
+:data:`MAX_BODY_BYTES`, 429 with ``Retry-After`` when Triton's queue is full, 503 when Triton cannot be
+reached or has lost the model, 504 when the deadline passes (the client's or Triton's queue timeout). JSON in and out is decoded and encoded off the event loop.
 
 With tenants (:mod:`.tenants`), every ``/v1`` request needs ``Authorization: Bearer <key>`` (401
 otherwise), sees only its tenant's models (another model is a 404, as one that does not exist), and is
@@ -147,9 +147,10 @@ class Backend:
         try:
             return await client.embed_tokens(rows, headers=headers, version=version)
         except ModelNotFoundError:
-            if not version or await self._read_pin(request.model) == version:
+            again = await self._read_pin(request.model) if version else version
+            if again == version:
                 raise
-        return await client.embed_tokens(rows, headers=headers, version=self.pins.get(request.model, ""))
+        return await client.embed_tokens(rows, headers=headers, version=again)
 
     @staticmethod
     async def _encoder_limits(client: AsyncGrpcClient) -> tuple[int | None, int | None, str | None]:
