@@ -118,7 +118,7 @@ class _Pending:
 class FakeHttp(FakeTriton):
     """tritonclient.http.InferenceServerClient's ``async_infer``."""
 
-    def async_infer(self, model: str, inputs: list[Any], outputs: list[Any] | None = None, timeout: Any = None,
+    def async_infer(self, model: str, inputs: list[Any], model_version: str = "", outputs: list[Any] | None = None, timeout: Any = None,
                     headers: dict[str, str] | None = None) -> _Pending:
         return _Pending(http_result(self._answer(model, inputs, outputs, headers, lambda i: i._get_binary_data())))
 
@@ -129,7 +129,7 @@ class FakeHttp(FakeTriton):
 class FakeGrpc(FakeTriton):
     """tritonclient.grpc.InferenceServerClient's ``infer``."""
 
-    def infer(self, model: str, inputs: list[Any], outputs: list[Any] | None = None, client_timeout: Any = None,
+    def infer(self, model: str, inputs: list[Any], model_version: str = "", outputs: list[Any] | None = None, client_timeout: Any = None,
               timeout: Any = None, headers: dict[str, str] | None = None) -> Any:
         return grpc_result(self._answer(model, inputs, outputs, headers, lambda i: i._get_content()))
 

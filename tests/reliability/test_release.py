@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
@@ -95,54 +95,65 @@ def test_a_version_that_agrees_is_promoted_under_load_with_no_failed_request(
 
 @contextmanager
 def _token_rows_through_the_gateway(server: Any, folder: Path) -> Iterator[SimpleNamespace]:
-    """The OpenAI gateway in front of ``server`` and a caller sending it token ids (which go to the encoder
-    itself, not the ensemble) one request after another until the block ends; then, in the namespace
-    yielded, the cosine of each answer with the answer before the block, and each failure."""
+    """Token ids sent one request after another until the block ends by two callers of the encoder itself
+    (not the ensemble): the OpenAI gateway in front of ``server``, and the blocking gRPC client's
+    ``embed_tokens``; then, in the namespace yielded, per caller the cosine of each answer with its answer
+    before the block, and each failure."""
     from openai import OpenAI
 
     from tests.gateway.conftest import running_gateway
+    from tritonbundle.clients import GrpcClient
 
-    seen = SimpleNamespace(cosines=[], failures=[])
+    seen = SimpleNamespace(cosines={"gateway": [], "GrpcClient.embed_tokens": []}, failures=[])
     stop = threading.Event()
-    with running_gateway(server, folder) as url:
-        client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+    with running_gateway(server, folder) as url, GrpcClient(server.grpc_url, timeout_s=60) as direct:
+        openai = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
 
-        def embed() -> np.ndarray:
-            answer = client.embeddings.create(model="minilm", input=[TOKEN_ROW], encoding_format="float")
+        def through_gateway() -> np.ndarray:
+            answer = openai.embeddings.create(model="minilm", input=[TOKEN_ROW], encoding_format="float")
             return np.asarray(answer.data[0].embedding, dtype=np.float64)
 
-        before = embed()
+        def through_client() -> np.ndarray:
+            return np.asarray(direct.embed_tokens([TOKEN_ROW])[0], dtype=np.float64)
 
-        def send() -> None:
+        def send(caller: str, embed: Callable[[], np.ndarray]) -> None:
+            before = embed()
             while not stop.is_set():
                 try:
                     now = embed()
                 except Exception as e:  # noqa: BLE001 - every failure is the test's finding
-                    seen.failures.append(repr(e))
+                    seen.failures.append(f"{caller}: {e!r}")
                     continue
-                seen.cosines.append(float(now @ before / np.linalg.norm(now) / np.linalg.norm(before)))
+                seen.cosines[caller].append(float(now @ before / np.linalg.norm(now) / np.linalg.norm(before)))
 
-        caller = threading.Thread(target=send, daemon=True)
-        caller.start()
+        callers = [threading.Thread(target=send, args=("gateway", through_gateway), daemon=True),
+                   threading.Thread(target=send, args=("GrpcClient.embed_tokens", through_client), daemon=True)]
+        for caller in callers:
+            caller.start()
+        time.sleep(1)  # each has its answer from before
         try:
             yield seen
         finally:
             stop.set()
-            caller.join(timeout=60)
+            for caller in callers:
+                caller.join(timeout=60)
 
 
 def _all_as_before(seen: SimpleNamespace) -> None:
-    print(f"gateway token rows during the release: {len(seen.cosines)} answered, {len(seen.failures)} failed, "
-          f"least cosine with before {min(seen.cosines, default=float('nan')):.6f}")
+    for caller, cosines in seen.cosines.items():
+        print(f"{caller}: token rows during the release: {len(cosines)} answered, least cosine with before "
+              f"{min(cosines, default=float('nan')):.6f}")
     assert not seen.failures, seen.failures[:3]
-    assert len(seen.cosines) > 20 and min(seen.cosines) > 0.9999, sorted(seen.cosines)[:5]
+    for cosines in seen.cosines.values():
+        assert len(cosines) > 20 and min(cosines) > 0.9999, sorted(cosines)[:5]
 
 
 def test_a_version_whose_answers_differ_is_refused_under_load_and_the_serving_one_stays(
     explicit_server: tuple[Any, Path], tmp_path: Path
 ) -> None:
-    """...and the OpenAI gateway's token-id requests, which call the encoder itself (not the pinned
-    ensemble), follow the ensemble's pin: none of them reaches the candidate while it is loaded."""
+    """...and token-id requests, which call the encoder itself (not the pinned ensemble), follow the
+    ensemble's pin, through the OpenAI gateway as through the Python client: none of them reaches the
+    candidate while it is loaded."""
     from tritonbundle.clients import HttpClient
 
     server, repo = explicit_server

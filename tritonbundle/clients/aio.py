@@ -154,13 +154,38 @@ class _AsyncBaseClient(core.ClientBase):
 
     async def embed_tokens(
         self, ids: Sequence[Sequence[int]] | np.ndarray[Any, Any], mask: Sequence[Sequence[int]] | np.ndarray[Any, Any] | None = None,
-        *, timeout_s: float | None = None, headers: Mapping[str, str] | None = None, version: str = "",
+        *, timeout_s: float | None = None, headers: Mapping[str, str] | None = None, version: str | None = None,
     ) -> np.ndarray[Any, Any]:
-        """The token model's embeddings of ``ids``; ``version``: that version of it (default: the newest loaded)."""
+        """The token model's embeddings of ``ids``, from its ``version``, or (None) from the version the
+        text model's ensemble pins, as :meth:`HttpClient.embed_tokens <tritonbundle.clients.HttpClient.embed_tokens>`."""
         info = await self.model_info(self.token_model)
         arrays, output = self._token_request(info, ids, mask)
-        return (await self._batched(self.token_model, arrays, [output], info.max_batch_size, timeout_s, headers,
-                                    version))[output]
+
+        async def send(named: str) -> np.ndarray[Any, Any]:
+            return (await self._batched(self.token_model, arrays, [output], info.max_batch_size, timeout_s, headers,
+                                        named))[output]
+
+        if version is not None:
+            return await send(version)
+        pinned = await self._pinned()
+        try:
+            return await send(pinned)
+        except ModelNotFoundError:
+            again = await self._pinned(again=True) if pinned else pinned
+            if again == pinned:
+                raise
+        return await send(again)
+
+    async def _pinned(self, *, again: bool = False) -> str:
+        """The token model's pinned version (core.ClientBase._claim_pin_read); the last one read when
+        reading fails (a restarting server: the request that follows says what is wrong)."""
+        claimed = self._claim_pin_read(again=again)
+        if claimed is not None:
+            try:
+                return self._take_pin(await self._config_json(self.model), claimed)
+            except Exception:  # noqa: BLE001 - tritonclient's own errors, a timeout: the last pin stands
+                pass
+        return self._pin
 
     async def infer(
         self, inputs: Mapping[str, np.ndarray[Any, Any]], *, model: str | None = None, outputs: Sequence[str] | None = None,

@@ -68,7 +68,8 @@ class _BaseClient(core.ClientBase):
         raise NotImplementedError
 
     def _infer(
-        self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str], timeout_s: float
+        self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str], timeout_s: float,
+        version: str = "",
     ) -> dict[str, np.ndarray[Any, Any]]:
         raise NotImplementedError
 
@@ -199,16 +200,44 @@ class _BaseClient(core.ClientBase):
 
     def embed_tokens(
         self, ids: Sequence[Sequence[int]] | np.ndarray[Any, Any], mask: Sequence[Sequence[int]] | np.ndarray[Any, Any] | None = None,
-        *, timeout_s: float | None = None,
+        *, timeout_s: float | None = None, version: str | None = None,
     ) -> np.ndarray[Any, Any]:
         """Embed pre-tokenized rows with the encoder model directly.
 
         Rows are padded to the repository's padding targets (the build stage's plan, read from the
-        model config) so that requests meet in the dynamic batcher.
+        model config) so that requests meet in the dynamic batcher. ``version``: that version of the
+        encoder; by default (None) the version the text model's ensemble pins, read again at most every
+        half second, so that during a release (docs/releases.md) the candidate loaded beside the serving
+        version does not answer (a pinned version unloaded meanwhile is retried once, the pin read again).
         """
         info = self.model_info(self.token_model)
         arrays, output = self._token_request(info, ids, mask)
-        return self._batched(self.token_model, arrays, [output], info.max_batch_size, timeout_s)[output]
+
+        def send(named: str) -> np.ndarray[Any, Any]:
+            return self._batched(self.token_model, arrays, [output], info.max_batch_size, timeout_s, named)[output]
+
+        if version is not None:
+            return send(version)
+        pinned = self._pinned()
+        try:
+            return send(pinned)
+        except ModelNotFoundError:
+            again = self._pinned(again=True) if pinned else pinned
+            if again == pinned:
+                raise
+        return send(again)
+
+    def _pinned(self, *, again: bool = False) -> str:
+        """The token model's pinned version (core.ClientBase._claim_pin_read); the last one read when
+        reading fails (a restarting server: the request that follows says what is wrong)."""
+        with self._lock:
+            claimed = self._claim_pin_read(again=again)
+        if claimed is not None:
+            with contextlib.suppress(Exception):  # tritonclient's own errors, a timeout: the last pin stands
+                with_pin = self._config_json(self.model, core.NO_RETRY)  # a pin read does not wait out a restart
+                with self._lock:
+                    return self._take_pin(with_pin, claimed)
+        return self._pin
 
     def infer(
         self, inputs: Mapping[str, np.ndarray[Any, Any]], *, model: str | None = None, outputs: Sequence[str] | None = None,
@@ -228,17 +257,17 @@ class _BaseClient(core.ClientBase):
     # -- internals ------------------------------------------------------------------------------
     def _batched(
         self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str], max_batch_size: int,
-        timeout_s: float | None,
+        timeout_s: float | None, version: str = "",
     ) -> dict[str, np.ndarray[Any, Any]]:
-        """Send the rows in chunks of at most ``max_batch_size``, one after another; each output's
-        chunks put back together in order."""
+        """Send the rows in chunks of at most ``max_batch_size``, one after another, to ``model`` (its
+        ``version``: "" the newest); each output's chunks put back together in order."""
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         n = next(iter(arrays.values())).shape[0]
         parts = []
         for rows in core.chunks(n, max_batch_size):
             part = {k: v[rows] for k, v in arrays.items()}
             def request(part: Mapping[str, np.ndarray[Any, Any]] = part) -> dict[str, np.ndarray[Any, Any]]:
-                return self._infer(model, part, outputs, self._remaining(deadline))
+                return self._infer(model, part, outputs, self._remaining(deadline), version)
 
             parts.append(self._call(model, request, deadline=deadline))
         return {name: np.concatenate([p[name] for p in parts], axis=0) for name in outputs}
@@ -258,7 +287,7 @@ class _BaseClient(core.ClientBase):
                     raise final from e
                 time.sleep(delay or 0.0)
 
-    def _config_json(self, model: str) -> dict[str, Any]:
+    def _config_json(self, model: str, retry: RetryPolicy | None = None) -> dict[str, Any]:
         raise NotImplementedError
 
 class HttpClient(_BaseClient):
@@ -331,9 +360,9 @@ class HttpClient(_BaseClient):
     def _is_ready(self) -> bool:
         return bool(self._client.is_server_ready(headers=self.headers))
 
-    def _config_json(self, model: str) -> dict[str, Any]:
+    def _config_json(self, model: str, retry: RetryPolicy | None = None) -> dict[str, Any]:
         return self._call(model, lambda: self._client.get_model_config(model, headers=self.headers),
-                          deadline=time.monotonic() + self.timeout_s)
+                          deadline=time.monotonic() + self.timeout_s, retry=retry)
 
     def _describe(self, model: str) -> ModelInfo:
         metadata = self._client.get_model_metadata(model, headers=self.headers)
@@ -344,7 +373,8 @@ class HttpClient(_BaseClient):
         return list(self._client.get_model_repository_index(headers=self._restricted_headers()))
 
     def _infer(
-        self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str], timeout_s: float
+        self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str], timeout_s: float,
+        version: str = "",
     ) -> dict[str, np.ndarray[Any, Any]]:
         import tritonclient.http as httpclient
         from tritonclient.utils import InferenceServerException, np_to_triton_dtype
@@ -361,7 +391,7 @@ class HttpClient(_BaseClient):
                 for inp, array in zip(inputs, arrays.values()):
                     inp.set_data_from_numpy(array, binary_data=True)
             pending = self._pool(timeout_s).async_infer(
-                model, inputs, outputs=requested or None, timeout=core.server_timeout_us(timeout_s),
+                model, inputs, model_version=version, outputs=requested or None, timeout=core.server_timeout_us(timeout_s),
                 headers=self._request_headers(),
             )
             try:
@@ -397,11 +427,11 @@ class GrpcClient(_BaseClient):
     def _is_ready(self) -> bool:
         return bool(self._client.is_server_ready(headers=self.headers, client_timeout=self.connect_timeout_s))
 
-    def _config_json(self, model: str) -> dict[str, Any]:
+    def _config_json(self, model: str, retry: RetryPolicy | None = None) -> dict[str, Any]:
         return self._call(
             model, lambda: self._client.get_model_config(model, headers=self.headers, as_json=True,
                                                          client_timeout=self.timeout_s)["config"],
-            deadline=time.monotonic() + self.timeout_s,
+            deadline=time.monotonic() + self.timeout_s, retry=retry,
         )
 
     def _describe(self, model: str) -> ModelInfo:
@@ -421,7 +451,8 @@ class GrpcClient(_BaseClient):
         self._client.unload_model(model, headers=self._restricted_headers(), client_timeout=timeout_s)
 
     def _infer(
-        self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str], timeout_s: float
+        self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str], timeout_s: float,
+        version: str = "",
     ) -> dict[str, np.ndarray[Any, Any]]:
         import tritonclient.grpc as grpcclient
         from tritonclient.utils import np_to_triton_dtype
@@ -437,7 +468,7 @@ class GrpcClient(_BaseClient):
             with self._lock:
                 client = next(self._next)
             result = client.infer(
-                model, inputs, outputs=requested or None, client_timeout=timeout_s,
+                model, inputs, model_version=version, outputs=requested or None, client_timeout=timeout_s,
                 timeout=core.server_timeout_us(timeout_s), headers=self._request_headers(),
             )
         return self._outputs(result, outputs, model)

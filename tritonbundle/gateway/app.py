@@ -25,7 +25,6 @@ into 429 / RESOURCE_EXHAUSTED). The edge never passes ``/internal/`` to callers.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import re
@@ -38,7 +37,7 @@ import numpy as np
 
 from tritonbundle.clients.aio import AsyncGrpcClient
 from tritonbundle.clients.core import RetryPolicy
-from tritonbundle.contract import PIN_REFRESH_S, TENANT_HEADER, TOKENS_OUTPUT, encoder_pin
+from tritonbundle.contract import TENANT_HEADER, TOKENS_OUTPUT
 from tritonbundle.errors import (
     QUEUE_FULL,
     QUEUE_TIMEOUT,
@@ -87,11 +86,6 @@ class Backend:
         self.vocab: dict[str, int | None] = {}
         #: Why a model's encoder cannot take token rows (None: it can), known at start.
         self.token_refusal: dict[str, str | None] = {}
-        #: The encoder version each model's ensemble is pinned to ("": none, the newest), which token-id
-        #: requests name (they call the encoder itself): read every PIN_REFRESH_S, so a release's candidate,
-        #: loaded beside the pinned version, never answers them (contract.py, "releases").
-        self.pins: dict[str, str] = {}
-        self._following: asyncio.Task[None] | None = None
         self.created = int(time.time())
 
     async def start(self) -> None:
@@ -120,37 +114,6 @@ class Backend:
             self.dims[name] = size if size > 0 else None
             self.max_lengths[name], self.vocab[name], self.token_refusal[name] = await self._encoder_limits(client)
             self.clients[name] = client
-            await self._read_pin(name)
-        self._following = asyncio.create_task(self._follow_pins())
-
-    async def _read_pin(self, name: str) -> str:
-        """``name``'s pin read again (the last one read when the server does not answer: restarting, say)."""
-        client = self.clients[name]
-        try:
-            pinned = encoder_pin(await client.model_config(name), client.token_model)
-        except Exception:  # noqa: BLE001 - whatever failed (tritonclient's own errors, a timeout), the loop goes on
-            return self.pins.get(name, "")
-        self.pins[name] = str(pinned) if pinned >= 0 else ""
-        return self.pins[name]
-
-    async def _follow_pins(self) -> None:
-        while True:
-            await asyncio.sleep(PIN_REFRESH_S)
-            await asyncio.gather(*(self._read_pin(name) for name in list(self.clients)))
-
-    async def _embed_tokens(self, request: EmbeddingsRequest, headers: Mapping[str, str] | None) -> np.ndarray[Any, Any]:
-        """The token rows' embeddings from the encoder version the ensemble is pinned to. A pinned version the
-        server no longer serves (a request that waited out a release's promotion) is retried once with the
-        pin read again."""
-        client, rows = self.clients[request.model], [list(r) for r in request.token_rows]
-        version = self.pins.get(request.model, "")
-        try:
-            return await client.embed_tokens(rows, headers=headers, version=version)
-        except ModelNotFoundError:
-            again = await self._read_pin(request.model) if version else version
-            if again == version:
-                raise
-        return await client.embed_tokens(rows, headers=headers, version=again)
 
     @staticmethod
     async def _encoder_limits(client: AsyncGrpcClient) -> tuple[int | None, int | None, str | None]:
@@ -170,9 +133,6 @@ class Backend:
         return info.max_sequence_length or None, info.vocab_sizes.get(client.token_inputs[0]) or None, refusal
 
     async def close(self) -> None:
-        if self._following is not None:
-            self._following.cancel()
-            await asyncio.gather(self._following, return_exceptions=True)
         for client in self.clients.values():
             await client.close()
 
@@ -209,7 +169,8 @@ class Backend:
                 vectors, counts = await client.embed_counted(list(request.texts), headers=headers)
                 used = int(counts.sum())
             else:
-                vectors = await self._embed_tokens(request, headers)
+                # the encoder version the ensemble pins (a release's candidate never answers: clients/core.py)
+                vectors = await client.embed_tokens([list(r) for r in request.token_rows], headers=headers)
                 used = sum(len(r) for r in request.token_rows)
         except ClientError as e:
             raise api_error(e) from e

@@ -90,6 +90,11 @@ class _Recorder(AsyncGrpcClient):
                     retry: RetryPolicy | None = None) -> T:
         return await fn()
 
+    async def _pinned(self, *, again: bool = False) -> str:
+        """The live client's pin, not read again: a recorder is made per call (a read per request built),
+        and the servers bench and tune measure run no release (their token requests name no version)."""
+        return self._pin
+
     async def _batched(self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str],
                        max_batch_size: int, timeout_s: float | None, headers: Mapping[str, str] | None = None,
                        version: str = "") -> dict[str, np.ndarray[Any, Any]]:
