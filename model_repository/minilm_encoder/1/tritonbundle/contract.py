@@ -86,10 +86,11 @@ def postprocess_name(model: str) -> str:
 
 # -- releases ----------------------------------------------------------------------------------------
 #: ``tritonbundle release`` pins the ensemble's encoder step to the serving version while a candidate is
-#: loaded beside it; a caller of the encoder itself (the OpenAI gateway's token-id requests) would get the
-#: newest loaded version, the candidate. The gateway reads each ensemble's pin this often and names the
-#: pinned version in its calls; the release waits PIN_SETTLE_S after moving the pin before it changes the
-#: versions the encoder serves, so the gateway has read the new pin first.
+#: loaded beside it; a caller of the encoder itself (``embed_tokens``: the clients, the OpenAI gateway's
+#: token-id requests, ``loadtest --input tokens``) would get the newest loaded version, the candidate. The
+#: clients name the pinned version, read again once it is PIN_REFRESH_S old, and never use one read more
+#: than 2 x PIN_REFRESH_S ago; the release waits PIN_SETTLE_S after moving the pin before it changes the
+#: versions the encoder serves, so every caller has read the new pin first.
 PIN_REFRESH_S = 0.5
 PIN_SETTLE_S = 3 * PIN_REFRESH_S
 
