@@ -88,8 +88,8 @@ def postprocess_name(model: str) -> str:
 #: ``tritonbundle release`` pins the ensemble's encoder step to the serving version while a candidate is
 #: loaded beside it; a caller of the encoder itself (``embed_tokens``: the clients, the OpenAI gateway's
 #: token-id requests, ``loadtest --input tokens``) would get the newest loaded version, the candidate. The
-#: clients name the pinned version, read again once it is PIN_REFRESH_S old, and never use one read more
-#: than 2 x PIN_REFRESH_S ago; the release waits PIN_SETTLE_S after moving the pin before it changes the
+#: clients name the pinned version, read on their first token call and then every PIN_REFRESH_S in the
+#: background (clients/pin.py); the release waits PIN_SETTLE_S after moving the pin before it changes the
 #: versions the encoder serves, so every caller has read the new pin first.
 PIN_REFRESH_S = 0.5
 PIN_SETTLE_S = 3 * PIN_REFRESH_S

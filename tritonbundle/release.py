@@ -279,7 +279,7 @@ class Release:
             # as it serves now, and only then is the ensemble pinned to it.
             self._load(encoder, versions(serving), f"{encoder} serves version {serving} (its repository read again)")
             self._load(self.model, pin(serving), f"pinned {self.model} to {encoder} version {serving}")
-            self._settle()  # the gateway's token-id calls name the pinned version before N+1 loads
+            self._settle()  # token-id calls (clients/pin.py) name the pinned version before N+1 loads
             try:
                 self._load(encoder, versions(serving, self.candidate), f"loaded {encoder} version {self.candidate} beside {serving}")
             except ClientError as e:  # the server's own refusal of the version ("version N is at UNAVAILABLE

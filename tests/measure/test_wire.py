@@ -238,7 +238,7 @@ def test_the_connection_bound_counts_connections_being_opened_and_a_garbled_answ
 
 
 def test_a_versioned_token_call_names_its_version_on_the_wire_and_at_the_server(server: Any) -> None:
-    """``embed_tokens(version=...)`` (the OpenAI gateway names the version a release pinned the ensemble to):
+    """``embed_tokens(version=...)`` (the clients name the version a release pinned the ensemble to):
     the server answers it as that version and refuses a version it does not serve, naming it; the requests
     captured for the load generator name the version too, over gRPC and HTTP, and are answered alike."""
     from tritonbundle.errors import ModelNotFoundError
@@ -249,7 +249,7 @@ def test_a_versioned_token_call_names_its_version_on_the_wire_and_at_the_server(
         async with AsyncGrpcClient(server.grpc_url, model="minilm", retry=RetryPolicy(max_attempts=1)) as client:
             expected = await client.embed_tokens(ids, version="1")
             np.testing.assert_allclose(expected, await client.embed_tokens(ids), atol=1e-5)  # 1 is the newest
-            with pytest.raises(ModelNotFoundError, match="9"):  # the gateway reads the pin again on this
+            with pytest.raises(ModelNotFoundError, match="9"):  # an unnamed call reads the pin again on this
                 await client.embed_tokens(ids, version="9")
             grpc = await capture(client, lambda c: c.embed_tokens(ids, version="1"))
             http = await capture(client, lambda c: c.embed_tokens(ids, version="1"), http_host=server.http_url)

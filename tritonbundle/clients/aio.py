@@ -10,6 +10,7 @@ chunks of a large input are sent concurrently::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -17,7 +18,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from tritonbundle.clients import core, modelinfo
+from tritonbundle.clients import core, modelinfo, pin
 from tritonbundle.clients.core import RetryPolicy
 from tritonbundle.clients.modelinfo import Classification, ModelInfo
 from tritonbundle.contract import SCORE_OUTPUT, TOKENS_OUTPUT
@@ -38,6 +39,9 @@ class _AsyncBaseClient(core.ClientBase):
     def __init__(self, url: str, **options: Any) -> None:
         options.setdefault("pool_size", 8)
         super().__init__(url, **options)
+        #: Following the release pin (pin.afollow, from the first token call) and its first read answered.
+        self._pin_task: asyncio.Future[None] | None = None
+        self._pin_answered: asyncio.Event | None = None
 
     # -- transport hooks ------------------------------------------------------------------------
     async def _open(self) -> None:
@@ -92,6 +96,9 @@ class _AsyncBaseClient(core.ClientBase):
         return self
 
     async def close(self) -> None:
+        if self._pin_task is not None:
+            self._pin_task.cancel()
+            await asyncio.gather(self._pin_task, return_exceptions=True)
         await self._close()
 
     async def __aenter__(self: T) -> T:
@@ -158,34 +165,34 @@ class _AsyncBaseClient(core.ClientBase):
     ) -> np.ndarray[Any, Any]:
         """The token model's embeddings of ``ids``, from its ``version``, or (None) from the version the
         text model's ensemble pins, as :meth:`HttpClient.embed_tokens <tritonbundle.clients.HttpClient.embed_tokens>`."""
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
         info = await self.model_info(self.token_model)
         arrays, output = self._token_request(info, ids, mask)
 
         async def send(named: str) -> np.ndarray[Any, Any]:
-            return (await self._batched(self.token_model, arrays, [output], info.max_batch_size, timeout_s, headers,
+            left = self._remaining(deadline)
+            return (await self._batched(self.token_model, arrays, [output], info.max_batch_size, left, headers,
                                         named))[output]
 
         if version is not None:
             return await send(version)
-        pinned = await self._pinned()
+        named = await self._pinned(deadline)
         try:
-            return await send(pinned)
+            return await send(named)
         except ModelNotFoundError:
-            again = await self._pinned(again=True) if pinned else pinned
-            if again == pinned:
+            if not named or await pin.aread(self, self._pin) == named:
                 raise
-        return await send(again)
+        return await send(self._pin.version)
 
-    async def _pinned(self, *, again: bool = False) -> str:
-        """The token model's pinned version (core.ClientBase._claim_pin_read); the last one read when
-        reading fails (a restarting server: the request that follows says what is wrong)."""
-        claimed = self._claim_pin_read(again=again)
-        if claimed is not None:
-            try:
-                return self._take_pin(await self._config_json(self.model), claimed)
-            except Exception:  # noqa: BLE001 - tritonclient's own errors, a timeout: the last pin stands
-                pass
-        return self._pin
+    async def _pinned(self, deadline: float) -> str:
+        """The pinned version (pin.py): following it starts with the first call, which waits for the first read."""
+        if self._pin.start():
+            self._pin_answered = asyncio.Event()
+            self._pin_task = asyncio.ensure_future(pin.afollow(self, self._pin, self._pin_answered))
+        if self._pin_answered is not None and not self._pin_answered.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._pin_answered.wait(), max(1e-3, deadline - time.monotonic()))
+        return self._pin.version
 
     async def infer(
         self, inputs: Mapping[str, np.ndarray[Any, Any]], *, model: str | None = None, outputs: Sequence[str] | None = None,

@@ -3,12 +3,11 @@ splitting and padding (the model's description and checks: :mod:`.modelinfo`). N
 
 from __future__ import annotations
 
-import math
 import random
 import re
 import socket
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +23,7 @@ from tritonbundle.clients.modelinfo import (
     response_output_names,
     task_outputs,
 )
+from tritonbundle.clients.pin import ReleasePin
 from tritonbundle.errors import (
     ClientError,
     DeadlineExceededError,
@@ -281,10 +281,8 @@ class ClientBase:
         self.verbose = verbose
         self._infos: dict[str, ModelInfo] = {}
         self._rng = random.Random()
-        #: The token model's version the text model's ensemble pins ("": none, the newest), when the read
-        #: that gave it began, and when a read last began (time.monotonic()): see :meth:`_claim_pin_read`.
-        self._pin = ""
-        self._pin_read_at = self._pin_claimed_at = -math.inf
+        #: The token model's version the text model's ensemble pins, which ``embed_tokens`` names (pin.py).
+        self._pin = ReleasePin(self.model, self.token_model)
 
     def _restricted_headers(self) -> dict[str, str]:
         """Headers for the restricted APIs (repository, model control, shared memory)."""
@@ -374,32 +372,6 @@ class ClientBase:
         if problem:
             raise InvalidInputError(f"model {info.name!r}: {problem}")
         return {self.token_inputs[0]: padded_ids, self.token_inputs[1]: padded_mask}, output
-
-    # -- the release pin (contract.py, "releases") -------------------------------------------------
-    def _claim_pin_read(self, *, again: bool = False) -> float | None:
-        """When this caller reads the ensemble's pin now (the read's start), or None: it goes on with the
-        pin it has. A release loads its candidate as the token model's newest version while the ensemble
-        still pins the serving one, so ``embed_tokens`` names the pinned version (contract.py, "releases"):
-        read again once it is ``PIN_REFRESH_S`` old by one caller while the others go on with it, by every
-        caller once it is twice that old (after a quiet spell: never one older than the release's
-        ``PIN_SETTLE_S``), or ``again`` (the version named was unloaded meanwhile)."""
-        now = time.monotonic()
-        if self.token_model == self.model:
-            return None
-        age = now - self._pin_read_at
-        if again or (age >= contract.PIN_REFRESH_S
-                     and (now - self._pin_claimed_at >= contract.PIN_REFRESH_S or age >= 2 * contract.PIN_REFRESH_S)):
-            self._pin_claimed_at = now
-            return now
-        return None
-
-    def _take_pin(self, ensemble: Mapping[str, Any], read_at: float) -> str:
-        """Keep the token model's version pinned in ``ensemble`` (the text model's config as JSON, read
-        from ``read_at`` on) unless a read begun later was kept first."""
-        if read_at >= self._pin_read_at:
-            pinned = contract.encoder_pin(ensemble, self.token_model)
-            self._pin, self._pin_read_at = (str(pinned) if pinned >= 0 else ""), read_at
-        return self._pin
 
     def _outputs(self, result: Any, names: Sequence[str], model: str) -> dict[str, np.ndarray[Any, Any]]:
         """The requested outputs of a response (every output it holds when none were named); a

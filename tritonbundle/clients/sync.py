@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from tritonbundle.clients import core, modelinfo
+from tritonbundle.clients import core, modelinfo, pin
 from tritonbundle.clients.core import RetryPolicy
 from tritonbundle.clients.modelinfo import Classification, ModelInfo
 from tritonbundle.contract import SCORE_OUTPUT
@@ -108,6 +108,7 @@ class _BaseClient(core.ClientBase):
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            self._pin.stop.set()
             self._close()
 
     def __enter__(self: T) -> T:
@@ -206,38 +207,32 @@ class _BaseClient(core.ClientBase):
 
         Rows are padded to the repository's padding targets (the build stage's plan, read from the
         model config) so that requests meet in the dynamic batcher. ``version``: that version of the
-        encoder; by default (None) the version the text model's ensemble pins, read again at most every
-        half second, so that during a release (docs/releases.md) the candidate loaded beside the serving
-        version does not answer (a pinned version unloaded meanwhile is retried once, the pin read again).
+        encoder; by default (None) the version the text model's ensemble pins, followed in the
+        background (:mod:`tritonbundle.clients.pin`), so that during a release (docs/releases.md) the
+        candidate loaded beside the serving version does not answer. A call names one version for all
+        its chunks; one whose version was unloaded meanwhile (a promotion) is sent again once, with the
+        pin read again.
         """
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
         info = self.model_info(self.token_model)
         arrays, output = self._token_request(info, ids, mask)
 
         def send(named: str) -> np.ndarray[Any, Any]:
-            return self._batched(self.token_model, arrays, [output], info.max_batch_size, timeout_s, named)[output]
+            left = self._remaining(deadline)
+            return self._batched(self.token_model, arrays, [output], info.max_batch_size, left, named)[output]
 
         if version is not None:
             return send(version)
-        pinned = self._pinned()
+        if self._pin.start():
+            pin.follow(self, self._pin)
+        self._pin.first.wait(max(0.0, deadline - time.monotonic()))
+        named = self._pin.version
         try:
-            return send(pinned)
+            return send(named)
         except ModelNotFoundError:
-            again = self._pinned(again=True) if pinned else pinned
-            if again == pinned:
+            if not named or pin.read(self, self._pin) == named:
                 raise
-        return send(again)
-
-    def _pinned(self, *, again: bool = False) -> str:
-        """The token model's pinned version (core.ClientBase._claim_pin_read); the last one read when
-        reading fails (a restarting server: the request that follows says what is wrong)."""
-        with self._lock:
-            claimed = self._claim_pin_read(again=again)
-        if claimed is not None:
-            with contextlib.suppress(Exception):  # tritonclient's own errors, a timeout: the last pin stands
-                with_pin = self._config_json(self.model, core.NO_RETRY)  # a pin read does not wait out a restart
-                with self._lock:
-                    return self._take_pin(with_pin, claimed)
-        return self._pin
+        return send(self._pin.version)
 
     def infer(
         self, inputs: Mapping[str, np.ndarray[Any, Any]], *, model: str | None = None, outputs: Sequence[str] | None = None,

@@ -90,10 +90,10 @@ class _Recorder(AsyncGrpcClient):
                     retry: RetryPolicy | None = None) -> T:
         return await fn()
 
-    async def _pinned(self, *, again: bool = False) -> str:
-        """The live client's pin, not read again: a recorder is made per call (a read per request built),
-        and the servers bench and tune measure run no release (their token requests name no version)."""
-        return self._pin
+    async def _pinned(self, deadline: float) -> str:
+        """The live client's pin as it is, not followed: a recorder is made per call, and the servers bench
+        and tune measure run no release (their token requests name no version)."""
+        return self._pin.version
 
     async def _batched(self, model: str, arrays: Mapping[str, np.ndarray[Any, Any]], outputs: Sequence[str],
                        max_batch_size: int, timeout_s: float | None, headers: Mapping[str, str] | None = None,

@@ -1,0 +1,119 @@
+"""Following a release's pin: the encoder version token-id calls name.
+
+``tritonbundle release`` loads its candidate as the encoder's newest version beside the serving one and
+pins the text model's ensemble to the serving one meanwhile (contract.py, "releases"). ``embed_tokens``
+calls the encoder itself, where an unversioned request gets the newest version: so the clients name the
+version the ensemble pins. A client reads it from the text model's configuration on its first token call
+(the call waits for that read) and then in the background every ``PIN_REFRESH_S`` (a thread for the
+blocking clients, a task for the asyncio ones), never on a later call's path; the release waits
+``PIN_SETTLE_S`` after each move of the pin before it changes the versions the encoder serves. A text
+model that is not an ensemble (nothing pinned) is read once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+import weakref
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from tritonbundle import contract
+
+
+class ReleasePin:
+    """The encoder version ``ensemble`` pins ("": none, the newest) as last read, and when that read began."""
+
+    def __init__(self, ensemble: str, encoder: str) -> None:
+        self.ensemble, self.encoder = ensemble, encoder
+        self.version = ""
+        self.read_at = -math.inf
+        #: Nothing to follow: the client's model is the encoder itself, or its config has no ensemble steps.
+        self.final = ensemble == encoder
+        #: Set once the first read has answered or failed (the first token call waits for it).
+        self.first = threading.Event()
+        self.stop = threading.Event()
+        self._started = False
+        self._lock = threading.Lock()
+
+    def start(self) -> bool:
+        """True for the one caller that starts following (the first token call)."""
+        with self._lock:
+            started, self._started = self._started or self.final, True
+        return not started
+
+    def take(self, config: Mapping[str, Any], read_at: float) -> str:
+        """Keep the pin in ``config`` (the ensemble's, as JSON, read from ``read_at`` on) unless a read
+        begun later was kept first."""
+        with self._lock:
+            if read_at >= self.read_at:
+                if not (config.get("ensemble_scheduling") or {}).get("step"):
+                    self.final = True
+                pinned = contract.encoder_pin(config, self.encoder)
+                self.version, self.read_at = (str(pinned) if pinned >= 0 else ""), read_at
+        self.first.set()
+        return self.version
+
+
+class _Blocking(Protocol):
+    def _config_json(self, model: str, retry: Any = None) -> dict[str, Any]: ...
+
+
+class _Asyncio(Protocol):
+    async def _config_json(self, model: str) -> dict[str, Any]: ...
+
+
+def read(client: _Blocking, pin: ReleasePin) -> str:
+    """One read of the pin on this thread, no retries (a failed read keeps the last pin)."""
+    from tritonbundle.clients.core import NO_RETRY
+
+    read_at = time.monotonic()
+    try:
+        return pin.take(client._config_json(pin.ensemble, NO_RETRY), read_at)
+    except Exception:  # noqa: BLE001 - tritonclient's own errors, a timeout: the last pin stands
+        pin.first.set()
+        return pin.version
+
+
+def follow(client: _Blocking, pin: ReleasePin) -> None:
+    """Read the pin now and every PIN_REFRESH_S on a daemon thread, until the client is closed or
+    collected (the thread holds it weakly) or there is nothing to follow."""
+    ref = weakref.ref(client)
+
+    def loop() -> None:
+        while not pin.stop.is_set():
+            held = ref()
+            if held is None:
+                return
+            read(held, pin)
+            del held
+            if pin.final:
+                return
+            pin.stop.wait(contract.PIN_REFRESH_S)
+
+    threading.Thread(target=loop, name=f"{pin.ensemble} release pin", daemon=True).start()
+
+
+async def aread(client: _Asyncio, pin: ReleasePin) -> str:
+    """One read of the pin (a failed read keeps the last pin)."""
+    read_at = time.monotonic()
+    try:
+        return pin.take(await client._config_json(pin.ensemble), read_at)
+    except asyncio.CancelledError:
+        raise
+    except Exception:  # noqa: BLE001 - tritonclient's own errors, a timeout: the last pin stands
+        pin.first.set()
+        return pin.version
+
+
+async def afollow(client: _Asyncio, pin: ReleasePin, answered: asyncio.Event) -> None:
+    """The asyncio clients' :func:`follow`: a task (cancelled when the client closes); ``answered`` is
+    set after the first read."""
+    while True:
+        await aread(client, pin)
+        answered.set()
+        if pin.final:
+            return
+        await asyncio.sleep(contract.PIN_REFRESH_S)
