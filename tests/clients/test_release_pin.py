@@ -50,11 +50,11 @@ class _Server:
         return {"out": np.ones((1, 4), np.float32)}
 
 
-def _blocking(cls: type, server: _Server) -> Any:
-    client = cls("127.0.0.1:1", model="minilm")
+def _blocking(cls: type, server: _Server, model: str = "minilm") -> Any:
+    client = cls("127.0.0.1:1", model=model, token_model="minilm_encoder")
     client.model_info = lambda model: SimpleNamespace(max_batch_size=32)
     client._token_request = lambda info, ids, mask: ({"input_ids": np.asarray(ids)}, "out")
-    client._config_json = lambda model, retry=None: server.config(model)
+    client._pin_config = lambda: server.config(client.model)
     client._batched = lambda model, arrays, outputs, max_batch, timeout_s, version="": server.infer(model, version)
     client._close = lambda: None
     return client
@@ -123,20 +123,43 @@ def test_a_slow_pin_read_holds_no_call_and_the_first_waits_no_longer_than_its_de
     client.close()
 
 
-def test_a_pinned_version_unloaded_meanwhile_is_sent_again_once_with_the_pin_read_again() -> None:
-    """A promotion pins N+1, then unloads N: a call that named N in between is sent again, naming N+1."""
+def _just_read(server: _Server) -> None:
+    """Return right after the background's next read of the pin: the one after it is PIN_REFRESH_S away."""
+    reads, end = server.reads, time.monotonic() + 2
+    while server.reads == reads and time.monotonic() < end:
+        time.sleep(0.002)
+
+
+def test_a_pinned_version_unloaded_meanwhile_is_sent_again_once_the_pin_was_read_again() -> None:
+    """A promotion pins N+1, then unloads N: a call that named N in between waits for the background's next
+    read (within its deadline) and is sent again, naming N+1; the call's own path reads nothing."""
     server = _Server({"1", "2"}, pin=1)
     client = _blocking(HttpClient, server)
     client.embed_tokens([[101, 102]])
-    client._pin.stop.set()  # no background read between the promotion and the call below
-    time.sleep(TWO_READS_S)
+    _just_read(server)
     server.pin, server.served = 2, {"2"}
+    reads = server.reads
     client.embed_tokens([[101, 102]])
-    assert server.named == ["1", "1", "2"]
+    assert server.named == ["1", "1", "2"] and server.reads == reads + 1
+    _just_read(server)
     server.served = set()  # read again, the pin says what it said: the refusal is the answer
     with pytest.raises(ModelNotFoundError, match="version 2 is not found"):
         client.embed_tokens([[101, 102]])
-    assert server.named[-2:] == ["2", "2"]
+    assert server.named[-1] == "2"
+    client.close()
+
+
+def test_the_wait_for_the_pin_after_a_refusal_ends_with_the_calls_deadline() -> None:
+    server = _Server({"1", "2"}, pin=1)
+    client = _blocking(GrpcClient, server)
+    client.embed_tokens([[101, 102]])
+    server.hang_s = 3.0
+    _just_read(server)  # the background's reads hang from now on
+    server.pin, server.served = 2, {"2"}
+    start = time.monotonic()
+    with pytest.raises(ModelNotFoundError):
+        client.embed_tokens([[101, 102]], timeout_s=0.3)
+    assert time.monotonic() - start < 0.6 and server.named[-1] == "1"
     client.close()
 
 
@@ -154,8 +177,10 @@ def test_a_failed_first_read_leaves_the_call_unpinned_and_a_text_model_without_a
     client.embed_tokens([[101, 102]])
     assert plain.named == ["", ""] and plain.reads == 1, "nothing pinned: nothing to follow"
     client.close()
-    encoder = GrpcClient("127.0.0.1:1", model="minilm_encoder", token_model="minilm_encoder")
-    assert encoder._pin.final and not encoder._pin.start(), "a client of the encoder itself reads no ensemble"
+    encoder = _blocking(GrpcClient, plain, model="minilm_encoder")  # a client of the encoder itself
+    start = time.monotonic()
+    encoder.embed_tokens([[101, 102]], timeout_s=5)
+    assert time.monotonic() - start < 0.5 and plain.named[-1] == "" and plain.reads == 1, "no ensemble to read"
 
 
 def test_a_read_that_began_earlier_does_not_overwrite_a_later_one() -> None:
@@ -164,24 +189,37 @@ def test_a_read_that_began_earlier_does_not_overwrite_a_later_one() -> None:
     assert pin.take(step, read_at=2.0) == "3"
     assert pin.take({"ensemble_scheduling": {"step": [{"model_name": "minilm_encoder"}]}}, read_at=1.0) == "3"
     assert pin.start() and not pin.start(), "one caller starts following"
-    assert pin.first.is_set()
 
 
 def test_the_asyncio_client_reads_once_for_calls_at_the_same_moment_and_follows_alike() -> None:
     server = _Server({"1", "2"}, pin=1)
     client = _asyncio(server)
 
+    async def just_read() -> None:
+        reads = server.reads
+        while server.reads == reads:
+            await asyncio.sleep(0.002)
+
     async def calls() -> None:
         await asyncio.gather(*(client.embed_tokens([[101, 102]]) for _ in range(8)))
         assert server.named == ["1"] * 8 and server.reads == 1, "one read; every first call waited for it"
+        await asyncio.wait_for(just_read(), 2)
         server.pin, server.served = 2, {"2"}  # a promotion the background has not read yet
+        reads = server.reads
         await client.embed_tokens([[101, 102]])
-        assert server.named[-2:] == ["1", "2"]
+        assert server.named[-2:] == ["1", "2"] and server.reads == reads + 1, "sent again after the next read"
         server.pin, server.served = -1, {"2"}
         await asyncio.sleep(TWO_READS_S)
         await client.embed_tokens([[101, 102]])
         assert server.named[-1] == ""
-        await client.close()
-        assert client._pin_task.done()
 
     asyncio.run(calls())
+    server.pin = 2  # used again in another event loop: the first loop's task ended with it, and is started anew
+
+    async def again() -> None:
+        await client.embed_tokens([[101, 102]])
+        assert server.named[-1] == "2", "the new task's first read, waited for"
+        await client.close()
+        assert client._pin_task is None
+
+    asyncio.run(again())

@@ -95,26 +95,28 @@ def test_a_version_that_agrees_is_promoted_under_load_with_no_failed_request(
 
 @contextmanager
 def _token_rows_through_the_gateway(server: Any, folder: Path) -> Iterator[SimpleNamespace]:
-    """Token ids sent one request after another until the block ends by two callers of the encoder itself
-    (not the ensemble): the OpenAI gateway in front of ``server``, and the blocking gRPC client's
-    ``embed_tokens``; then, in the namespace yielded, per caller the cosine of each answer with its answer
-    before the block, and each failure."""
+    """Token ids sent one request after another until the block ends by three callers of the encoder
+    itself (not the ensemble): the OpenAI gateway in front of ``server`` (the asyncio gRPC client), and
+    the blocking HTTP and gRPC clients' ``embed_tokens``; then, in the namespace yielded, per caller the
+    cosine of each answer with its answer before the block, and each failure."""
     from openai import OpenAI
 
     from tests.gateway.conftest import running_gateway
-    from tritonbundle.clients import GrpcClient
+    from tritonbundle.clients import GrpcClient, HttpClient
 
-    seen = SimpleNamespace(cosines={"gateway": [], "GrpcClient.embed_tokens": []}, failures=[])
+    seen = SimpleNamespace(cosines={"gateway": [], "GrpcClient.embed_tokens": [], "HttpClient.embed_tokens": []},
+                           failures=[])
     stop = threading.Event()
-    with running_gateway(server, folder) as url, GrpcClient(server.grpc_url, timeout_s=60) as direct:
+    with running_gateway(server, folder) as url, GrpcClient(server.grpc_url, timeout_s=60) as grpc, \
+            HttpClient(server.http_url, timeout_s=60) as http:
         openai = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
 
         def through_gateway() -> np.ndarray:
             answer = openai.embeddings.create(model="minilm", input=[TOKEN_ROW], encoding_format="float")
             return np.asarray(answer.data[0].embedding, dtype=np.float64)
 
-        def through_client() -> np.ndarray:
-            return np.asarray(direct.embed_tokens([TOKEN_ROW])[0], dtype=np.float64)
+        def direct(client: Any) -> Callable[[], np.ndarray]:
+            return lambda: np.asarray(client.embed_tokens([TOKEN_ROW])[0], dtype=np.float64)
 
         def send(caller: str, embed: Callable[[], np.ndarray]) -> None:
             before = embed()
@@ -127,7 +129,8 @@ def _token_rows_through_the_gateway(server: Any, folder: Path) -> Iterator[Simpl
                 seen.cosines[caller].append(float(now @ before / np.linalg.norm(now) / np.linalg.norm(before)))
 
         callers = [threading.Thread(target=send, args=("gateway", through_gateway), daemon=True),
-                   threading.Thread(target=send, args=("GrpcClient.embed_tokens", through_client), daemon=True)]
+                   threading.Thread(target=send, args=("GrpcClient.embed_tokens", direct(grpc)), daemon=True),
+                   threading.Thread(target=send, args=("HttpClient.embed_tokens", direct(http)), daemon=True)]
         for caller in callers:
             caller.start()
         time.sleep(1)  # each has its answer from before

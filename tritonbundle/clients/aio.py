@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import itertools
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -96,9 +97,11 @@ class _AsyncBaseClient(core.ClientBase):
         return self
 
     async def close(self) -> None:
-        if self._pin_task is not None:
-            self._pin_task.cancel()
-            await asyncio.gather(self._pin_task, return_exceptions=True)
+        task, self._pin_task = self._pin_task, None
+        if task is not None and not task.done():
+            task.cancel()
+            if task.get_loop() is asyncio.get_running_loop():
+                await asyncio.gather(task, return_exceptions=True)
         await self._close()
 
     async def __aenter__(self: T) -> T:
@@ -180,15 +183,20 @@ class _AsyncBaseClient(core.ClientBase):
         try:
             return await send(named)
         except ModelNotFoundError:
-            if not named or await pin.aread(self, self._pin) == named:
+            if not named:
+                raise
+            await pin.await_read(self._pin, time.monotonic(), max(0.0, deadline - time.monotonic()))
+            if self._pin.version == named:
                 raise
         return await send(self._pin.version)
 
     async def _pinned(self, deadline: float) -> str:
-        """The pinned version (pin.py): following it starts with the first call, which waits for the first read."""
-        if self._pin.start():
+        """The pinned version (pin.py), followed by a task of this event loop from the first call on, which
+        waits for the first read; a task of a loop that has ended (``asyncio.run`` again) is started anew."""
+        loop, task = asyncio.get_running_loop(), self._pin_task
+        if not self._pin.final and (task is None or task.done() or task.get_loop() is not loop):
             self._pin_answered = asyncio.Event()
-            self._pin_task = asyncio.ensure_future(pin.afollow(self, self._pin, self._pin_answered))
+            self._pin_task = loop.create_task(pin.afollow(weakref.ref(self), self._pin, self._pin_answered))
         if self._pin_answered is not None and not self._pin_answered.is_set():
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._pin_answered.wait(), max(1e-3, deadline - time.monotonic()))

@@ -4,10 +4,11 @@
 pins the text model's ensemble to the serving one meanwhile (contract.py, "releases"). ``embed_tokens``
 calls the encoder itself, where an unversioned request gets the newest version: so the clients name the
 version the ensemble pins. A client reads it from the text model's configuration on its first token call
-(the call waits for that read) and then in the background every ``PIN_REFRESH_S`` (a thread for the
-blocking clients, a task for the asyncio ones), never on a later call's path; the release waits
-``PIN_SETTLE_S`` after each move of the pin before it changes the versions the encoder serves. A text
-model that is not an ensemble (nothing pinned) is read once.
+(the call waits for that read, within its deadline) and then in the background every ``PIN_REFRESH_S``
+(a thread for the blocking clients, a task for the asyncio ones; either holds the client weakly and
+ends with ``close()``); no call reads it on its own path. The release waits ``PIN_SETTLE_S`` after each
+move of the pin before it changes the versions the encoder serves. A text model that is not an ensemble
+(nothing pinned) is read once.
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ class ReleasePin:
         self.read_at = -math.inf
         #: Nothing to follow: the client's model is the encoder itself, or its config has no ensemble steps.
         self.final = ensemble == encoder
-        #: Set once the first read has answered or failed (the first token call waits for it).
+        #: Set once the first read has answered or failed, or following ended (the first call waits for it).
         self.first = threading.Event()
+        if self.final:
+            self.first.set()
         self.stop = threading.Event()
         self._started = False
         self._lock = threading.Lock()
@@ -53,67 +56,83 @@ class ReleasePin:
                     self.final = True
                 pinned = contract.encoder_pin(config, self.encoder)
                 self.version, self.read_at = (str(pinned) if pinned >= 0 else ""), read_at
-        self.first.set()
         return self.version
+
+    def read_since(self, since: float) -> bool:
+        """Whether a read begun after ``since`` was kept, or none will come (nothing to follow, stopped)."""
+        return self.read_at > since or self.final or self.stop.is_set()
 
 
 class _Blocking(Protocol):
-    def _config_json(self, model: str, retry: Any = None) -> dict[str, Any]: ...
+    def _pin_config(self) -> dict[str, Any]: ...
 
 
 class _Asyncio(Protocol):
+    model: str
+
     async def _config_json(self, model: str) -> dict[str, Any]: ...
-
-
-def read(client: _Blocking, pin: ReleasePin) -> str:
-    """One read of the pin on this thread, no retries (a failed read keeps the last pin)."""
-    from tritonbundle.clients.core import NO_RETRY
-
-    read_at = time.monotonic()
-    try:
-        return pin.take(client._config_json(pin.ensemble, NO_RETRY), read_at)
-    except Exception:  # noqa: BLE001 - tritonclient's own errors, a timeout: the last pin stands
-        pin.first.set()
-        return pin.version
 
 
 def follow(client: _Blocking, pin: ReleasePin) -> None:
     """Read the pin now and every PIN_REFRESH_S on a daemon thread, until the client is closed or
-    collected (the thread holds it weakly) or there is nothing to follow."""
+    collected (the thread holds it weakly) or there is nothing to follow; a failed read keeps the last pin."""
     ref = weakref.ref(client)
 
     def loop() -> None:
-        while not pin.stop.is_set():
-            held = ref()
-            if held is None:
-                return
-            read(held, pin)
-            del held
-            if pin.final:
-                return
-            pin.stop.wait(contract.PIN_REFRESH_S)
+        try:
+            while not pin.stop.is_set():
+                held = ref()
+                if held is None:
+                    return
+                read_at = time.monotonic()
+                try:
+                    pin.take(held._pin_config(), read_at)
+                except Exception:  # noqa: BLE001 - tritonclient's own errors, a timeout: the last pin stands
+                    pass
+                del held
+                pin.first.set()
+                if pin.final:
+                    return
+                pin.stop.wait(contract.PIN_REFRESH_S)
+        finally:
+            pin.first.set()  # nobody waits for a read that will not come
 
     threading.Thread(target=loop, name=f"{pin.ensemble} release pin", daemon=True).start()
 
 
-async def aread(client: _Asyncio, pin: ReleasePin) -> str:
-    """One read of the pin (a failed read keeps the last pin)."""
-    read_at = time.monotonic()
+def wait_for_read(pin: ReleasePin, since: float, timeout_s: float) -> None:
+    """Wait (at most ``timeout_s``) until a read begun after ``since`` was kept (:meth:`ReleasePin.read_since`)."""
+    end = time.monotonic() + timeout_s
+    while not pin.read_since(since) and time.monotonic() < end:
+        time.sleep(0.02)
+
+
+async def afollow(ref: weakref.ref[_Asyncio], pin: ReleasePin, answered: asyncio.Event) -> None:
+    """The asyncio clients' :func:`follow`: a task of the loop the client is used in (cancelled when it
+    closes); ``answered`` is set after the first read."""
     try:
-        return pin.take(await client._config_json(pin.ensemble), read_at)
-    except asyncio.CancelledError:
-        raise
-    except Exception:  # noqa: BLE001 - tritonclient's own errors, a timeout: the last pin stands
-        pin.first.set()
-        return pin.version
-
-
-async def afollow(client: _Asyncio, pin: ReleasePin, answered: asyncio.Event) -> None:
-    """The asyncio clients' :func:`follow`: a task (cancelled when the client closes); ``answered`` is
-    set after the first read."""
-    while True:
-        await aread(client, pin)
+        while True:
+            held = ref()
+            if held is None:
+                return
+            read_at = time.monotonic()
+            try:
+                pin.take(await held._config_json(held.model), read_at)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - tritonclient's own errors, a timeout: the last pin stands
+                pass
+            del held
+            answered.set()
+            if pin.final:
+                return
+            await asyncio.sleep(contract.PIN_REFRESH_S)
+    finally:
         answered.set()
-        if pin.final:
-            return
-        await asyncio.sleep(contract.PIN_REFRESH_S)
+
+
+async def await_read(pin: ReleasePin, since: float, timeout_s: float) -> None:
+    """:func:`wait_for_read` for the asyncio clients."""
+    end = time.monotonic() + timeout_s
+    while not pin.read_since(since) and time.monotonic() < end:
+        await asyncio.sleep(0.02)

@@ -230,9 +230,16 @@ class _BaseClient(core.ClientBase):
         try:
             return send(named)
         except ModelNotFoundError:
-            if not named or pin.read(self, self._pin) == named:
+            if not named:
+                raise
+            pin.wait_for_read(self._pin, time.monotonic(), max(0.0, deadline - time.monotonic()))
+            if self._pin.version == named:
                 raise
         return send(self._pin.version)
+
+    def _pin_config(self) -> dict[str, Any]:
+        """The text model's configuration for the pin's thread (pin.follow), without retries."""
+        return self._config_json(self.model, core.NO_RETRY)
 
     def infer(
         self, inputs: Mapping[str, np.ndarray[Any, Any]], *, model: str | None = None, outputs: Sequence[str] | None = None,
@@ -358,6 +365,17 @@ class HttpClient(_BaseClient):
     def _config_json(self, model: str, retry: RetryPolicy | None = None) -> dict[str, Any]:
         return self._call(model, lambda: self._client.get_model_config(model, headers=self.headers),
                           deadline=time.monotonic() + self.timeout_s, retry=retry)
+
+    def _pin_config(self) -> dict[str, Any]:
+        """A plain HTTP request, not a pool: the pin's thread would keep a gevent hub (two file descriptors)
+        until the process ends, one per client that made a token call."""
+        import json
+        import urllib.request
+        from urllib.parse import quote
+
+        request = urllib.request.Request(f"http://{self.url}/v2/models/{quote(self.model)}/config", headers=self.headers)
+        with urllib.request.urlopen(request, timeout=self.timeout_s) as answer:  # noqa: S310 - http:// by construction
+            return dict(json.loads(answer.read()))
 
     def _describe(self, model: str) -> ModelInfo:
         metadata = self._client.get_model_metadata(model, headers=self.headers)
