@@ -7,6 +7,7 @@ tests/reliability/test_release.py runs it on the real server through a release."
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -32,15 +33,17 @@ class _Server:
         self.down, self.hang_s = False, 0.0
 
     def config(self, model: str) -> dict[str, Any]:
+        """Counted once the answer is made (a caller that saw the count change sees the pin it answered)."""
         assert model == "minilm", model  # the text model's, where the pin is
-        self.reads += 1
         time.sleep(self.hang_s)
         if self.down:
+            self.reads += 1
             raise ServerUnavailableError("the server is restarting")
-        if self.pin is None:
-            return {"backend": "python"}
         steps = [{"model_name": "minilm_tokenizer"}, {"model_name": "minilm_encoder", "model_version": str(self.pin)}]
-        return {"platform": "ensemble", "ensemble_scheduling": {"step": steps}}
+        answer = {"backend": "python"} if self.pin is None else {"platform": "ensemble",
+                                                                 "ensemble_scheduling": {"step": steps}}
+        self.reads += 1
+        return answer
 
     def infer(self, model: str, version: str) -> dict[str, np.ndarray[Any, Any]]:
         assert model == "minilm_encoder", model
@@ -161,6 +164,74 @@ def test_the_wait_for_the_pin_after_a_refusal_ends_with_the_calls_deadline() -> 
         client.embed_tokens([[101, 102]], timeout_s=0.3)
     assert time.monotonic() - start < 0.6 and server.named[-1] == "1"
     client.close()
+
+
+def test_a_refusal_while_the_pin_reads_fail_is_the_answer_after_the_next_failed_read() -> None:
+    server = _Server({"1", "2"}, pin=1)
+    client = _blocking(GrpcClient, server)
+    client.embed_tokens([[101, 102]])
+    server.down, server.served = True, {"2"}  # a restart that came back with version 2 only
+    _just_read(server)
+    start = time.monotonic()
+    with pytest.raises(ModelNotFoundError):
+        client.embed_tokens([[101, 102]], timeout_s=10)
+    assert time.monotonic() - start < 0.9, "not the call's whole deadline"
+    client.close()
+
+
+def test_the_http_clients_pin_read_is_a_plain_request_past_any_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pin thread's read (HttpClient._pin_config) against a local HTTP server: the client's headers go
+    with it, a trailing slash in the URL is dropped, $http_proxy is not used, the connection is kept."""
+    import http.server
+    import json
+
+    seen: list[tuple[str, str | None]] = []
+
+    class Triton(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            seen.append((self.path, self.headers.get("tritonbundle-tenant")))
+            body = json.dumps({"ensemble_scheduling": {"step": [{"model_name": "minilm_encoder", "model_version": 4}]}})
+            self.send_response(200 if self.path == "/v2/models/minilm/config" else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Triton)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+    try:
+        client = HttpClient(f"127.0.0.1:{server.server_address[1]}/", model="minilm", headers={"tritonbundle-tenant": "a"})
+        client._open()
+        pin = ReleasePin("minilm", "minilm_encoder")
+        assert pin.take(client._pin_config(), read_at=1.0) == "4"
+        assert pin.take(client._pin_config(), read_at=2.0) == "4"
+        assert seen == [("/v2/models/minilm/config", "a")] * 2
+        client._close()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_asyncio_client_closes_with_its_pin_task_from_a_closed_loop() -> None:
+    server = _Server({"1"}, pin=1)
+    client = _asyncio(server)
+    closed: list[bool] = []
+
+    async def close() -> None:
+        closed.append(True)
+
+    client._close = close
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(client.embed_tokens([[101, 102]]))
+    loop.close()  # the pin's task was never cancelled
+    asyncio.run(client.close())
+    assert closed == [True] and client._pin_task is None and client._pin.stop.is_set()
 
 
 def test_a_failed_first_read_leaves_the_call_unpinned_and_a_text_model_without_an_ensemble_is_read_once() -> None:

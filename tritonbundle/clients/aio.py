@@ -97,12 +97,11 @@ class _AsyncBaseClient(core.ClientBase):
         return self
 
     async def close(self) -> None:
-        task, self._pin_task = self._pin_task, None
-        if task is not None and not task.done():
-            task.cancel()
-            if task.get_loop() is asyncio.get_running_loop():
-                await asyncio.gather(task, return_exceptions=True)
-        await self._close()
+        self._pin.stop.set()  # no follower is started after this
+        try:
+            await self._stop_following()
+        finally:
+            await self._close()
 
     async def __aenter__(self: T) -> T:
         try:
@@ -194,13 +193,27 @@ class _AsyncBaseClient(core.ClientBase):
         """The pinned version (pin.py), followed by a task of this event loop from the first call on, which
         waits for the first read; a task of a loop that has ended (``asyncio.run`` again) is started anew."""
         loop, task = asyncio.get_running_loop(), self._pin_task
-        if not self._pin.final and (task is None or task.done() or task.get_loop() is not loop):
+        idle = self._pin.final or self._pin.stop.is_set()
+        if not idle and (task is None or task.done() or task.get_loop() is not loop):
+            await self._stop_following()
             self._pin_answered = asyncio.Event()
             self._pin_task = loop.create_task(pin.afollow(weakref.ref(self), self._pin, self._pin_answered))
         if self._pin_answered is not None and not self._pin_answered.is_set():
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._pin_answered.wait(), max(1e-3, deadline - time.monotonic()))
         return self._pin.version
+
+    async def _stop_following(self) -> None:
+        """Cancel the pin's task: awaited in its own loop, handed to its loop where that one runs elsewhere,
+        left alone where its loop has closed (cancelling there raises)."""
+        task, self._pin_task = self._pin_task, None
+        if task is None or task.done() or task.get_loop().is_closed():
+            return
+        if task.get_loop() is asyncio.get_running_loop():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        else:
+            task.get_loop().call_soon_threadsafe(task.cancel)
 
     async def infer(
         self, inputs: Mapping[str, np.ndarray[Any, Any]], *, model: str | None = None, outputs: Sequence[str] | None = None,

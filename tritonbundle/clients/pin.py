@@ -31,6 +31,8 @@ class ReleasePin:
         self.ensemble, self.encoder = ensemble, encoder
         self.version = ""
         self.read_at = -math.inf
+        #: When the last read that ended (kept or failed) began.
+        self.tried_at = -math.inf
         #: Nothing to follow: the client's model is the encoder itself, or its config has no ensemble steps.
         self.final = ensemble == encoder
         #: Set once the first read has answered or failed, or following ended (the first call waits for it).
@@ -58,9 +60,15 @@ class ReleasePin:
                 self.version, self.read_at = (str(pinned) if pinned >= 0 else ""), read_at
         return self.version
 
+    def tried(self, read_at: float) -> None:
+        """A read begun at ``read_at`` has ended, kept or failed."""
+        with self._lock:
+            self.tried_at = max(self.tried_at, read_at)
+
     def read_since(self, since: float) -> bool:
-        """Whether a read begun after ``since`` was kept, or none will come (nothing to follow, stopped)."""
-        return self.read_at > since or self.final or self.stop.is_set()
+        """Whether a read begun after ``since`` has ended (kept or failed), or none will come (nothing to
+        follow, stopped)."""
+        return self.tried_at > since or self.final or self.stop.is_set()
 
 
 class _Blocking(Protocol):
@@ -75,7 +83,8 @@ class _Asyncio(Protocol):
 
 def follow(client: _Blocking, pin: ReleasePin) -> None:
     """Read the pin now and every PIN_REFRESH_S on a daemon thread, until the client is closed or
-    collected (the thread holds it weakly) or there is nothing to follow; a failed read keeps the last pin."""
+    collected (the thread holds it weakly) or there is nothing to follow; a failed read keeps the last pin.
+    ``_pin_config`` bounds each read (about PIN_SETTLE_S)."""
     ref = weakref.ref(client)
 
     def loop() -> None:
@@ -89,6 +98,7 @@ def follow(client: _Blocking, pin: ReleasePin) -> None:
                     pin.take(held._pin_config(), read_at)
                 except Exception:  # noqa: BLE001 - tritonclient's own errors, a timeout: the last pin stands
                     pass
+                pin.tried(read_at)
                 del held
                 pin.first.set()
                 if pin.final:
@@ -111,17 +121,18 @@ async def afollow(ref: weakref.ref[_Asyncio], pin: ReleasePin, answered: asyncio
     """The asyncio clients' :func:`follow`: a task of the loop the client is used in (cancelled when it
     closes); ``answered`` is set after the first read."""
     try:
-        while True:
+        while not pin.stop.is_set():
             held = ref()
             if held is None:
                 return
             read_at = time.monotonic()
-            try:
-                pin.take(await held._config_json(held.model), read_at)
+            try:  # bounded by the release's settle time: a hung read is not waited for past it
+                pin.take(await asyncio.wait_for(held._config_json(held.model), contract.PIN_SETTLE_S), read_at)
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - tritonclient's own errors, a timeout: the last pin stands
                 pass
+            pin.tried(read_at)
             del held
             answered.set()
             if pin.final:

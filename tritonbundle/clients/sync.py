@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from tritonbundle import contract
 from tritonbundle.clients import core, modelinfo, pin
 from tritonbundle.clients.core import RetryPolicy
 from tritonbundle.clients.modelinfo import Classification, ModelInfo
@@ -210,8 +211,8 @@ class _BaseClient(core.ClientBase):
         encoder; by default (None) the version the text model's ensemble pins, followed in the
         background (:mod:`tritonbundle.clients.pin`), so that during a release (docs/releases.md) the
         candidate loaded beside the serving version does not answer. A call names one version for all
-        its chunks; one whose version was unloaded meanwhile (a promotion) is sent again once, with the
-        pin read again.
+        its chunks; one whose version was unloaded meanwhile (a promotion) waits for the background's
+        next read (within its deadline) and is sent again once if the pin moved.
         """
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         info = self.model_info(self.token_model)
@@ -238,8 +239,8 @@ class _BaseClient(core.ClientBase):
         return send(self._pin.version)
 
     def _pin_config(self) -> dict[str, Any]:
-        """The text model's configuration for the pin's thread (pin.follow), without retries."""
-        return self._config_json(self.model, core.NO_RETRY)
+        """The text model's configuration for the pin's thread (pin.follow), bounded by about PIN_SETTLE_S."""
+        raise NotImplementedError
 
     def infer(
         self, inputs: Mapping[str, np.ndarray[Any, Any]], *, model: str | None = None, outputs: Sequence[str] | None = None,
@@ -310,6 +311,7 @@ class HttpClient(_BaseClient):
     protocol = "http"
 
     def _open(self) -> None:
+        self._pin_connection: Any = None  # the pin thread's (_pin_config)
         self._local = threading.local()
         self._pools: list[tuple[threading.Thread, Any]] = []
         self._pools_lock = threading.Lock()
@@ -343,6 +345,9 @@ class HttpClient(_BaseClient):
         with self._pools_lock:
             pools, self._pools = [p for _, p in getattr(self, "_pools", [])], []
         self._close_pools(pools)
+        connection = getattr(self, "_pin_connection", None)
+        if connection is not None:
+            connection.close()
 
     @staticmethod
     def _close_pools(pools: list[Any]) -> None:
@@ -367,15 +372,28 @@ class HttpClient(_BaseClient):
                           deadline=time.monotonic() + self.timeout_s, retry=retry)
 
     def _pin_config(self) -> dict[str, Any]:
-        """A plain HTTP request, not a pool: the pin's thread would keep a gevent hub (two file descriptors)
-        until the process ends, one per client that made a token call."""
+        """A plain HTTP request on the pin thread's own connection (kept open), not a pool: the thread
+        would keep a gevent hub (two file descriptors) until the process ends. Not urllib: it would send
+        the request (and the client's headers) to $http_proxy. Bounded by the release's settle time."""
+        import http.client
         import json
-        import urllib.request
         from urllib.parse import quote
 
-        request = urllib.request.Request(f"http://{self.url}/v2/models/{quote(self.model)}/config", headers=self.headers)
-        with urllib.request.urlopen(request, timeout=self.timeout_s) as answer:  # noqa: S310 - http:// by construction
-            return dict(json.loads(answer.read()))
+        host, _, prefix = self.url.partition("/")
+        path = "/" + "/".join(p for p in (prefix.strip("/"), "v2/models", quote(self.model), "config") if p)
+        if self._pin_connection is None:
+            self._pin_connection = http.client.HTTPConnection(host, timeout=contract.PIN_SETTLE_S)
+        try:
+            self._pin_connection.request("GET", path, headers=self.headers)
+            answer = self._pin_connection.getresponse()
+            body = answer.read()
+        except Exception:
+            self._pin_connection.close()
+            self._pin_connection = None
+            raise
+        if answer.status != 200:
+            raise ClientError(f"{path}: HTTP {answer.status} {body[:200]!r}", model=self.model, protocol=self.protocol)
+        return dict(json.loads(body))
 
     def _describe(self, model: str) -> ModelInfo:
         metadata = self._client.get_model_metadata(model, headers=self.headers)
@@ -440,12 +458,17 @@ class GrpcClient(_BaseClient):
     def _is_ready(self) -> bool:
         return bool(self._client.is_server_ready(headers=self.headers, client_timeout=self.connect_timeout_s))
 
-    def _config_json(self, model: str, retry: RetryPolicy | None = None) -> dict[str, Any]:
+    def _config_json(self, model: str, retry: RetryPolicy | None = None, timeout_s: float | None = None) -> dict[str, Any]:
+        seconds = timeout_s or self.timeout_s
         return self._call(
             model, lambda: self._client.get_model_config(model, headers=self.headers, as_json=True,
-                                                         client_timeout=self.timeout_s)["config"],
-            deadline=time.monotonic() + self.timeout_s, retry=retry,
+                                                         client_timeout=seconds)["config"],
+            deadline=time.monotonic() + seconds, retry=retry,
         )
+
+    def _pin_config(self) -> dict[str, Any]:
+        """The text model's configuration for the pin's thread: no retries, bounded by the release's settle time."""
+        return self._config_json(self.model, core.NO_RETRY, contract.PIN_SETTLE_S)
 
     def _describe(self, model: str) -> ModelInfo:
         metadata = self._client.get_model_metadata(model, headers=self.headers, as_json=True, client_timeout=self.timeout_s)
