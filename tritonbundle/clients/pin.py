@@ -14,14 +14,18 @@ move of the pin before it changes the versions the encoder serves. A text model 
 from __future__ import annotations
 
 import asyncio
+import http.client
+import json
 import math
 import threading
 import time
 import weakref
 from collections.abc import Mapping
 from typing import Any, Protocol
+from urllib.parse import quote
 
 from tritonbundle import contract
+from tritonbundle.errors import ClientError
 
 
 class ReleasePin:
@@ -69,6 +73,38 @@ class ReleasePin:
         """Whether a read begun after ``since`` has ended (kept or failed), or none will come (nothing to
         follow, stopped)."""
         return self.tried_at > since or self.final or self.stop.is_set()
+
+
+class PlainHttp:
+    """The pin thread's reads for the blocking HTTP client: one kept-open plain ``http.client`` connection,
+    not a geventhttpclient pool (the thread would keep a gevent hub, two file descriptors, until the process
+    ends), nor urllib (it would send the request and the client's headers to ``$http_proxy``). Each read
+    is bounded by the release's settle time."""
+
+    def __init__(self, url: str) -> None:
+        self.host, _, prefix = url.partition("/")
+        self.prefix = prefix.strip("/")
+        self._connection: http.client.HTTPConnection | None = None
+
+    def config(self, model: str, headers: Mapping[str, str]) -> dict[str, Any]:
+        path = "/" + "/".join(p for p in (self.prefix, "v2/models", quote(model), "config") if p)
+        if self._connection is None:
+            self._connection = http.client.HTTPConnection(self.host, timeout=contract.PIN_SETTLE_S)
+        try:
+            self._connection.request("GET", path, headers=dict(headers))
+            answer = self._connection.getresponse()
+            body = answer.read()
+        except Exception:
+            self.close()
+            raise
+        if answer.status != 200:
+            raise ClientError(f"{path}: HTTP {answer.status} {body[:200]!r}", model=model, protocol="http")
+        return dict(json.loads(body))
+
+    def close(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.close()
 
 
 class _Blocking(Protocol):

@@ -30,11 +30,10 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from tritonbundle import contract
 from tritonbundle.clients import core, modelinfo, pin
 from tritonbundle.clients.core import RetryPolicy
 from tritonbundle.clients.modelinfo import Classification, ModelInfo
-from tritonbundle.contract import SCORE_OUTPUT
+from tritonbundle.contract import PIN_SETTLE_S, SCORE_OUTPUT
 from tritonbundle.errors import ClientError, ModelNotFoundError, ServerUnavailableError
 
 T = TypeVar("T")
@@ -208,12 +207,8 @@ class _BaseClient(core.ClientBase):
 
         Rows are padded to the repository's padding targets (the build stage's plan, read from the
         model config) so that requests meet in the dynamic batcher. ``version``: that version of the
-        encoder; by default (None) the version the text model's ensemble pins, followed in the
-        background (:mod:`tritonbundle.clients.pin`), so that during a release (docs/releases.md) the
-        candidate loaded beside the serving version does not answer. A call names one version for all
-        its chunks; one whose version was unloaded meanwhile (a promotion) waits for the background's
-        next read (within its deadline) and is sent again once if the pin moved.
-        """
+        encoder; by default (None) the version the text model's ensemble pins, so that a release's
+        candidate does not answer (:mod:`tritonbundle.clients.pin`, docs/releases.md)."""
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         info = self.model_info(self.token_model)
         arrays, output = self._token_request(info, ids, mask)
@@ -311,7 +306,7 @@ class HttpClient(_BaseClient):
     protocol = "http"
 
     def _open(self) -> None:
-        self._pin_connection: Any = None  # the pin thread's (_pin_config)
+        self._pin_http = pin.PlainHttp(self.url)  # the pin thread's (_pin_config)
         self._local = threading.local()
         self._pools: list[tuple[threading.Thread, Any]] = []
         self._pools_lock = threading.Lock()
@@ -345,9 +340,8 @@ class HttpClient(_BaseClient):
         with self._pools_lock:
             pools, self._pools = [p for _, p in getattr(self, "_pools", [])], []
         self._close_pools(pools)
-        connection = getattr(self, "_pin_connection", None)
-        if connection is not None:
-            connection.close()
+        if hasattr(self, "_pin_http"):
+            self._pin_http.close()
 
     @staticmethod
     def _close_pools(pools: list[Any]) -> None:
@@ -372,28 +366,8 @@ class HttpClient(_BaseClient):
                           deadline=time.monotonic() + self.timeout_s, retry=retry)
 
     def _pin_config(self) -> dict[str, Any]:
-        """A plain HTTP request on the pin thread's own connection (kept open), not a pool: the thread
-        would keep a gevent hub (two file descriptors) until the process ends. Not urllib: it would send
-        the request (and the client's headers) to $http_proxy. Bounded by the release's settle time."""
-        import http.client
-        import json
-        from urllib.parse import quote
-
-        host, _, prefix = self.url.partition("/")
-        path = "/" + "/".join(p for p in (prefix.strip("/"), "v2/models", quote(self.model), "config") if p)
-        if self._pin_connection is None:
-            self._pin_connection = http.client.HTTPConnection(host, timeout=contract.PIN_SETTLE_S)
-        try:
-            self._pin_connection.request("GET", path, headers=self.headers)
-            answer = self._pin_connection.getresponse()
-            body = answer.read()
-        except Exception:
-            self._pin_connection.close()
-            self._pin_connection = None
-            raise
-        if answer.status != 200:
-            raise ClientError(f"{path}: HTTP {answer.status} {body[:200]!r}", model=self.model, protocol=self.protocol)
-        return dict(json.loads(body))
+        """On the pin thread's own plain HTTP connection (pin.PlainHttp), not a pool."""
+        return self._pin_http.config(self.model, self.headers)
 
     def _describe(self, model: str) -> ModelInfo:
         metadata = self._client.get_model_metadata(model, headers=self.headers)
@@ -468,7 +442,7 @@ class GrpcClient(_BaseClient):
 
     def _pin_config(self) -> dict[str, Any]:
         """The text model's configuration for the pin's thread: no retries, bounded by the release's settle time."""
-        return self._config_json(self.model, core.NO_RETRY, contract.PIN_SETTLE_S)
+        return self._config_json(self.model, core.NO_RETRY, PIN_SETTLE_S)
 
     def _describe(self, model: str) -> ModelInfo:
         metadata = self._client.get_model_metadata(model, headers=self.headers, as_json=True, client_timeout=self.timeout_s)
