@@ -55,17 +55,18 @@ class ReleasePin:
 
     def take(self, config: Mapping[str, Any], read_at: float) -> str:
         """Keep the pin in ``config`` (the ensemble's, as JSON, read from ``read_at`` on) unless a read
-        begun later was kept first."""
+        begun later was kept first; the read has ended (:meth:`tried`)."""
         with self._lock:
             if read_at >= self.read_at:
                 if not (config.get("ensemble_scheduling") or {}).get("step"):
                     self.final = True
                 pinned = contract.encoder_pin(config, self.encoder)
                 self.version, self.read_at = (str(pinned) if pinned >= 0 else ""), read_at
+            self.tried_at = max(self.tried_at, read_at)
         return self.version
 
     def tried(self, read_at: float) -> None:
-        """A read begun at ``read_at`` has ended, kept or failed."""
+        """A read begun at ``read_at`` has ended (failed: the last pin stands)."""
         with self._lock:
             self.tried_at = max(self.tried_at, read_at)
 
@@ -133,8 +134,7 @@ def follow(client: _Blocking, pin: ReleasePin) -> None:
                 try:
                     pin.take(held._pin_config(), read_at)
                 except Exception:  # noqa: BLE001 - tritonclient's own errors, a timeout: the last pin stands
-                    pass
-                pin.tried(read_at)
+                    pin.tried(read_at)
                 del held
                 pin.first.set()
                 if pin.final:
@@ -147,7 +147,7 @@ def follow(client: _Blocking, pin: ReleasePin) -> None:
 
 
 def wait_for_read(pin: ReleasePin, since: float, timeout_s: float) -> None:
-    """Wait (at most ``timeout_s``) until a read begun after ``since`` was kept (:meth:`ReleasePin.read_since`)."""
+    """Wait (at most ``timeout_s``) until a read begun after ``since`` has ended (:meth:`ReleasePin.read_since`)."""
     end = time.monotonic() + timeout_s
     while not pin.read_since(since) and time.monotonic() < end:
         time.sleep(0.02)
@@ -167,8 +167,7 @@ async def afollow(ref: weakref.ref[_Asyncio], pin: ReleasePin, answered: asyncio
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - tritonclient's own errors, a timeout: the last pin stands
-                pass
-            pin.tried(read_at)
+                pin.tried(read_at)
             del held
             answered.set()
             if pin.final:

@@ -285,7 +285,7 @@ class _BaseClient(core.ClientBase):
                     raise final from e
                 time.sleep(delay or 0.0)
 
-    def _config_json(self, model: str, retry: RetryPolicy | None = None) -> dict[str, Any]:
+    def _config_json(self, model: str) -> dict[str, Any]:
         raise NotImplementedError
 
 class HttpClient(_BaseClient):
@@ -361,9 +361,9 @@ class HttpClient(_BaseClient):
     def _is_ready(self) -> bool:
         return bool(self._client.is_server_ready(headers=self.headers))
 
-    def _config_json(self, model: str, retry: RetryPolicy | None = None) -> dict[str, Any]:
+    def _config_json(self, model: str) -> dict[str, Any]:
         return self._call(model, lambda: self._client.get_model_config(model, headers=self.headers),
-                          deadline=time.monotonic() + self.timeout_s, retry=retry)
+                          deadline=time.monotonic() + self.timeout_s)
 
     def _pin_config(self) -> dict[str, Any]:
         """On the pin thread's own plain HTTP connection (pin.PlainHttp), not a pool."""
