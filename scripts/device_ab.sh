@@ -21,7 +21,9 @@
 #               .device/peer and --install once): the summary puts each setting's median over the reference's, and round
 #               by round (the bundle/ceiling and bundle/peer targets ask for the same host, >= 3 runs)
 #   NAME=FILE   a setting: its --tuned file; +VAR=VALUE sets an environment variable for its runs only,
-#               +--flag=VALUE passes a flag of the bench (e.g. +--load-procs=4; values without '+')
+#               +--flag=VALUE passes a flag of the bench (e.g. +--load-procs=4; values without '+');
+#               +taskset=CPUS runs the whole run (server, MPS, stubs, load generators, the host probe) on
+#               those CPUs only (taskset -c CPUS, e.g. +taskset=0-5): does a knee move with the cores?
 # e.g. (carry .device/server, .device/stubs; ~440 s with the install):
 #   bash scripts/device_ab.sh --install --rounds 3 \
 #       plain=docs/tuning/h200-handpicked/bert-base-fused8-t4-b64.json \
@@ -46,7 +48,7 @@ while [ $# -gt 0 ]; do
     --budget) budget=$2; shift ;;
     --reference) case $2 in ceiling|peer) references+=("$2") ;;
       *) echo "device_ab: --reference ceiling or peer, not $2" >&2; exit 2 ;; esac; shift ;;
-    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
     *=*) settings+=("$1") ;;
     *) echo "device_ab: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -76,13 +78,14 @@ export TRITONBUNDLE_GPU_SHARING=${TRITONBUNDLE_GPU_SHARING:-mps}
 for i in $(seq "$first" "$rounds"); do
   for spec in "${settings[@]}"; do
     name=${spec%%=*} rest=${spec#*=}
-    file=${rest%%+*} extra=() env_vars=() flags=()
+    file=${rest%%+*} extra=() env_vars=() flags=() pin=()
     [ "$rest" != "$file" ] && IFS=+ read -r -a extra <<< "${rest#*+}"
-    for e in ${extra[@]+"${extra[@]}"}; do case $e in --*=*) flags+=("$e") ;; *=*) env_vars+=("$e") ;;
+    for e in ${extra[@]+"${extra[@]}"}; do case $e in --*=*) flags+=("$e") ;; taskset=*) pin=(taskset -c "${e#taskset=}") ;;
+      *=*) env_vars+=("$e") ;;
       *) echo "device_ab: $name: '$e' is neither VAR=VALUE nor --flag=VALUE" >&2; exit 2 ;; esac; done
     now=$(date +%s)
     if [ $((now - T0)) -gt "$deadline" ]; then echo "$name-$i: not started (deadline ${deadline} s)"; continue; fi
-    env ${env_vars[@]+"${env_vars[@]}"} OUT="$OUT/runs/$name-$i" timeout $((budget + 40)) bash scripts/device_bench.sh run \
+    ${pin[@]+"${pin[@]}"} env ${env_vars[@]+"${env_vars[@]}"} OUT="$OUT/runs/$name-$i" timeout $((budget + 40)) bash scripts/device_bench.sh run \
       --models "$model" --systems bundle --budget-s "$budget" --rate-factor 1.5 --refine 3 --input text $rates \
       --tuned "$file" ${flags[@]+"${flags[@]}"} \
       > /dev/null 2>&1

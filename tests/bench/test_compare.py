@@ -210,6 +210,7 @@ def test_the_token_rows_and_http_estimate_reads_its_inputs_from_the_reports(tmp_
 FAKE_BENCH = """#!/usr/bin/env bash
 # stands in for scripts/device_bench.sh: records its call, writes a report whose knee is the round's
 echo "$1 ${OUT##*/} ${AB_KNOB:-unset} $*" >> "$CALLS"
+echo "${OUT##*/} $(python3 -c 'import os; print(len(os.sched_getaffinity(0)))')" >> "$CALLS.cpus"
 mkdir -p "$OUT"
 python3 - "$TEMPLATE" "$OUT/bench.json" $(( ${OUT##*-} * 1000 + ${AB_KNOB:-0} )) "$*" <<'PY'
 import json, sys
@@ -307,6 +308,18 @@ def test_the_device_script_refuses_a_setting_item_it_cannot_place(tmp_path: Path
     done = _device_ab(tmp_path, "--rounds", "1", "a=x.json+--load-procs")
     assert done.returncode == 2 and "'--load-procs' is neither VAR=VALUE nor --flag=VALUE" in done.stderr
     assert not (tmp_path / "calls.txt").exists()
+
+
+def test_the_device_script_runs_a_setting_on_the_cpus_it_names(tmp_path: Path) -> None:
+    """``+taskset=CPUS``: that setting's whole run (server, stubs, load generators, the host probe) on
+    those CPUs only, the others' on all of them: the experiment that shows whether a knee moves with the
+    cores. The run's own flags and environment are unchanged."""
+    done = _device_ab(tmp_path, "--rounds", "1", "all=x.json", "one=x.json+taskset=0+AB_KNOB=3")
+    assert done.returncode == 0, done.stderr
+    cpus = dict(line.split() for line in (tmp_path / "calls.txt.cpus").read_text().splitlines())
+    assert cpus == {"all-1": str(len(os.sched_getaffinity(0))), "one-1": "1"}
+    lines = (tmp_path / "calls.txt").read_text().splitlines()
+    assert lines[1].split()[:3] == ["run", "one-1", "3"] and "taskset" not in lines[1]
 
 
 def test_the_device_script_refuses_a_first_round_past_the_last(tmp_path: Path) -> None:
