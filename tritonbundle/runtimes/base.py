@@ -242,6 +242,13 @@ def index_tables(onnx_path: Path, input_names: list[str]) -> dict[str, int]:
     return tables
 
 
+def model_tables(ctx: BuildContext) -> dict[str, int]:
+    """:func:`index_tables` of the model's inputs, read from the FP32 graph where there is one (a
+    quantized graph may index its tables through DequantizeLinear); empty without a graph."""
+    graph = next((p for p in (ctx.reference_onnx, ctx.onnx_path) if p is not None and p.is_file()), None)
+    return index_tables(graph, [t.name for t in ctx.spec.inputs]) if graph is not None else {}
+
+
 def encoder_config(
     ctx: BuildContext, parameters: Parameters, *, ragged: bool, kind: str, instances: int | None = None,
     **fields: Any,
@@ -253,12 +260,9 @@ def encoder_config(
     inputs, outputs = tensor_specs(spec, ragged=ragged)
     fields.setdefault("instance_groups", (InstanceGroup(count=count, kind=kind),))
     if isinstance(parameters, EncoderParameters):  # what the build knows and the runtime need not
-        # The FP32 graph: a quantized one may index its tables through DequantizeLinear.
-        graph = next((p for p in (ctx.reference_onnx, ctx.onnx_path) if p is not None and p.is_file()), None)
         parameters = dataclasses.replace(
             parameters, task=spec.task, axes={t.name: ",".join(map(str, t.shape)) for t in spec.inputs},
-            axis_sizes=axis_sizes(ctx.plan),
-            vocab_sizes=parameters.vocab_sizes or (index_tables(graph, [t.name for t in spec.inputs]) if graph else {}))
+            axis_sizes=axis_sizes(ctx.plan), vocab_sizes=parameters.vocab_sizes or model_tables(ctx))
     return ModelConfig(
         name=spec.encoder_name, max_batch_size=spec.max_batch_size, inputs=inputs, outputs=outputs,
         dynamic_batching=dynamic_batching(ctx, count), parameters=parameters.to_parameters(), **fields,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tritonbundle.runtimes.base import BuildContext
+from tritonbundle.runtimes.base import BuildContext, model_tables
 from tritonbundle.runtimes.tensorrt import engine as te
 
 PLAN = "model.plan"
@@ -25,6 +25,7 @@ def engine_options(ctx: BuildContext) -> te.EngineOptions:
         hardware_compatibility=spec.hardware_compatibility,
         version_compatible=spec.version_compatible,
         profiles=tuple(p.shapes for p in ctx.plan.profiles),
+        index_clamps=tuple(sorted(model_tables(ctx).items())),
     )
 
 

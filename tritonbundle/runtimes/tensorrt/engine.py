@@ -60,6 +60,9 @@ class EngineOptions:
     hardware_compatibility: str = "none"
     version_compatible: bool = False
     profiles: tuple[ProfileShapes, ...] = ()
+    #: (graph input, rows of the table it indexes): clamped to the table before the plan gathers
+    #: (:mod:`tritonbundle.runtimes.tensorrt.clamp`); a plan built without them is rebuilt.
+    index_clamps: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.precision not in ("fp32", "fp16", "bf16", "int8"):
@@ -72,6 +75,7 @@ class EngineOptions:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["profiles"] = [{k: [list(s) for s in v] for k, v in p.items()} for p in self.profiles]
+        data["index_clamps"] = dict(self.index_clamps)
         return data
 
 

@@ -46,6 +46,7 @@ from tritonbundle.runtimes.tensorrt.check import (
     other_arch_plans,
     plan_name,
 )
+from tritonbundle.runtimes.tensorrt.clamp import clamp_indices
 
 
 class TensorRTRuntime:
@@ -135,13 +136,16 @@ def build_engine(ctx: BuildContext, platform: te.Platform, plan_path: Path) -> N
         raise StalePlan(f"{ctx.spec.name}: {plan_path.name} needs a rebuild: {'; '.join(reasons)}")
     LOG.info("    %s: building the plan (%s)", ctx.spec.name, "; ".join(reasons))
     work.mkdir(parents=True, exist_ok=True)
+    source = ctx.onnx_path
+    if options.index_clamps:  # ids past the vocabulary must not read past the table on the GPU
+        source = clamp_indices(ctx.onnx_path, work / "clamped" / "model.onnx", dict(options.index_clamps))
     proc.write_reproduce_script(
         work / "reproduce.sh",
-        te.trtexec_command(ctx.onnx_path, work / plan_path.name, options, timing_cache=timing_cache,
+        te.trtexec_command(source, work / plan_path.name, options, timing_cache=timing_cache,
                            layer_info=work / "layers.json"),
     )
     start = time.monotonic()
-    net = te.NetworkFromOnnxPath(ctx.onnx_path)()
+    net = te.NetworkFromOnnxPath(source)()
     create_config = te.CreateConfig(options, platform=platform)
     config = create_config(net)
     plan = te.EngineFromNetwork(net, config, timing_cache=te.TimingCache(timing_cache))()

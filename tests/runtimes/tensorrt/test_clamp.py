@@ -1,0 +1,142 @@
+"""Token ids clamped before a TensorRT plan gathers with them (runtimes/tensorrt/clamp.py). TensorRT is
+not here: the clamped graph is checked on ONNX Runtime, which runs the same ONNX the plan is built from
+(ids in range: the same answers bit for bit; ids out of range: the first or last row, where the graph
+as exported reads past its table and ONNX Runtime refuses it), and the build is checked to hand
+TensorRT the clamped graph and to rebuild a plan made without it."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tritonbundle.errors import BuildError
+from tritonbundle.runtimes.tensorrt import engine as te
+from tritonbundle.runtimes.tensorrt import plugin
+from tritonbundle.runtimes.tensorrt.check import engine_options
+from tritonbundle.runtimes.tensorrt.clamp import clamp_indices
+
+from .test_tensorrt import H100, _ctx
+
+ROWS = 10
+
+
+def _graph(path: Path, *, external: bool = False, opset: int = 17) -> Path:
+    """ids -> Gather(table of ROWS x 4) -> embedded, and ids + 1 as a second output (another reader)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    table = numpy_helper.from_array(np.arange(ROWS * 4, dtype=np.float32).reshape(ROWS, 4), "table")
+    one = numpy_helper.from_array(np.array(1, np.int64), "one")
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "input_ids"], ["embedded"]),
+         helper.make_node("Add", ["input_ids", "one"], ["shifted"])], "g",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"])],
+        [helper.make_tensor_value_info("embedded", TensorProto.FLOAT, ["batch", "sequence", 4]),
+         helper.make_tensor_value_info("shifted", TensorProto.INT64, ["batch", "sequence"])], [table, one])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    if external:
+        onnx.save_model(model, str(path), save_as_external_data=True, location="weights.bin", size_threshold=0)
+    else:
+        onnx.save_model(model, str(path))
+    return path
+
+
+def _run(path: Path, ids: np.ndarray[Any, Any], output: str = "embedded") -> np.ndarray[Any, Any]:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return np.asarray(session.run([output], {"input_ids": ids})[0])
+
+
+def test_ids_in_range_answer_as_before_and_the_rest_take_an_edge_row(tmp_path: Path) -> None:
+    source = _graph(tmp_path / "model.onnx")
+    clamped = clamp_indices(source, tmp_path / "clamped" / "model.onnx", {"input_ids": ROWS})
+    valid = np.array([[0, 3, 9], [1, 2, 5]], np.int64)
+    assert np.array_equal(_run(clamped, valid), _run(source, valid))
+    bad = np.array([[-1, ROWS, 2**40]], np.int64)
+    with pytest.raises(Exception, match="out of bounds|indices element out of data bounds"):
+        _run(source, bad)
+    table = np.arange(ROWS * 4, dtype=np.float32).reshape(ROWS, 4)
+    assert np.array_equal(_run(clamped, bad)[0], table[[0, ROWS - 1, ROWS - 1]])
+    # every reader of the input reads the clamped ids, not only the Gather
+    assert _run(clamped, bad, "shifted").tolist() == [[1, ROWS, ROWS]]
+
+
+def test_a_graph_with_external_weights_keeps_them_in_one_file(tmp_path: Path) -> None:
+    source = _graph(tmp_path / "model.onnx", external=True)
+    clamped = clamp_indices(source, tmp_path / "clamped" / "model.onnx", {"input_ids": ROWS})
+    assert (clamped.parent / "model.onnx.data").stat().st_size >= ROWS * 4 * 4
+    import onnx
+    from onnx.external_data_helper import uses_external_data
+
+    tables = [t for t in onnx.load(str(clamped), load_external_data=False).graph.initializer if t.name == "table"]
+    assert len(tables) == 1 and uses_external_data(tables[0])  # not inline
+    assert _run(clamped, np.array([[ROWS + 3]], np.int64))[0, 0, 0] == (ROWS - 1) * 4
+
+
+def test_what_cannot_be_clamped_is_refused_naming_it(tmp_path: Path) -> None:
+    source = _graph(tmp_path / "model.onnx")
+    with pytest.raises(BuildError, match="no graph input 'token_type_ids' to clamp"):
+        clamp_indices(source, tmp_path / "out.onnx", {"token_type_ids": 2})
+    with pytest.raises(BuildError, match="opset 11 has no integer Max/Min"):
+        clamp_indices(_graph(tmp_path / "old.onnx", opset=11), tmp_path / "out.onnx", {"input_ids": ROWS})
+
+
+@pytest.mark.beside
+def test_the_exported_minilm_answers_the_same_once_clamped(exported_minilm: Path, tmp_path: Path) -> None:
+    """The shipped model as exported: the clamp leaves its answers to real token ids unchanged (bit for
+    bit) and turns ids past its 30,522-row vocabulary into the last row's instead of a refusal."""
+    import onnxruntime as ort
+
+    from tritonbundle.runtimes.base import index_tables
+
+    source = exported_minilm / "model.onnx"
+    tables = index_tables(source, ["input_ids", "attention_mask"])
+    assert tables == {"input_ids": 30522}
+    clamped = clamp_indices(source, tmp_path / "model.onnx", tables)
+    ids = np.array([[101, 7592, 2088, 102, 0, 0], [101, 2023, 2003, 1037, 3231, 102]], np.int64)
+    mask = (ids != 0).astype(np.int64)
+    before, after = (ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (source, clamped))
+    name = before.get_outputs()[0].name
+    assert np.array_equal(after.run([name], {"input_ids": ids, "attention_mask": mask})[0],
+                          before.run([name], {"input_ids": ids, "attention_mask": mask})[0])
+    past = ids.copy()
+    past[1, 3] = 2**40
+    clipped = past.copy()
+    clipped[1, 3] = 30521
+    assert np.array_equal(after.run([name], {"input_ids": past, "attention_mask": mask})[0],
+                          before.run([name], {"input_ids": clipped, "attention_mask": mask})[0])
+
+
+def test_the_build_hands_tensorrt_the_clamped_graph(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The network, and reproduce.sh's trtexec, read the clamped graph; the options that a plan's
+    metadata records name the clamps, so a plan built before them is rebuilt."""
+    ctx = dataclasses.replace(_ctx(tmp_path), onnx_path=_graph(tmp_path / "model.onnx"))
+    options = engine_options(ctx)
+    assert options.index_clamps == (("input_ids", ROWS),) and options.to_json()["index_clamps"] == {"input_ids": ROWS}
+    parsed: list[Path] = []
+
+    class Parsed(Exception):
+        pass
+
+    def network(path: Path) -> Any:
+        parsed.append(path)
+        raise Parsed
+
+    monkeypatch.setattr(te, "NetworkFromOnnxPath", network)
+    with pytest.raises(Parsed):
+        plugin.build_engine(ctx, H100, tmp_path / "repo" / "model.plan")
+    (path,) = parsed
+    assert path == tmp_path / "tensorrt" / H100.fingerprint / "clamped" / "model.onnx"
+    assert f"--onnx={path}" in (path.parent.parent / "reproduce.sh").read_text()
+    assert _run(path, np.array([[ROWS]], np.int64))[0, 0, 0] == (ROWS - 1) * 4
+    before = {**options.to_json()}
+    before.pop("index_clamps")
+    meta = te.EngineMetadata(tensorrt_version=H100.tensorrt_version, gpu_name=H100.gpu_name,
+                             compute_capability=H100.compute_capability, onnx_sha256="abc", options=before)
+    assert te.mismatches(meta, platform=H100, onnx_sha256="abc", options=options) == ["build options or profiles changed"]
