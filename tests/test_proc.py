@@ -1,11 +1,14 @@
-"""``proc.stop_group``: a stopped group leaves no process behind, whatever its children do on SIGTERM."""
+"""``proc``: a stopped group leaves no process behind, whatever its children do on SIGTERM; the CPUs a process may use."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from tritonbundle import proc
 
@@ -49,3 +52,25 @@ def test_a_child_that_outlives_its_leaders_graceful_stop_is_killed(tmp_path: Pat
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(child), "the child that ignores SIGTERM outlived stop_group"
+
+
+def test_the_usable_cpus_are_the_affinity_that_taskset_narrows() -> None:
+    """``os.cpu_count()`` counts every CPU under ``taskset`` too; what the bench sizes its load generators,
+    the host probe and tune's space from must be the CPUs the process may run on."""
+    import shutil
+
+    if shutil.which("taskset") is None:
+        pytest.skip("no taskset here")
+    code = "import os; from tritonbundle import proc; print(len(proc.usable_cpus()), os.cpu_count())"
+    out = subprocess.run(["taskset", "-c", "0", sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).resolve().parents[1]).stdout.split()
+    assert out == ["1", str(os.cpu_count())]
+
+
+def test_the_load_generators_are_sized_from_the_usable_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tritonbundle.bench.workspace import load_procs
+
+    monkeypatch.setattr(proc, "usable_cpus", lambda: set(range(16)))
+    assert load_procs(0) == 7 and load_procs(3) == 3
+    monkeypatch.setattr(proc, "usable_cpus", lambda: set(range(6)))
+    assert load_procs(0) == 2

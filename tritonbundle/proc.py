@@ -29,6 +29,15 @@ from tritonbundle.errors import CommandError
 from tritonbundle.log import LOG
 
 
+def usable_cpus() -> set[int]:
+    """The CPUs this process may run on: its affinity, which ``taskset`` and a container's cpuset narrow
+    and ``os.cpu_count()`` does not see (all of them where the platform cannot tell)."""
+    try:
+        return os.sched_getaffinity(0)
+    except AttributeError:  # pragma: no cover - not Linux
+        return set(range(os.cpu_count() or 1))
+
+
 def python_child_env() -> dict[str, str]:
     """The environment of a Python child process that imports this checkout of tritonbundle (``-m
     tritonbundle...`` from any working directory), its output unbuffered."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from tritonbundle import proc
 from tritonbundle.bench.answers import check_answers, references
 from tritonbundle.bench.naive import http_probes, http_server, post_texts
 from tritonbundle.bench.options import client_timeout_s, setup_timeout_s
@@ -29,9 +30,7 @@ from tritonbundle.recipes import Recipe
 
 def settings(device: str) -> dict[str, Any]:
     """The peer's settings here: its documented ones, scaled to this machine's cores."""
-    import os
-
-    cores = os.cpu_count() or 2
+    cores = len(proc.usable_cpus())
     out = dict(SETTINGS)
     if device != "cuda" or cores < 8:  # a small machine (the CPU smoke test): one of each
         out.update(workers_per_device=1, num_api_servers=1)

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from tritonbundle import recipes
+from tritonbundle import proc, recipes
 from tritonbundle.bench.options import BenchOptions
 from tritonbundle.manifest import ModelSpec
 from tritonbundle.plan import ModelPlan
@@ -25,8 +25,8 @@ SERVER_ARGS = ("--allow-gpu-metrics=false", "--backend-config=python,shm-default
 
 
 def load_procs(requested: int) -> int:
-    """Load generator processes: as requested, else half the cores less one for the server (at most 8)."""
-    return requested or max(1, min(8, (os.cpu_count() or 2) // 2 - 1))
+    """Load generator processes: as requested, else half the usable CPUs less one for the server (at most 8)."""
+    return requested or max(1, min(8, len(proc.usable_cpus()) // 2 - 1))
 
 
 def tokenizer_file() -> Path:

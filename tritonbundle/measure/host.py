@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from tritonbundle import proc
 
 #: Times the workload runs for one reading (its median and fastest are kept).
 REPEAT = 5
@@ -81,7 +82,7 @@ def capacity(procs: Sequence[int] | None = None, *, repeat: int = 3,
 
     Processes, not threads (the GIL); spawned, not forked (the bench has threads by then); they wait on
     a barrier, so that they run at once. ~3 s on 16 CPUs."""
-    counts = list(procs) if procs is not None else process_counts(len(os.sched_getaffinity(0)))
+    counts = list(procs) if procs is not None else process_counts(len(proc.usable_cpus()))
     ctx = multiprocessing.get_context("spawn")
     ms: list[float] = []
     for n in counts:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tritonbundle import proc
 from tritonbundle.build.stage import BuildOptions, build, check, load_manifest
 from tritonbundle.errors import ConfigError, TritonBundleError
 from tritonbundle.gpu_sharing import sharing_from_env
@@ -140,7 +141,7 @@ def run_tune(options: TuneOptions) -> TuneResult:
         # The settings to beat, measured before the search so that an early stop still reports them.
         reference = measure_nth(*versus) if versus is not None else None
         launch_ms = {_shape(text): float(ms) for text, ms in (first.detail.get("launch_ms_by_shape") or {}).items()}
-        searched = space(slo_ms=options.slo_ms, cores=os.cpu_count() or 1, text=spec.text,
+        searched = space(slo_ms=options.slo_ms, cores=len(proc.usable_cpus()), text=spec.text,
                          gpu=spec.target == "gpu", launch_ms=launch_ms or None, knobs=options.knobs,
                          include=(start, defaults), fold=fold)
         result.space = searched

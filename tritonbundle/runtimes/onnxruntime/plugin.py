@@ -4,10 +4,10 @@ runs ONNX Runtime itself and pads each dynamic batch to its longest request (the
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
+from tritonbundle import proc
 from tritonbundle.contract import EncoderParameters, OnnxRuntimeParameters, Parameters
 from tritonbundle.errors import ConfigError
 from tritonbundle.files import onnx_weight_files
@@ -50,7 +50,7 @@ class OnnxRuntime:
     def config(self, ctx: BuildContext, written: Written) -> ModelConfig:
         spec, plan = ctx.spec, ctx.plan
         if spec.target == "cpu":
-            threads = max(1, (len(_cpus()) // spec.instances)) if spec.instances > 1 else 0
+            threads = max(1, (len(proc.usable_cpus()) // spec.instances)) if spec.instances > 1 else 0
             params = OnnxRuntimeParameters(
                 padding_policy=plan.policy, padding_targets=plan.padding_targets,
                 max_sequence_length=spec.max_sequence_length, onnx_file="model.onnx", intra_op_threads=threads,
@@ -76,10 +76,3 @@ class OnnxRuntime:
         if ctx.spec.target == "cpu":
             served.install(MODEL_PY, version_dir)
         return Written()
-
-
-def _cpus() -> set[int]:
-    try:
-        return os.sched_getaffinity(0)
-    except AttributeError:  # pragma: no cover - not Linux
-        return set(range(os.cpu_count() or 1))
