@@ -67,13 +67,16 @@ def test_ids_in_range_answer_as_before_and_the_rest_take_an_edge_row(tmp_path: P
     assert _run(clamped, bad, "shifted").tolist() == [[1, ROWS, ROWS]]
 
 
-def test_a_graph_with_external_weights_keeps_them_in_one_file(tmp_path: Path) -> None:
-    source = _graph(tmp_path / "model.onnx", external=True)
-    clamped = clamp_indices(source, tmp_path / "clamped" / "model.onnx", {"input_ids": ROWS})
-    assert (clamped.parent / "model.onnx.data").stat().st_size >= ROWS * 4 * 4
+def test_external_weights_are_linked_not_loaded_or_copied(tmp_path: Path) -> None:
+    """A large model's weights stay where they are: the clamped graph points at a hard link of each
+    weights file under its own name (a second build replaces the link)."""
     import onnx
     from onnx.external_data_helper import uses_external_data
 
+    source = _graph(tmp_path / "model.onnx", external=True)
+    for _ in range(2):
+        clamped = clamp_indices(source, tmp_path / "clamped" / "model.onnx", {"input_ids": ROWS})
+    assert (clamped.parent / "weights.bin").samefile(tmp_path / "weights.bin")
     tables = [t for t in onnx.load(str(clamped), load_external_data=False).graph.initializer if t.name == "table"]
     assert len(tables) == 1 and uses_external_data(tables[0])  # not inline
     assert _run(clamped, np.array([[ROWS + 3]], np.int64))[0, 0, 0] == (ROWS - 1) * 4
@@ -140,3 +143,5 @@ def test_the_build_hands_tensorrt_the_clamped_graph(tmp_path: Path, monkeypatch:
     meta = te.EngineMetadata(tensorrt_version=H100.tensorrt_version, gpu_name=H100.gpu_name,
                              compute_capability=H100.compute_capability, onnx_sha256="abc", options=before)
     assert te.mismatches(meta, platform=H100, onnx_sha256="abc", options=options) == ["build options or profiles changed"]
+    # a model with no table to clamp records the options it did before: its plans are not rebuilt
+    assert "index_clamps" not in engine_options(_ctx(tmp_path / "none")).to_json()

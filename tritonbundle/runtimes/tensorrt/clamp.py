@@ -7,9 +7,10 @@ operators/Gather) and does not check it: an id past the vocabulary sent straight
 the GPU. ONNX Runtime refuses such ids itself, so only the graph TensorRT builds from is changed: each
 graph input that indexes a table (:func:`tritonbundle.runtimes.base.index_tables`) goes through
 ``Max(ids, 0)`` and ``Min(., rows - 1)`` first, elementwise ops TensorRT runs on int32 and int64 (the
-operator reference, operators/ElementWise). An id in range is unchanged, so the plan's answers to valid
-requests are the graph's; an id out of range gets the first or last row's embedding, a wrong answer
-instead of a read outside the table. The clients and the gateway still refuse such ids with a message
+operator reference, operators/ElementWise). An id in ``[0, rows)`` is unchanged, so the plan's answers to
+valid requests are the graph's; any other id gets the first or last row's embedding, a wrong answer
+instead of a read outside the table (a negative id, which ONNX's Gather counts from the end, takes row
+0: onnx-tensorrt's Gather importer does not wrap negative indices either). The clients and the gateway still refuse such ids with a message
 (``contract.token_ids_problem``); this is what is left for a caller that skips them.
 """
 
@@ -22,6 +23,8 @@ from typing import Any
 import numpy as np
 
 from tritonbundle.errors import BuildError
+from tritonbundle.files import onnx_weight_files
+from tritonbundle.runtimes.base import link_or_copy
 
 #: ONNX Max and Min take integer tensors from opset 12 on (onnx/docs/Changelog.md, Max-12, Min-12).
 MIN_OPSET = 12
@@ -29,12 +32,13 @@ MIN_OPSET = 12
 
 def clamp_indices(source: Path, target: Path, bounds: Mapping[str, int]) -> Path:
     """Write ``source`` to ``target`` with each graph input named in ``bounds`` (input -> rows of the
-    table it indexes) clamped to ``[0, rows - 1]`` before any node reads it; returns ``target``. A graph
-    whose tensors live in an external file keeps them in one (``target.name + ".data"``)."""
+    table it indexes) clamped to ``[0, rows - 1]`` before any node reads it; returns ``target``. Only the
+    graph is read and rewritten: external weights are hard-linked beside ``target`` under their names
+    (copied across file systems), never loaded."""
     import onnx
-    from onnx import external_data_helper, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
-    model = onnx.load(str(source))
+    model = onnx.load(str(source), load_external_data=False)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     if opset < MIN_OPSET:
         raise BuildError(f"{source.name}: opset {opset} has no integer Max/Min to clamp token ids with "
@@ -59,17 +63,10 @@ def clamp_indices(source: Path, target: Path, bounds: Mapping[str, int]) -> Path
     nodes = clamps + list(graph.node)
     del graph.node[:]
     graph.node.extend(nodes)
-    if model.ByteSize() < 2**31 - 2**24:  # the checker takes a proto under 2 GB only
-        onnx.checker.check_model(model)
     target.parent.mkdir(parents=True, exist_ok=True)
-    external = onnx.load(str(source), load_external_data=False).graph.initializer
-    if any(external_data_helper.uses_external_data(t) for t in external):
-        data = target.with_name(target.name + ".data")
-        data.unlink(missing_ok=True)
-        onnx.save_model(model, str(target), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=data.name, size_threshold=0)
-    else:
-        onnx.save_model(model, str(target))
+    for location in onnx_weight_files(source):  # the tensors keep pointing at them, now beside target
+        link_or_copy(source.parent / location, target.parent / location)
+    onnx.save_model(model, str(target))
     return target
 
 
