@@ -57,6 +57,15 @@ done
 [ ${#settings[@]} -gt 0 ] || { echo "device_ab: name at least one setting NAME=TUNED_JSON" >&2; exit 2; }
 for spec in "${settings[@]}"; do case ${spec%%=*} in ceiling|peer)
   echo "device_ab: '${spec%%=*}' names a reference system's runs (--reference): give the setting another name" >&2; exit 2 ;; esac; done
+for spec in "${settings[@]}"; do  # every item of every setting, before any run spends device time
+  rest=${spec#*=}; items=(); [ "$rest" != "${rest%%+*}" ] && IFS=+ read -r -a items <<< "${rest#*+}"
+  for e in ${items[@]+"${items[@]}"}; do case $e in
+    taskset=*) taskset -c "${e#taskset=}" true > /dev/null 2>&1 || {
+      echo "device_ab: ${spec%%=*}: taskset cannot run on CPUs '${e#taskset=}' here (e.g. taskset=0-5)" >&2; exit 2; } ;;
+    --*=*|*=*) ;;
+    *) echo "device_ab: ${spec%%=*}: '$e' is neither VAR=VALUE, --flag=VALUE nor taskset=CPUS" >&2; exit 2 ;;
+  esac; done
+done
 [ "$first" -le "$rounds" ] || { echo "device_ab: --first $first is past --rounds $rounds (the last round's number): no round would run; for rounds $first-$((first + rounds - 1)) give --rounds $((first + rounds - 1))" >&2; exit 2; }
 case $model in
   bert-base) rates="--start-rate 6000 --max-rate 25600" ;;
@@ -82,7 +91,7 @@ for i in $(seq "$first" "$rounds"); do
     [ "$rest" != "$file" ] && IFS=+ read -r -a extra <<< "${rest#*+}"
     for e in ${extra[@]+"${extra[@]}"}; do case $e in --*=*) flags+=("$e") ;; taskset=*) pin=(taskset -c "${e#taskset=}") ;;
       *=*) env_vars+=("$e") ;;
-      *) echo "device_ab: $name: '$e' is neither VAR=VALUE nor --flag=VALUE" >&2; exit 2 ;; esac; done
+      esac; done  # each item was checked above
     now=$(date +%s)
     if [ $((now - T0)) -gt "$deadline" ]; then echo "$name-$i: not started (deadline ${deadline} s)"; continue; fi
     ${pin[@]+"${pin[@]}"} env ${env_vars[@]+"${env_vars[@]}"} OUT="$OUT/runs/$name-$i" timeout $((budget + 40)) bash scripts/device_bench.sh run \

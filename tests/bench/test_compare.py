@@ -306,8 +306,13 @@ def test_the_device_script_measures_the_references_each_round_and_puts_the_setti
 
 def test_the_device_script_refuses_a_setting_item_it_cannot_place(tmp_path: Path) -> None:
     done = _device_ab(tmp_path, "--rounds", "1", "a=x.json+--load-procs")
-    assert done.returncode == 2 and "'--load-procs' is neither VAR=VALUE nor --flag=VALUE" in done.stderr
+    assert done.returncode == 2 and "'--load-procs' is neither VAR=VALUE, --flag=VALUE nor taskset=CPUS" in done.stderr
     assert not (tmp_path / "calls.txt").exists()
+    # refused before any run, also when a later setting holds it: no device time spent on the others
+    (tmp_path / "again").mkdir()
+    done = _device_ab(tmp_path / "again", "--rounds", "1", "a=x.json", "b=x.json+taskset=4096-4100")
+    assert done.returncode == 2 and "b: taskset cannot run on CPUs '4096-4100' here" in done.stderr
+    assert not (tmp_path / "again" / "calls.txt").exists()
 
 
 def test_the_device_script_runs_a_setting_on_the_cpus_it_names(tmp_path: Path) -> None:
