@@ -224,21 +224,30 @@ def axis_sizes(plan: ModelPlan) -> dict[str, str]:
     return {name: f"{b[0].min},{max(b, key=lambda x: x.share).opt},{b[-1].max}" for name, b in buckets.items() if b}
 
 
+#: Ops that pass a tensor's values on unchanged (or cast to another integer type): ids that reach a
+#: Gather through them still index its table (tf2onnx casts int32 ids to int64; exporters reshape them).
+PASS_THROUGH = frozenset({"Cast", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
+
+
 def index_tables(onnx_path: Path, input_names: list[str]) -> dict[str, int]:
-    """Graph input -> rows of the initializer it indexes with ``Gather`` (token ids -> vocabulary size)."""
+    """Graph input -> rows of the initializer it indexes with ``Gather`` (token ids -> vocabulary size),
+    directly or through :data:`PASS_THROUGH` ops; the fewest rows where it indexes several."""
     import onnx
 
     graph = onnx.load(str(onnx_path), load_external_data=False).graph
     dims = {t.name: list(t.dims) for t in graph.initializer}
+    origin = {name: name for name in input_names}  # tensor -> the graph input whose values it holds
     tables: dict[str, int] = {}
-    for node in graph.node:
+    for node in graph.node:  # topologically sorted, as ONNX requires
+        if node.op_type in PASS_THROUGH and node.input and node.input[0] in origin:
+            origin[node.output[0]] = origin[node.input[0]]
         if node.op_type != "Gather" or len(node.input) != 2:
             continue
         table, indices = node.input
         axis = next((int(a.i) for a in node.attribute if a.name == "axis"), 0)
-        if indices in input_names and len(dims.get(table, ())) > axis:
-            rows = int(dims[table][axis])
-            tables[indices] = min(rows, tables.get(indices, rows))
+        if indices in origin and len(dims.get(table, ())) > axis:
+            rows, name = int(dims[table][axis]), origin[indices]
+            tables[name] = min(rows, tables.get(name, rows))
     return tables
 
 

@@ -145,3 +145,34 @@ def test_the_build_hands_tensorrt_the_clamped_graph(tmp_path: Path, monkeypatch:
     assert te.mismatches(meta, platform=H100, onnx_sha256="abc", options=options) == ["build options or profiles changed"]
     # a model with no table to clamp records the options it did before: its plans are not rebuilt
     assert "index_clamps" not in engine_options(_ctx(tmp_path / "none")).to_json()
+
+
+def test_ids_that_reach_the_table_through_a_cast_or_reshape_are_found_and_clamped(tmp_path: Path) -> None:
+    """tf2onnx casts int32 ids to int64 before the lookup, other exporters reshape them: the table's rows
+    are still found (the config's vocab_sizes, which the clients check against) and the clamp still
+    applies, before the cast, where an int64 id past int32 would wrap."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tritonbundle.runtimes.base import index_tables
+
+    table = numpy_helper.from_array(np.arange(ROWS * 4, dtype=np.float32).reshape(ROWS, 4), "table")
+    flat = numpy_helper.from_array(np.array([-1], np.int64), "flat")
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["input_ids"], ["ids64"], to=TensorProto.INT64),
+         helper.make_node("Reshape", ["ids64", "flat"], ["ids_flat"]),
+         helper.make_node("Gather", ["table", "ids_flat"], ["embedded"])], "g",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT32, ["batch", "sequence"]),
+         helper.make_tensor_value_info("attention_mask", TensorProto.INT32, ["batch", "sequence"])],
+        [helper.make_tensor_value_info("embedded", TensorProto.FLOAT, ["n", 4])], [table, flat])
+    source = tmp_path / "model.onnx"
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(source))
+    tables = index_tables(source, ["input_ids", "attention_mask"])
+    assert tables == {"input_ids": ROWS}
+    clamped = clamp_indices(source, tmp_path / "clamped" / "model.onnx", tables)
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(clamped), providers=["CPUExecutionProvider"])
+    ids = np.array([[2, ROWS + 7, -3]], np.int32)
+    out = session.run(["embedded"], {"input_ids": ids, "attention_mask": np.ones_like(ids)})[0]
+    assert np.array_equal(out[:, 0], np.array([2, ROWS - 1, 0]) * 4)
