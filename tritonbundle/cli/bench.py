@@ -101,7 +101,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g.add_argument("--instances", type=int, default=0, help="encoder instances (default: 2 on cuda, 1 on cpu)")
     g.add_argument("--tokenizer-instances", type=int, default=_DEFAULT.tokenizer_instances, help="tokenizer model instances")
     g.add_argument("--tokenizer-queue-delay-us", type=int, default=_DEFAULT.tokenizer_queue_delay_us, help="tokenizer batcher max queue delay")
-    g.add_argument("--load-procs", type=int, default=_DEFAULT.load_procs, help="load generator processes for the bundle (default: cores/2 - 1, at most 8)")
+    g.add_argument("--load-procs", type=int, default=_DEFAULT.load_procs, help="load generator processes for the bundle (default: the CPUs this process may use / 2 - 1, at most 8)")
     shared.rate_search(g, start=_DEFAULT.ladder_start, factor=_DEFAULT.ladder_factor, refine=_DEFAULT.refine,
                        max_rate=_DEFAULT.max_rate, per_system=True)
     g.add_argument("--ceiling-batches", default=_csv(_DEFAULT.ceiling_batches), help="batch sizes the ceiling is timed at")
