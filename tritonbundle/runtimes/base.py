@@ -224,29 +224,46 @@ def axis_sizes(plan: ModelPlan) -> dict[str, str]:
     return {name: f"{b[0].min},{max(b, key=lambda x: x.share).opt},{b[-1].max}" for name, b in buckets.items() if b}
 
 
-#: Ops that pass a tensor's values on unchanged (or cast to another integer type): ids that reach a
-#: Gather through them still index its table (tf2onnx casts int32 ids to int64; exporters reshape them).
+#: Ops that pass a tensor's values on unchanged: ids that reach a Gather through them still index its
+#: table (exporters reshape ids; tf2onnx casts int32 ids to int64). A Cast only to a 32- or 64-bit
+#: integer type, which keeps every id under 2**31; one to bool or a narrower type changes the ids.
 PASS_THROUGH = frozenset({"Cast", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
+ID_TYPES = frozenset({6, 7, 12, 13})  # onnx.TensorProto INT32, INT64, UINT32, UINT64
 
 
 def index_tables(onnx_path: Path, input_names: list[str]) -> dict[str, int]:
     """Graph input -> rows of the initializer it indexes with ``Gather`` (token ids -> vocabulary size),
-    directly or through :data:`PASS_THROUGH` ops; the fewest rows where it indexes several."""
+    directly or through :data:`PASS_THROUGH` ops; the fewest rows where it indexes several. Each
+    Gather's indices are followed back to their producer, so the nodes' order does not matter."""
     import onnx
 
     graph = onnx.load(str(onnx_path), load_external_data=False).graph
     dims = {t.name: list(t.dims) for t in graph.initializer}
-    origin = {name: name for name in input_names}  # tensor -> the graph input whose values it holds
+    producer = {out: node for node in graph.node for out in node.output}
+
+    def source(tensor: str) -> str | None:
+        """The graph input whose values ``tensor`` holds, if it is one or passes one on."""
+        for _ in range(len(graph.node) + 1):
+            if tensor in input_names:
+                return tensor
+            node = producer.get(tensor)
+            if node is None or node.op_type not in PASS_THROUGH or not node.input:
+                return None
+            to = next((int(a.i) for a in node.attribute if a.name == "to"), None)
+            if node.op_type == "Cast" and to not in ID_TYPES:
+                return None
+            tensor = node.input[0]
+        return None
+
     tables: dict[str, int] = {}
-    for node in graph.node:  # topologically sorted, as ONNX requires
-        if node.op_type in PASS_THROUGH and node.input and node.input[0] in origin:
-            origin[node.output[0]] = origin[node.input[0]]
+    for node in graph.node:
         if node.op_type != "Gather" or len(node.input) != 2:
             continue
         table, indices = node.input
         axis = next((int(a.i) for a in node.attribute if a.name == "axis"), 0)
-        if indices in origin and len(dims.get(table, ())) > axis:
-            rows, name = int(dims[table][axis]), origin[indices]
+        name = source(indices)
+        if name is not None and len(dims.get(table, ())) > axis:
+            rows = int(dims[table][axis])
             tables[name] = min(rows, tables.get(name, rows))
     return tables
 

@@ -176,3 +176,30 @@ def test_ids_that_reach_the_table_through_a_cast_or_reshape_are_found_and_clampe
     ids = np.array([[2, ROWS + 7, -3]], np.int32)
     out = session.run(["embedded"], {"input_ids": ids, "attention_mask": np.ones_like(ids)})[0]
     assert np.array_equal(out[:, 0], np.array([2, ROWS - 1, 0]) * 4)
+
+
+def test_a_cast_that_changes_the_ids_is_not_followed_and_the_order_of_nodes_does_not_matter(tmp_path: Path) -> None:
+    """ids -> Cast(bool) -> Cast(int64) -> a 2-row table is not the vocabulary (a review's case: every valid
+    id but 0 would have been refused, and the clamp would have sent them all to row 1); the nodes are
+    listed consumers first, which ONNX Runtime runs anyway."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tritonbundle.runtimes.base import index_tables
+
+    words = numpy_helper.from_array(np.zeros((1000, 4), np.float32), "words")
+    two = numpy_helper.from_array(np.zeros((2, 4), np.float32), "two")
+    flat = numpy_helper.from_array(np.array([-1], np.int64), "flat")
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["words", "ids_flat"], ["embedded"]),
+         helper.make_node("Gather", ["two", "nonzero"], ["flags"]),
+         helper.make_node("Reshape", ["ids32", "flat"], ["ids_flat"]),
+         helper.make_node("Cast", ["input_ids"], ["ids32"], to=TensorProto.INT32),
+         helper.make_node("Cast", ["is_set"], ["nonzero"], to=TensorProto.INT64),
+         helper.make_node("Cast", ["input_ids"], ["is_set"], to=TensorProto.BOOL)], "g",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"])],
+        [helper.make_tensor_value_info("embedded", TensorProto.FLOAT, ["n", 4]),
+         helper.make_tensor_value_info("flags", TensorProto.FLOAT, ["batch", "sequence", 4])], [words, two, flat])
+    source = tmp_path / "model.onnx"
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(source))
+    assert index_tables(source, ["input_ids"]) == {"input_ids": 1000}
