@@ -133,7 +133,7 @@ def test_the_build_hands_tensorrt_the_clamped_graph(tmp_path: Path, monkeypatch:
 
     monkeypatch.setattr(te, "NetworkFromOnnxPath", network)
     with pytest.raises(Parsed):
-        plugin.build_engine(ctx, H100, tmp_path / "repo" / "model.plan")
+        plugin.build_engine(ctx, H100, tmp_path / "repo" / "model.plan", options=options, onnx_sha="abc")
     (path,) = parsed
     assert path == tmp_path / "tensorrt" / H100.fingerprint / "clamped" / "model.onnx"
     assert f"--onnx={path}" in (path.parent.parent / "reproduce.sh").read_text()

@@ -76,8 +76,9 @@ class EngineOptions:
         data = asdict(self)
         data["profiles"] = [{k: [list(s) for s in v] for k, v in p.items()} for p in self.profiles]
         # Left out when there is nothing to clamp: such a plan's metadata reads as before the clamps.
-        data["index_clamps"] = dict(self.index_clamps)
-        if not self.index_clamps:
+        if self.index_clamps:
+            data["index_clamps"] = dict(self.index_clamps)
+        else:
             del data["index_clamps"]
         return data
 

@@ -98,23 +98,24 @@ class TensorRTRuntime:
         name = plan_name(platform.compute_capability, multi_arch=multi_arch)
         version_dir.mkdir(parents=True, exist_ok=True)
         written = Written(default_model_filename=PLAN)
+        # Once per model: the options read the graph's token tables, the hash reads every weight.
+        options, onnx_sha = engine_options(ctx), te.sha256_file(ctx.onnx_path) or ""
         if multi_arch:
-            others = other_arch_plans(ctx.previous_dir, platform, onnx_sha256=te.sha256_file(ctx.onnx_path) or "",
-                                      options=engine_options(ctx))
+            others = other_arch_plans(ctx.previous_dir, platform, onnx_sha256=onnx_sha, options=options)
             for filename in others.values():
                 assert ctx.previous_dir is not None
                 link_or_copy(ctx.previous_dir / filename, version_dir / filename)
                 link_or_copy(ctx.previous_dir / f"{filename}.json", version_dir / f"{filename}.json")
             written = Written(cc_model_filenames={**others, platform.compute_capability: name})
-        build_engine(ctx, platform, version_dir / name)
+        build_engine(ctx, platform, version_dir / name, options=options, onnx_sha=onnx_sha)
         return written
 
 
-def build_engine(ctx: BuildContext, platform: te.Platform, plan_path: Path) -> None:
-    """Build (or reuse) one plan, with metadata, reproduce.sh, layer info and the accuracy gate."""
+def build_engine(ctx: BuildContext, platform: te.Platform, plan_path: Path, *, options: te.EngineOptions,
+                 onnx_sha: str) -> None:
+    """Build (or reuse) one plan, with metadata, reproduce.sh, layer info and the accuracy gate;
+    ``options`` and ``onnx_sha`` are :func:`engine_options` and the ONNX file's hash."""
     assert ctx.onnx_path is not None
-    options = engine_options(ctx)
-    onnx_sha = te.sha256_file(ctx.onnx_path) or ""
     meta_path = plan_path.with_name(plan_path.name + ".json")
     work = ctx.work_dir / "tensorrt" / platform.fingerprint
     # One timing cache per GPU model and TensorRT version: a new GPU starts its own (timings of
