@@ -57,13 +57,19 @@ done
 [ ${#settings[@]} -gt 0 ] || { echo "device_ab: name at least one setting NAME=TUNED_JSON" >&2; exit 2; }
 for spec in "${settings[@]}"; do case ${spec%%=*} in ceiling|peer)
   echo "device_ab: '${spec%%=*}' names a reference system's runs (--reference): give the setting another name" >&2; exit 2 ;; esac; done
+parse_setting() {  # SPEC: its name, its --tuned file and its items (what follows each '+') in name, file, items
+  local rest=${1#*=}
+  name=${1%%=*} file=${rest%%+*} items=()
+  [ "$rest" != "$file" ] && IFS=+ read -r -a items <<< "${rest#*+}"
+  return 0
+}
 for spec in "${settings[@]}"; do  # every item of every setting, before any run spends device time
-  rest=${spec#*=}; items=(); [ "$rest" != "${rest%%+*}" ] && IFS=+ read -r -a items <<< "${rest#*+}"
+  parse_setting "$spec"
   for e in ${items[@]+"${items[@]}"}; do case $e in
     taskset=*) taskset -c "${e#taskset=}" true > /dev/null 2>&1 || {
-      echo "device_ab: ${spec%%=*}: taskset cannot run on CPUs '${e#taskset=}' here (e.g. taskset=0-5)" >&2; exit 2; } ;;
+      echo "device_ab: $name: taskset cannot run on CPUs '${e#taskset=}' here (e.g. taskset=0-5)" >&2; exit 2; } ;;
     --*=*|*=*) ;;
-    *) echo "device_ab: ${spec%%=*}: '$e' is neither VAR=VALUE, --flag=VALUE nor taskset=CPUS" >&2; exit 2 ;;
+    *) echo "device_ab: $name: '$e' is neither VAR=VALUE, --flag=VALUE nor taskset=CPUS" >&2; exit 2 ;;
   esac; done
 done
 [ "$first" -le "$rounds" ] || { echo "device_ab: --first $first is past --rounds $rounds (the last round's number): no round would run; for rounds $first-$((first + rounds - 1)) give --rounds $((first + rounds - 1))" >&2; exit 2; }
@@ -86,10 +92,9 @@ fi
 export TRITONBUNDLE_GPU_SHARING=${TRITONBUNDLE_GPU_SHARING:-mps}
 for i in $(seq "$first" "$rounds"); do
   for spec in "${settings[@]}"; do
-    name=${spec%%=*} rest=${spec#*=}
-    file=${rest%%+*} extra=() env_vars=() flags=() pin=()
-    [ "$rest" != "$file" ] && IFS=+ read -r -a extra <<< "${rest#*+}"
-    for e in ${extra[@]+"${extra[@]}"}; do case $e in --*=*) flags+=("$e") ;; taskset=*) pin=(taskset -c "${e#taskset=}") ;;
+    parse_setting "$spec"
+    env_vars=() flags=() pin=()
+    for e in ${items[@]+"${items[@]}"}; do case $e in --*=*) flags+=("$e") ;; taskset=*) pin=(taskset -c "${e#taskset=}") ;;
       *=*) env_vars+=("$e") ;;
       esac; done  # each item was checked above
     now=$(date +%s)

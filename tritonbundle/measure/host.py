@@ -77,8 +77,9 @@ class Capacity:
 def capacity(procs: Sequence[int] | None = None, *, repeat: int = 3,
              work: Callable[[], object] | None = None) -> Capacity:
     """The workload run ``repeat`` times in each of ``n`` processes started together, for each ``n`` of
-    ``procs`` (default: :func:`process_counts` of the CPUs this process may run on: ``taskset`` narrows them). ``ms``: the median process's
-    median time; ``cores``: the work done, in cores' worth (``n`` x the time alone / the time among ``n``).
+    ``procs`` (default: :func:`process_counts` of the CPUs this process may run on, which ``taskset``
+    narrows). ``ms``: the median process's median time; ``cores``: the work done, in cores' worth (``n``
+    x the time alone / the time among ``n``).
 
     Processes, not threads (the GIL); spawned, not forked (the bench has threads by then); they wait on
     a barrier, so that they run at once. ~3 s on 16 CPUs."""

@@ -17,10 +17,9 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from tritonbundle import proc
 from tritonbundle.gpu_sharing import sharing_from_env
 from tritonbundle.measure.wire import sender
-from tritonbundle.proc import stop_reader
+from tritonbundle.proc import stop_reader, usable_cpus
 
 LIBRARIES = (
     "torch", "transformers", "tokenizers", "safetensors", "numpy", "tritonclient", "grpcio", "protobuf",
@@ -104,7 +103,7 @@ def environment(device: str) -> dict[str, Any]:
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(), "platform": platform.platform(), "cpus": os.cpu_count(),
-        "cpus_allowed": len(proc.usable_cpus()), "physical_cores": physical_cores(),
+        "cpus_allowed": len(usable_cpus()), "physical_cores": physical_cores(),
         "python_executable": sys.executable, "device": device, "gpu": gpu_info() if device == "cuda" else None,
         "gpu_sharing": sharing_from_env() if device == "cuda" else None, "load_sender": sender(),
         "versions": versions(),

@@ -10,8 +10,9 @@ graph input that indexes a table (:func:`tritonbundle.runtimes.base.index_tables
 operator reference, operators/ElementWise). An id in ``[0, rows)`` is unchanged, so the plan's answers to
 valid requests are the graph's; any other id gets the first or last row's embedding, a wrong answer
 instead of a read outside the table (a negative id, which ONNX's Gather counts from the end, takes row
-0: onnx-tensorrt's Gather importer does not wrap negative indices either). The clients and the gateway still refuse such ids with a message
-(``contract.token_ids_problem``); this is what is left for a caller that skips them.
+0: onnx-tensorrt's Gather importer does not wrap negative indices either). The clients and the gateway
+still refuse such ids with a message (``contract.token_ids_problem``); this is what is left for a caller
+that skips them.
 """
 
 from __future__ import annotations
