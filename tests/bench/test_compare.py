@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -138,10 +139,32 @@ def test_the_h100_minilm_call_reads_as_the_docs_say() -> None:
     assert "| tokhttp10 | 40,527+ / 40,523+ / 40,513+ / 40,543+ |" in table and "\\+ a floor of the knee" in table
 
 
-def test_the_readmes_targets_table_says_what_the_committed_reports_say() -> None:
-    """README, "Where the project's targets stand": each cell read back from the runs it names."""
+def _targets_by_host() -> str:
+    """The table of docs/benchmarks.md, "The targets, host by host" (the README's table in full)."""
+    docs = (ROOT / "docs" / "benchmarks.md").read_text()
+    section = docs.split("## The targets, host by host", 1)[1]
+    return section.split("**Where the project's targets stand**", 1)[1].split("\n\n", 2)[1]
+
+
+def test_the_readmes_targets_table_quotes_only_figures_the_hosts_table_holds() -> None:
+    """The README's short table: every figure in it is one the host-by-host table states (which the test
+    below reads back from the reports), besides the targets themselves."""
     readme = (ROOT / "README.md").read_text()
     table = readme.split("**Where the project's targets stand**", 1)[1].split("\n\n", 2)[1]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| target")]
+    assert len(rows) == 3, table
+    by_host = _targets_by_host()
+    for row in rows:
+        target, *cells = row.strip("| ").split(" | ")
+        figures = re.findall(r"\d[\d,]*(?:\.\d+)?", " ".join(cells))
+        assert figures, row
+        for figure in figures:
+            assert figure in by_host, f"README's {target!r}: {figure} is not in the hosts table"
+
+
+def test_the_targets_by_host_say_what_the_committed_reports_say() -> None:
+    """docs/benchmarks.md, "The targets, host by host": each cell read back from the runs it names."""
+    table = _targets_by_host()
     docs = ROOT / "docs" / "benchmarks"
     buckets = {s.name: s for s in summarize(docs / "h200-buckets")}
     words = {s.name: s for s in summarize(docs / "h200-word-cache")}
@@ -624,11 +647,11 @@ def _knee_and_next(run: Path) -> tuple[dict, dict]:
 
 
 def test_the_fifth_h100_measures_every_target_on_one_host() -> None:
-    """docs/benchmarks.md, "A fifth H100", and the README's targets table: both models' rows, ceilings and
+    """docs/benchmarks.md, "A fifth H100", and its targets by host: both models' rows, ceilings and
     peers read back from the runs; BERT-base's knees with the GPU busy and its next rungs missed on p99."""
     folder = ROOT / "docs" / "benchmarks" / "h100-fifth-host"
     docs = (ROOT / "docs" / "benchmarks.md").read_text()
-    said, readme = " ".join(docs.split()), " ".join((ROOT / "README.md").read_text().split())
+    said, by_host = " ".join(docs.split()), " ".join(_targets_by_host().split())
     ratios = {}
     for model, key, rounds in (("bert-base", "bert_base", 3), ("minilm", "minilm", 5)):
         ceiling_rps = _ceiling_median(folder / model, key)
@@ -646,9 +669,9 @@ def test_the_fifth_h100_measures_every_target_on_one_host() -> None:
     assert f"| **{bert:.2f}, not met** (0.77 of" in said and f"| **{mini:.2f}, met** (texts over gRPC) |" in said
     assert f"| **{bert_peer:.1f}, not met** [{bert_lo:.1f}-{bert_hi:.1f}] |" in said
     assert f"| **{mini_peer:.1f}** [{mini_lo:.1f}-{mini_hi:.1f}], met but for the same-run condition |" in said
-    assert f"**{bert:.2f}, not met** (14,135 [14,128-14,786], three rounds" in readme
-    assert f"**{bert_peer:.1f}, not met** (14,135 against 1,602 [1,128-1,602]" in readme
-    assert f"**{mini_peer:.1f}** on the fifth H100 (40,464 against 2,222 [1,328-2,725], the peer in its own runs)" in readme
+    assert f"**{bert:.2f}, not met** (14,135 [14,128-14,786], three rounds" in by_host
+    assert f"**{bert_peer:.1f}, not met** (14,135 against 1,602 [1,128-1,602]" in by_host
+    assert f"**{mini_peer:.1f}** on the fifth H100 (40,464 against 2,222 [1,328-2,725], the peer in its own runs)" in by_host
     per_batch = [json.loads((folder / "bert-base" / "ceiling" / f"run-{i}" / "bench.json").read_text())
                  ["models"]["bert_base"]["systems"]["ceiling"]["per_batch"] for i in (1, 2, 3)]
     at_64 = statistics.median(b["requests_per_s"] for runs in per_batch for b in runs if b["batch"] == 64)
