@@ -1,0 +1,83 @@
+"""docs/benchmarks.md, "A twelfth H100: bigger MiniLM calls cost less GPU per row and knee lower": the
+committed reports of the session-36 calls read back. Fourteen instances at a cap of 64 against a cap of 128
+with seven instances (2.5 ms delay) and with fourteen (5 ms), interleaved: the bigger calls form only from
+the queue delay, cost less GPU per row, and knee far lower."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tritonbundle.bench.compare import Setting, markdown, read_run, summarize
+
+ROOT = Path(__file__).resolve().parents[2]
+FOLDER = ROOT / "docs" / "benchmarks" / "h100-twelfth-host-minilm-b128"
+
+
+def _docs() -> str:
+    return " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
+
+
+def _settings() -> dict[str, Setting]:
+    return {s.name: s for s in summarize(FOLDER / "runs")}
+
+
+def test_the_calls_read_as_the_docs_say() -> None:
+    settings = _settings()
+    assert (FOLDER / "summary.md").read_text() == markdown(list(settings.values()))
+    docs = _docs()
+    for name, rounds in (("inst14", [1, 2, 3, 4, 5, 6]), ("b128i7", [1, 2, 3]), ("b128d5", [4, 5, 6]),
+                         ("ceiling", [1, 2, 3])):
+        s = settings[name]
+        assert [r.round for r in s.by_round] == rounds and not any(r.floor for r in s.runs), name
+        rates = [r.rps or 0.0 for r in s.by_round]
+        assert (f"| {' / '.join(f'{r:,.0f}' for r in rates)} | **{s.median:,.0f}** "
+                f"[{min(rates):,.0f}-{max(rates):,.0f}]") in docs, name
+    ceiling = settings["ceiling"].median
+    assert round(settings["inst14"].median / ceiling, 2) == 0.52 >= 0.5, "the MiniLM target on this host"
+    assert round(settings["b128i7"].median / ceiling, 2) == 0.29 and round(settings["b128d5"].median / ceiling, 2) == 0.24
+    assert "**0.52 of the ceiling** |" in docs
+
+
+def test_every_round_the_bigger_calls_lost() -> None:
+    settings = _settings()
+    inst14 = {r.round: r.rps or 0.0 for r in settings["inst14"].by_round}
+    for name in ("b128i7", "b128d5"):
+        for run in settings[name].by_round:
+            assert (run.rps or 0.0) < 0.75 * inst14[run.round], (name, run.round)
+
+
+def test_a_call_holds_the_rate_times_the_queue_delay_when_the_cap_is_not_reached() -> None:
+    """Calls of the cap-128 settings hold about rate x max_queue_delay rows; the cap-64 ones fill the cap."""
+    for name, cap, delay_ms in (("inst14", 64, 2.5), ("b128i7", 128, 2.5), ("b128d5", 128, 5.0)):
+        for run in sorted((FOLDER / "runs").glob(f"{name}-*")):
+            r = read_run(run)
+            assert r.cycle is not None and r.rps is not None
+            rows = r.cycle.requests_per_call
+            if name == "inst14":
+                assert rows >= 0.94 * cap, (run.name, rows)
+            else:
+                assert 0.85 < rows / (r.rps * delay_ms / 1000) < 1.35 and rows < 0.75 * cap, (run.name, rows)
+
+
+def test_the_bigger_calls_cost_less_gpu_per_row_in_their_launches() -> None:
+    """The launches alone: 90-94-row calls 0.0213-0.0215 ms a row, 64-row calls 0.0232-0.0254 (-8 to -15 %)."""
+    alone = {name: [read_run(run).gpu_alone_per_row or 0.0 for run in sorted((FOLDER / "runs").glob(f"{name}-*"))]
+             for name in ("inst14", "b128d5")}
+    assert max(alone["b128d5"]) < min(alone["inst14"])
+    assert f"{min(alone['b128d5']):.4f}-{max(alone['b128d5']):.4f}" == "0.0213-0.0215"
+    assert f"{min(alone['inst14']):.4f}-{max(alone['inst14']):.4f}" == "0.0232-0.0254"
+    assert "in their launches alone, 8-15 % less than the 64-row calls of the same rounds (0.0232-0.0254)" in _docs()
+
+
+def test_the_settings_are_the_files_the_docs_name() -> None:
+    tuned = ROOT / "docs" / "tuning" / "h200-handpicked"
+    for name, file, instances, delay, cap in (
+            ("inst14", "minilm-tokens-inst14-buckets18.json", 14, 2500, 64),
+            ("b128i7", "minilm-tokens-inst7-buckets22-b128.json", 7, 2500, 128),
+            ("b128d5", "minilm-tokens-inst14-buckets22-b128-d5.json", 14, 5000, 128)):
+        config = json.loads((tuned / file).read_text())["winner"]["config"]
+        assert (config["instances"], config["max_queue_delay_us"], max(config["batch_buckets"])) == (instances, delay, cap)
+        assert file in _docs()
+        for run in sorted((FOLDER / "runs").glob(f"{name}-*")):
+            assert json.loads((run / "bench.json").read_text())["options"]["tuned"] == config, run.name
