@@ -81,3 +81,25 @@ def test_the_settings_are_the_files_the_docs_name() -> None:
         assert file in _docs()
         for run in sorted((FOLDER / "runs").glob(f"{name}-*")):
             assert json.loads((run / "bench.json").read_text())["options"]["tuned"] == config, run.name
+
+
+def test_the_bench_reads_calls_the_delay_sent_as_such() -> None:
+    """Each run's knee read again with its own settings: the cap-128 runs' calls are what one queue delay
+    brings (the hint says so and why a cap alone makes no bigger calls); the cap-64 runs' full calls are not."""
+    from tritonbundle.bench.breakdown import hints
+    from tritonbundle.bench.options import BenchOptions
+    from tritonbundle.bench.records import Breakdown
+
+    for run in sorted((FOLDER / "runs").glob("[bi]*-*")):
+        data = json.loads((run / "bench.json").read_text())
+        b = Breakdown.from_json(data["models"]["minilm"]["systems"]["bundle"]["breakdown"])
+        options = BenchOptions(out=Path("."), tuned=data["options"]["tuned"])
+        said = [h for h in hints(b, options) if h.startswith("the queue delay sends the encoder's calls")]
+        assert bool(said) == run.name.startswith("b128"), (run.name, said)
+    b = Breakdown.from_json(json.loads((FOLDER / "runs" / "b128d5-4" / "bench.json").read_text())
+                            ["models"]["minilm"]["systems"]["bundle"]["breakdown"])
+    (said,) = [h for h in hints(b, BenchOptions(out=Path("."), tuned={"max_queue_delay_us": 5000}))
+               if "queue delay sends" in h]
+    assert "93.5 requests a call of the cap's 128 is what arrives in its 5 ms (85.9)" in said, said
+    assert not [h for h in hints(b, BenchOptions(out=Path("."), tuned={"max_queue_delay_us": 2500}))
+                if "queue delay sends" in h]  # 43 in 2.5 ms: the calls are not the delay's

@@ -88,8 +88,10 @@ class BenchOptions:
 
     @property
     def encoder_queue_delay_us(self) -> int:
-        """Long enough to gather a large batch, short against the SLO: a twentieth of it unless set."""
-        return self.queue_delay_us or int(self.slo_ms * 1000 / 20)
+        """The encoder's ``max_queue_delay_us`` as served: a ``--tuned`` file's, else the one set, else long
+        enough to gather a large batch and short against the SLO (a twentieth of it)."""
+        tuned = self.tuned.get("max_queue_delay_us")
+        return int(tuned) if tuned is not None else self.queue_delay_us or int(self.slo_ms * 1000 / 20)
 
     @property
     def target(self) -> str:
