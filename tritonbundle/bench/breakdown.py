@@ -204,9 +204,9 @@ def hints(b: Breakdown, options: BenchOptions) -> list[str]:
     if c and (gathered := _gathered_in_the_delay(c, options.encoder_queue_delay_us)):
         out.append(f"the queue delay sends the encoder's calls, not its batch cap: {c.requests_per_call:.1f} requests "
                    f"a call of the cap's {c.batch_cap} is what arrives in its {options.encoder_queue_delay_us / 1000:g} ms "
-                   f"({gathered:.1f}). With no preferred batch size Triton's batcher sends a batch below the cap once its "
-                   "oldest request has waited max_queue_delay, so a larger cap alone makes no bigger calls; a longer "
-                   "delay does, at the latency's cost")
+                   f"({gathered:.1f}), and the instances are idle part of the time. Triton's batcher sends a batch short "
+                   "of the cap (the largest preferred size) once its oldest request has waited max_queue_delay, so "
+                   "a larger cap alone makes no bigger calls; a longer delay does, at the latency's cost")
     enc = b.encoder or {}
     if enc and enc.get("queue_ms_per_request", 0) > options.slo_ms / 2:
         out.append(f"requests wait {enc['queue_ms_per_request']:.1f} ms in the encoder's queue, more than half the SLO")
@@ -219,8 +219,10 @@ def hints(b: Breakdown, options: BenchOptions) -> list[str]:
 
 def _gathered_in_the_delay(c: InstanceCycle, delay_us: int) -> float | None:
     """The requests that reach the encoder in one queue delay, where its calls hold about that many and
-    stay short of the cap (the delay, not the cap, sends them); None otherwise."""
-    if not c.batch_cap or c.fill is None or c.fill >= FULL_CALLS or delay_us <= 0 or c.cycle_ms <= 0:
+    stay short of the cap while the instances have time to spare (the delay, not the cap or busy
+    instances, sends them; with every instance busy a waiting batch grows past the delay); None otherwise."""
+    if (not c.batch_cap or c.fill is None or c.fill >= FULL_CALLS or delay_us <= 0 or c.cycle_ms <= 0
+            or c.requests_per_call <= 0 or c.busy_share is None or c.busy_share >= BUSY_INSTANCES):
         return None
     gathered = c.instances * c.requests_per_call / c.cycle_ms * delay_us / 1000
     return gathered if 0.8 <= c.requests_per_call / gathered <= 1.25 else None

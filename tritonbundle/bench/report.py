@@ -262,7 +262,7 @@ def _bundle_lines(bundle: BundleResult, capacity: float | None = None) -> list[s
                 inside += f", staging {c.staging_ms:.2f} and responses {c.responding_ms:.2f}"
             md.append(f"- encoder instances: {c.instances}, each taking a call every {c.cycle_ms:.2f} ms (Triton's time for "
                       f"a call out of the queue: {_f(c.busy_ms, '.2f')} ms{inside}); {c.requests_per_call:.1f} requests per call, "
-                      f"the cap {c.batch_cap or '-'}" + (f": at most {c.bound_rps:,.0f} req/s at this cycle" if c.bound_rps else ""))
+                      f"the cap {c.batch_cap or '-'}" + (f": at most {c.bound_rps:,.0f} req/s at this cycle with every call full" if c.bound_rps else ""))
         t = b.tokenizer_execute_ms
         if t:
             tok_calls = (b.tokenizer_call_ms or {}).get("execute_ms", {})
