@@ -147,19 +147,24 @@ def _targets_by_host() -> str:
 
 
 def test_the_readmes_targets_table_quotes_only_figures_the_hosts_table_holds() -> None:
-    """The README's short table: every figure in it is one the host-by-host table states (which the test
-    below reads back from the reports), besides the targets themselves."""
+    """The README's short table: every figure in a cell is one the same cell of the host-by-host table
+    states (which the test below reads back from the reports), as a whole number, besides the targets."""
+    def rows(table: str) -> dict[str, list[str]]:
+        cells = [line.strip("| ").split(" | ") for line in table.splitlines()
+                 if line.startswith("| ") and not line.startswith("| target")]
+        return {" ".join(c[0].split()[:3]): c[1:] for c in cells}
+
     readme = (ROOT / "README.md").read_text()
-    table = readme.split("**Where the project's targets stand**", 1)[1].split("\n\n", 2)[1]
-    rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| target")]
-    assert len(rows) == 3, table
-    by_host = _targets_by_host()
-    for row in rows:
-        target, *cells = row.strip("| ").split(" | ")
-        figures = re.findall(r"\d[\d,]*(?:\.\d+)?", " ".join(cells))
-        assert figures, row
-        for figure in figures:
-            assert figure in by_host, f"README's {target!r}: {figure} is not in the hosts table"
+    short = rows(readme.split("**Where the project's targets stand**", 1)[1].split("\n\n", 2)[1])
+    full = rows(_targets_by_host())
+    assert len(short) == 3 and short.keys() == full.keys(), (short.keys(), full.keys())
+    for target, cells in short.items():
+        for model, (cell, source) in zip(("BERT-base", "MiniLM"), zip(cells, full[target], strict=True), strict=True):
+            figures = re.findall(r"(?<![A-Za-z\d.,])\d+(?:,\d{3})*(?:\.\d+)?", cell)  # not the 200 of H200
+            assert figures, (target, model)
+            for figure in figures:
+                whole = rf"(?<![\d.,]){re.escape(figure)}(?![\d]|[.,]\d)"
+                assert re.search(whole, source), f"README's {target!r}, {model}: {figure} is not in the hosts table's cell"
 
 
 def test_the_targets_by_host_say_what_the_committed_reports_say() -> None:
