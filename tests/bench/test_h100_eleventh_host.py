@@ -9,18 +9,11 @@ import json
 import statistics
 from pathlib import Path
 
-from tritonbundle.bench.compare import Setting, markdown, summarize
+from tests.bench.reports import docs_said, settings_in
+from tritonbundle.bench.compare import Setting, markdown
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDER = ROOT / "docs" / "benchmarks" / "h100-eleventh-host-minilm-cores"
-
-
-def _docs() -> str:
-    return " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
-
-
-def _settings() -> dict[str, Setting]:
-    return {s.name: s for s in summarize(FOLDER / "runs")}
 
 
 def _rates(s: Setting) -> list[float]:
@@ -28,9 +21,9 @@ def _rates(s: Setting) -> list[float]:
 
 
 def test_the_calls_read_as_the_docs_say() -> None:
-    settings = _settings()
+    settings = settings_in(FOLDER / "runs")
     assert (FOLDER / "summary.md").read_text() == markdown(list(settings.values()))
-    docs = _docs()
+    docs = docs_said()
     for name, label in (("cores6", "| 6 (5) |"), ("cores10", "| 10 (3; rounds 3-5) |"), ("cores16", "| 16 (8) |"),
                         ("inst14", "| 16, fourteen instances (3; rounds 6-8) |")):
         s = settings[name]
@@ -52,12 +45,12 @@ def test_each_setting_ran_on_the_cpus_its_name_says() -> None:
 
 
 def test_the_knee_falls_with_the_cores_and_the_gpu_fills_on_all_of_them() -> None:
-    settings = _settings()
+    settings = settings_in(FOLDER / "runs")
     full = {r.round: r.rps or 0.0 for r in settings["cores16"].by_round}
     six = [(r.rps or 0.0) / full[r.round] for r in settings["cores6"].by_round]
     ten = [(r.rps or 0.0) / full[r.round] for r in settings["cores10"].by_round]
     assert max(six) < 0.65 and max(ten) < 0.91 and max(six) < min(ten), (six, ten)
-    docs = _docs()
+    docs = docs_said()
     assert f"| {' / '.join(f'{x:.2f}' for x in six)} |" in docs and f"| {' / '.join(f'{x:.2f}' for x in ten)} |" in docs
     assert f"(median {statistics.median(six):.2f})" in docs
     # on 6 CPUs the GPU idles half the time; on 16 it is busy at what the launches cost alone
@@ -70,11 +63,11 @@ def test_the_knee_falls_with_the_cores_and_the_gpu_fills_on_all_of_them() -> Non
 
 
 def test_fourteen_instances_come_close_to_what_the_gpu_answers_at_these_launches() -> None:
-    settings = _settings()
+    settings = settings_in(FOLDER / "runs")
     ten = {r.round: r.rps or 0.0 for r in settings["cores16"].by_round}
     fourteen = settings["inst14"].by_round
     assert all((r.rps or 0.0) >= ten[r.round] - 20 for r in fourteen)  # one ladder level apart at most
     busy = statistics.median(r.gpu_busy_per_row or 0.0 for r in settings["inst14"].runs)
     limit = 1000 / busy
-    assert round(busy, 4) == 0.0215 and f"~{round(limit, -2):,.0f} (1 / {busy:.4f} ms" in _docs()
+    assert round(busy, 4) == 0.0215 and f"~{round(limit, -2):,.0f} (1 / {busy:.4f} ms" in docs_said()
     assert all(0.95 * limit < (r.rps or 0.0) < limit for r in fourteen), limit

@@ -7,14 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.bench.reports import docs_said
 from tritonbundle.bench.compare import markdown, summarize
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = ROOT / "docs" / "benchmarks"
-
-
-def _docs() -> str:
-    return " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
 
 
 def test_the_call_reads_as_the_docs_say() -> None:
@@ -26,7 +23,7 @@ def test_the_call_reads_as_the_docs_say() -> None:
     by_round = [t.rps / c.rps for t, c in zip(tokens.by_round, ceiling.by_round, strict=True)]
     assert [round(r, 2) for r in by_round] == [0.41, 0.43, 0.37]
     assert round(tokens.median / ceiling.median, 2) == 0.41 < 0.5, "the MiniLM target, not met here"
-    docs = _docs()
+    docs = docs_said()
     assert (f"**{tokens.median:,.0f}** [{min(tokens.rates):,.0f}-{max(tokens.rates):,.0f}], **0.41 of the ceiling** "
             "(0.41 / 0.43 / 0.37 by round)") in docs
     assert f"| ceiling (req/s) | {' | '.join(f'{r:,.0f}' for r in ceiling.rates)} | {ceiling.median:,.0f} [" in docs
@@ -39,7 +36,7 @@ def test_each_knee_came_where_the_busy_cores_reached_the_hosts_capacity() -> Non
     assert all(0.93 <= b / c <= 1.0 for b, c in zip(busy, capacity, strict=True)), (busy, capacity)
     rates = [r.rps or 0.0 for r in tokens.runs]
     assert max(rates) == rates[capacity.index(max(capacity))] and min(rates) == rates[capacity.index(min(capacity))]
-    docs = _docs()
+    docs = docs_said()
     assert f"| {' | '.join(f'{c:.2f}' for c in capacity)} | |" in docs and f"| {' | '.join(f'{b:.2f}' for b in busy)} | |" in docs
     here = [b / r * 1000 for b, r in zip(busy, rates, strict=True)]
     quiet = [(r.cores_busy or 0.0) / (r.rps or 1.0) * 1000

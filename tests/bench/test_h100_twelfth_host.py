@@ -10,24 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from tritonbundle.bench.compare import Setting, markdown, read_run, summarize
+from tests.bench.reports import docs_said, settings_in
+from tritonbundle.bench.compare import markdown, read_run
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDER = ROOT / "docs" / "benchmarks" / "h100-twelfth-host-minilm-b128"
 
 
-def _docs() -> str:
-    return " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
-
-
-def _settings() -> dict[str, Setting]:
-    return {s.name: s for s in summarize(FOLDER / "runs")}
-
-
 def test_the_calls_read_as_the_docs_say() -> None:
-    settings = _settings()
+    settings = settings_in(FOLDER / "runs")
     assert (FOLDER / "summary.md").read_text() == markdown(list(settings.values()))
-    docs = _docs()
+    docs = docs_said()
     for name, rounds in (("inst14", [1, 2, 3, 4, 5, 6]), ("b128i7", [1, 2, 3]), ("b128d5", [4, 5, 6]),
                          ("ceiling", [1, 2, 3])):
         s = settings[name]
@@ -46,7 +39,7 @@ def test_the_calls_read_as_the_docs_say() -> None:
 
 
 def test_every_round_the_bigger_calls_lost() -> None:
-    settings = _settings()
+    settings = settings_in(FOLDER / "runs")
     inst14 = {r.round: r.rps or 0.0 for r in settings["inst14"].by_round}
     for name in ("b128i7", "b128d5"):
         for run in settings[name].by_round:
@@ -74,7 +67,7 @@ def test_the_bigger_calls_cost_less_gpu_per_row_in_their_launches() -> None:
         small, big = read_run(FOLDER / "runs" / f"inst14-{r}"), read_run(FOLDER / "runs" / f"b128d5-{r}")
         alone.append(1 - (big.gpu_alone_per_row or 0.0) / (small.gpu_alone_per_row or 1.0))
         busy.append(1 - (big.gpu_busy_per_row or 0.0) / (small.gpu_busy_per_row or 1.0))
-    docs = _docs()
+    docs = docs_said()
     assert min(alone) > 0.1 and max(busy) < min(alone)
     assert f"{' / '.join(f'{x:.1%}'[:-1] for x in alone)} % less than the 64-row calls of the same rounds" in docs
     assert f"busy time per row the gap was smaller, {' / '.join(f'{x:.1%}'[:-1] for x in busy)} %" in docs
@@ -88,7 +81,7 @@ def test_the_settings_are_the_files_the_docs_name() -> None:
             ("b128d5", "minilm-tokens-inst14-buckets22-b128-d5.json", 14, 5000, 128)):
         config = json.loads((tuned / file).read_text())["winner"]["config"]
         assert (config["instances"], config["max_queue_delay_us"], max(config["batch_buckets"])) == (instances, delay, cap)
-        assert file in _docs()
+        assert file in docs_said()
         for run in sorted((FOLDER / "runs").glob(f"{name}-*")):
             assert json.loads((run / "bench.json").read_text())["options"]["tuned"] == config, run.name
 
